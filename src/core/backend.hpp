@@ -1,0 +1,57 @@
+// The interface between the core (validation, dispatch) and a backend (cpu, cuda, hip).
+#pragma once
+
+#include <string>
+
+#include "flashport/attention.hpp"
+#include "problem.h"
+
+namespace flashport::core {
+
+/// KV-cache append + attention. `attn` describes the attention over the cache after the append
+/// (k/v are the cache operands, seqused_k = cache_seqlens with seqused_k_add = s_new).
+struct KvCacheProblem {
+  AttnProblem attn;
+  Operand k_new, v_new;  // (b, s_new, hk, d|dv); ptr null when nothing is appended
+  long long s_new;
+  const int* cache_seqlens;  // (b,) tokens already in the cache (absolute slots), before the append
+  // Rotary: cos/sin (max_pos, rotary_dim / 2) in the input dtype, row stride in elements.
+  const void* rotary_cos;
+  const void* rotary_sin;
+  long long rotary_row_stride, rotary_max_pos;
+  int rotary_dim;  // 0: no rotary
+  bool rotary_interleaved;
+  bool rotary_q_per_token;  // causal or local: query t at cache_seqlens + t; else all at cache_seqlens
+  int num_splits;
+};
+
+/// merge_states: (b, s, h, d) partial outputs and fp32 (b, h, s) LSEs.
+struct MergeProblem {
+  long long batch, seqlen, heads, d;
+  int type;  // ElemType of out_a, out_b, out
+  Operand a, b, out;  // (batch, token, head, channel)
+  const float* lse_a;
+  const float* lse_b;
+  float* lse;  // may be null
+  void* stream;
+};
+
+/// A backend runs validated problems. Each method may assume the core checked every shape, dtype,
+/// stride and (for host memory) every index value; device-resident indices must still be guarded.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  /// Empty when the backend can run this problem with `impl`; otherwise the reason, which the
+  /// core puts in the Error it raises.
+  virtual std::string unsupported(const AttnProblem& p, Impl impl, bool backward) const = 0;
+  virtual void forward(const AttnProblem& p, Impl impl) const = 0;
+  virtual void backward(const AttnProblem& p, Impl impl) const = 0;
+  virtual void forward_kvcache(const KvCacheProblem& p, Impl impl) const = 0;
+  virtual void merge_states(const MergeProblem& p) const = 0;
+};
+
+/// The backend for tensors on `device`, or null when none is built or usable (src/backends/registry.cpp).
+const Backend* backend_for(DeviceType device);
+
+}  // namespace flashport::core

@@ -1,0 +1,134 @@
+// The plain parameter block every backend receives: pointers, 64-bit strides, lengths, flags.
+// Built and validated by the core from the public argument structs; backends never see TensorView.
+// Self-contained (builtin types only) so GPU kernels can take it by value.
+#pragma once
+
+#include "semantics.h"
+
+namespace flashport {
+
+/// Element type codes; equal to the values of flashport::DType.
+enum ElemType : int { kF64 = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kE4M3 = 4, kE4M3FNUZ = 5, kE5M2 = 6 };
+
+/// One attention operand laid out as (batch, token, head, channel). Strides in elements.
+/// Varlen: `batch_stride` is unused, rows start at cu_seqlens[b]. Paged: `batch_stride` is the
+/// stride of one page (block) and tokens go through the block table.
+struct Operand {
+  void* ptr;
+  long long batch_stride, row_stride, head_stride;
+};
+
+struct AttnProblem {
+  // Sizes. `sq`/`sk` are the dense lengths or, for varlen, the max_seqlen bounds.
+  long long batch, hq, hk, d, dv, sq, sk;
+  int in_type, out_type;  // ElemType; q, k, v share in_type
+
+  Operand q, k, v, o;
+  // Backward only: dO (like o), dQ/dK/dV (like q/k/v).
+  Operand dout, dq, dk, dv;
+
+  // Softmax statistics, fp32, contiguous: dense (b, hq, sq) at (b * hq + h) * sq + i;
+  // varlen (hq, total_q) at h * total_q + cu_seqlens_q[b] + i. May be null in forward.
+  float* lse;
+  long long total_q;
+
+  // Sequences. Null pointers mean dense.
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  const int* seqused_k;
+  long long seqused_k_add;  // added to seqused_k[b] (kv-cache: the s_new appended tokens)
+  const int* leftpad_k;   // kv-cache only: keys of sequence b start at token leftpad_k[b]
+  const int* kv_batch_idx;  // kv-cache only: cache row of batch entry b
+  const int* block_table;  // paged KV, (batch, max_blocks) int32
+  long long block_table_stride, page_size;
+
+  // Scores.
+  float scale;           // softmax scale, times q/k descale for fp8 (applied per (b, hk) below)
+  float softcap;         // 0: off
+  long long window_left, window_right;  // causal folded in as window_right = 0; -1 unbounded
+  const float* alibi;    // (b, hq) with alibi_batch_stride, or (hq,) with stride 0
+  long long alibi_batch_stride;
+
+  // Dropout.
+  float dropout_p;       // 0: no mask drawn
+  unsigned int dropout_threshold;
+  unsigned long long seed;
+  unsigned int offset;
+
+  // FP8 descales, fp32 (b, hk) with batch stride and head stride; null means 1.
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  long long descale_batch_stride[3], descale_head_stride[3];
+
+  // Debug probabilities (reference only): fp32 (b, hq, sq, sk) contiguous, may be null.
+  float* s_dmask;
+
+  bool deterministic;
+  void* stream;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Addressing shared by every backend.
+
+/// Number of queries of sequence b.
+FP_HD long long seqlen_q(const AttnProblem& p, long long b) {
+  return p.cu_seqlens_q ? (long long)(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) : p.sq;
+}
+
+/// Number of keys of sequence b (after seqused_k and the kv-cache left pad).
+FP_HD long long seqlen_k(const AttnProblem& p, long long b) {
+  long long n = p.seqused_k ? (long long)p.seqused_k[b] + p.seqused_k_add
+                : p.cu_seqlens_k ? (long long)(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b])
+                                 : p.sk;
+  return p.leftpad_k ? n - p.leftpad_k[b] : n;
+}
+
+/// Element offset of (sequence b, query i, head h) in a query-shaped operand (q, o, dout, dq).
+FP_HD long long q_offset(const AttnProblem& p, const Operand& t, long long b, long long i, long long h) {
+  const long long row = p.cu_seqlens_q ? (long long)p.cu_seqlens_q[b] + i : i;
+  const long long base = p.cu_seqlens_q ? 0 : b * t.batch_stride;
+  return base + row * t.row_stride + h * t.head_stride;
+}
+
+/// Element offset of (sequence b, key j, kv head h) in a key-shaped operand (k, v, dk, dv), through
+/// cu_seqlens_k, the kv-cache batch index and left pad, or the block table.
+FP_HD long long k_offset(const AttnProblem& p, const Operand& t, long long b, long long j, long long h) {
+  const long long token = p.leftpad_k ? j + p.leftpad_k[b] : j;
+  if (p.block_table) {
+    const int block = p.block_table[b * p.block_table_stride + token / p.page_size];
+    return (long long)block * t.batch_stride + (token % p.page_size) * t.row_stride + h * t.head_stride;
+  }
+  if (p.cu_seqlens_k) return ((long long)p.cu_seqlens_k[b] + token) * t.row_stride + h * t.head_stride;
+  const long long row_b = p.kv_batch_idx ? (long long)p.kv_batch_idx[b] : b;
+  return row_b * t.batch_stride + token * t.row_stride + h * t.head_stride;
+}
+
+/// Offset of (b, h, i) in the fp32 LSE buffer.
+FP_HD long long lse_offset(const AttnProblem& p, long long b, long long h, long long i) {
+  return p.cu_seqlens_q ? h * p.total_q + p.cu_seqlens_q[b] + i : (b * p.hq + h) * p.sq + i;
+}
+
+/// The kv head query head h reads (GQA/MQA).
+FP_HD long long kv_head(const AttnProblem& p, long long h) { return h / (p.hq / p.hk); }
+
+/// ALiBi slope of (b, h), 0 when ALiBi is off.
+FP_HD float alibi_slope(const AttnProblem& p, long long b, long long h) {
+  return p.alibi ? p.alibi[b * p.alibi_batch_stride + h] : 0.0f;
+}
+
+/// Descale factor `which` (0 q, 1 k, 2 v) of (b, kv head hk); 1 when absent.
+FP_HD float descale(const AttnProblem& p, int which, long long b, long long hk) {
+  const float* d = which == 0 ? p.q_descale : which == 1 ? p.k_descale : p.v_descale;
+  return d ? d[b * p.descale_batch_stride[which] + hk * p.descale_head_stride[which]] : 1.0f;
+}
+
+/// The score transform of SPEC steps 1-3 for a raw dot product (scale already includes descales).
+template <class T>
+FP_HD T score(const AttnProblem& p, T dot, T scale, T slope, long long i, long long j, long long sq,
+              long long sk) {
+  T s = sem::softcap(scale * dot, T(p.softcap));
+  return p.alibi ? s + sem::alibi_bias(slope, i, j, sq, sk) : s;
+}
+
+}  // namespace flashport

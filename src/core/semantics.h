@@ -1,0 +1,139 @@
+// The attention semantics of SPEC.md written once, for the CPU reference, the CPU fast path and every
+// GPU kernel. Self-contained: no standard or toolkit header under NVRTC/hipRTC, so the JIT can embed it.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define FP_HD __host__ __device__ __forceinline__
+#else
+#define FP_HD inline
+#endif
+
+#if !defined(__CUDACC_RTC__) && !defined(__HIPCC_RTC__)
+#include <cmath>
+#endif
+
+namespace flashport::sem {
+
+using u32 = unsigned int;
+using u64 = unsigned long long;
+using i64 = long long;
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kNegInf = -__builtin_huge_valf();
+
+// ---------------------------------------------------------------------------------------------
+// Scores: scale, softcap, ALiBi, mask (SPEC steps 1-4). Positions are 0-based within a sequence.
+
+/// Softcap (step 2); `cap <= 0` means off. Templated so the reference runs it in double.
+template <class T>
+FP_HD T softcap(T s, T cap) {
+  return cap > T(0) ? cap * tanh(s / cap) : s;
+}
+
+/// d softcap(s) / ds expressed through the capped value t = cap * tanh(s / cap).
+template <class T>
+FP_HD T softcap_grad(T capped, T cap) {
+  if (cap <= T(0)) return T(1);
+  const T th = capped / cap;
+  return T(1) - th * th;
+}
+
+/// Query i's diagonal key: queries align to the bottom-right corner when sq != sk.
+FP_HD i64 diagonal(i64 i, i64 sq, i64 sk) { return i + sk - sq; }
+
+/// ALiBi bias (step 3): -slope * |i + sk - sq - j|.
+template <class T>
+FP_HD T alibi_bias(T slope, i64 i, i64 j, i64 sq, i64 sk) {
+  i64 dist = diagonal(i, sq, sk) - j;
+  if (dist < 0) dist = -dist;
+  return -slope * T(dist);
+}
+
+/// The visible key range of one query row (step 4), as a half-open [lo, hi) clamped to [0, sk).
+/// `wl`/`wr` < 0 mean unbounded. Empty when lo >= hi.
+struct KeyRange {
+  i64 lo, hi;
+};
+FP_HD KeyRange visible_keys(i64 i, i64 sq, i64 sk, i64 wl, i64 wr) {
+  const i64 r = diagonal(i, sq, sk);
+  i64 lo = wl < 0 ? 0 : r - wl;
+  i64 hi = wr < 0 ? sk : r + wr + 1;
+  if (lo < 0) lo = 0;
+  if (hi > sk) hi = sk;
+  return {lo, hi};
+}
+FP_HD bool is_visible(i64 i, i64 j, i64 sq, i64 sk, i64 wl, i64 wr) {
+  const KeyRange kr = visible_keys(i, sq, sk, wl, wr);
+  return j >= kr.lo && j < kr.hi;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout (step 6): Philox4x32-10, Random123's constants.
+
+struct Philox4 {
+  u32 x[4];
+};
+
+FP_HD void mulhilo32(u32 a, u32 b, u32& hi, u32& lo) {
+  const u64 p = (u64)a * (u64)b;
+  hi = (u32)(p >> 32);
+  lo = (u32)p;
+}
+
+/// Philox4x32 with 10 rounds over counter `c` and key (k0, k1).
+FP_HD Philox4 philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+  for (int round = 0; round < 10; ++round) {
+    u32 hi0, lo0, hi1, lo1;
+    mulhilo32(0xD2511F53u, c0, hi0, lo0);
+    mulhilo32(0xCD9E8D57u, c2, hi1, lo1);
+    const u32 n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+/// Keep iff word >= floor(p * 2^32) (integer compare): the threshold for a dropout probability.
+FP_HD u32 dropout_threshold(double p) {
+  const double t = p * 4294967296.0;
+  return t >= 4294967295.0 ? 0xFFFFFFFFu : (u32)t;
+}
+
+/// The four Philox words that hold keys 4*(j/4) .. 4*(j/4)+3 of row i of head (b_idx * hq + h).
+FP_HD Philox4 dropout_words(u64 seed, u32 offset, i64 i, i64 j, i64 b_idx, i64 hq, i64 h) {
+  return philox4x32_10((u32)(j >> 2), (u32)i, (u32)(b_idx * hq + h), offset, (u32)seed, (u32)(seed >> 32));
+}
+
+/// Whether key j of query i survives dropout.
+FP_HD bool dropout_keep(u64 seed, u32 offset, u32 threshold, i64 i, i64 j, i64 b_idx, i64 hq, i64 h) {
+  const Philox4 w = dropout_words(seed, offset, i, j, b_idx, hq, h);
+  return w.x[j & 3] >= threshold;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding (KV-cache append). `cos`/`sin` rows are (rotary_dim / 2) long.
+
+/// The partner channel of channel c (< rotary_dim) and the sign it enters with:
+/// out[c] = x[c] * cos[k] + sign * x[partner] * sin[k], k the frequency index returned.
+struct RotaryTap {
+  int partner, freq;
+  float sign;
+};
+FP_HD RotaryTap rotary_tap(int c, int rotary_dim, bool interleaved) {
+  const int half = rotary_dim / 2;
+  if (interleaved) return {c ^ 1, c >> 1, (c & 1) ? 1.0f : -1.0f};  // GPT-J pairs (0,1),(2,3)
+  return c < half ? RotaryTap{c + half, c, -1.0f} : RotaryTap{c - half, c - half, 1.0f};  // NeoX halves
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merging partial softmax states (split-KV, merge_states, the online softmax itself).
+
+/// Weight of a partial state with log-sum-exp `lse` against the merged maximum `m`; -inf gives 0
+/// without producing NaN even when m is -inf too.
+template <class T>
+FP_HD T lse_weight(T lse, T m) {
+  return lse == T(kNegInf) ? T(0) : exp(lse - m);
+}
+
+}  // namespace flashport::sem

@@ -1,0 +1,77 @@
+// Run-time compilation of the embedded kernel sources (NVRTC), the on-disk cache, and launching
+// through the driver API. libcuda and libnvrtc are opened at run time (dlopen).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flashport::jit {
+
+/// What makes one compiled kernel: the embedded entry source, the extern "C" kernel name, the -D
+/// defines that specialise it (dtype, head dim, tile, feature flags), and the target arch
+/// (80, 86, 89, 90, ...; 90 compiles for sm_90a so wgmma/setmaxnreg are available).
+struct KernelSpec {
+  std::string source;  ///< path under src/kernels/, e.g. "cuda/attn_fwd.cu"
+  std::string entry;   ///< kernel name, declared extern "C" in the source
+  std::vector<std::pair<std::string, std::string>> defines;
+  int arch = 80;
+
+  /// Stable text form "source:entry:arch:K=V,..." used in logs, cache keys and error messages.
+  std::string key() const;
+};
+
+/// Result of compiling without loading (CI's jit test, flashport-prebuild): the cubin and the
+/// resource usage ptxas reported.
+struct CompileResult {
+  std::vector<char> cubin;
+  std::string log;        ///< NVRTC log (warnings, ptxas -v info)
+  int registers = -1;     ///< per thread, from the ptxas info line
+  int spill_bytes = 0;    ///< spill stores + loads reported by ptxas
+  double seconds = 0.0;   ///< compile wall time (0 when served from the disk cache)
+  bool from_cache = false;
+};
+
+/// Compiles `spec` with NVRTC, or returns the cached cubin. Needs libnvrtc but no GPU or driver.
+/// Throws flashport::Error naming the kernel and carrying the compiler output on failure.
+CompileResult compile(const KernelSpec& spec);
+
+/// A loaded kernel, ready to launch on the current context of `device`.
+struct Kernel {
+  void* function = nullptr;  ///< CUfunction
+  int max_dynamic_smem = 0;  ///< bytes the kernel was configured for
+};
+
+/// Compiles (or loads from cache) and loads `spec` on GPU `device`; the first call per (spec,
+/// device) in a process does the work, every later call returns the same Kernel (thread safe).
+/// Raises the dynamic shared-memory limit to `dynamic_smem` bytes.
+const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem);
+
+/// Launches with cuLaunchKernelEx on `stream` (CUstream, may be null = legacy default stream).
+/// `args` as for cuLaunchKernel. Never synchronises. Throws flashport::Error on a launch failure.
+void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+            int dynamic_smem, void* stream, void** args);
+
+/// Compute capability (major * 10 + minor) of GPU `device`; throws when there is none.
+int device_arch(int device);
+/// Number of multiprocessors of GPU `device`.
+int device_sm_count(int device);
+/// True when libcuda loads and at least one GPU is visible.
+bool driver_available();
+/// The device ordinal that owns `ptr` (a device pointer), or -1.
+int pointer_device(const void* ptr);
+
+/// Stream-ordered scratch memory (cuMemAllocAsync / cuMemFreeAsync): workspaces for split-KV,
+/// dQ accumulators, rotated queries. Never synchronises.
+void* alloc_async(size_t bytes, void* stream);
+void free_async(void* ptr, void* stream);
+/// cuMemsetD8Async.
+void memset_async(void* ptr, unsigned char value, size_t bytes, void* stream);
+
+/// Embedded source text by path under src/kernels/ ("cuda/attn_fwd.cu"); throws when unknown.
+const std::string& embedded_source(const std::string& path);
+/// Every embedded path (for tests and prebuild).
+std::vector<std::string> embedded_paths();
+
+}  // namespace flashport::jit
