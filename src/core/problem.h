@@ -24,8 +24,9 @@ struct AttnProblem {
   int in_type, out_type;  // ElemType; q, k, v share in_type
 
   Operand q, k, v, o;
-  // Backward only: dO (like o), dQ/dK/dV (like q/k/v).
-  Operand dout, dq, dk, dv;
+  // Backward only: dO (like o) and the gradients dQ/dK/dV (laid out like q/k/v). Named grad_* because
+  // `dv` is the value head dim.
+  Operand dout, grad_q, grad_k, grad_v;
 
   // Softmax statistics, fp32, contiguous: dense (b, hq, sq) at (b * hq + h) * sq + i;
   // varlen (hq, total_q) at h * total_q + cu_seqlens_q[b] + i. May be null in forward.

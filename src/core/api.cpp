@@ -1,0 +1,235 @@
+// The public entry points: validate, build the problem block, pick a backend, run.
+#include <string>
+
+#include "attn_validate.hpp"
+#include "backend.hpp"
+#include "check.hpp"
+#include "flashport/attention.hpp"
+
+namespace flashport {
+namespace {
+
+using core::require;
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+const core::Backend& backend_or_throw(const TensorView& q) {
+  const core::Backend* be = core::backend_for(q.device.type);
+  if (!be)
+    throw Error("q", std::string("no usable backend for device ") + device_type_name(q.device.type) +
+                         " (built without it, or no driver/GPU found); available: " + available_backends());
+  return *be;
+}
+
+void check_supported(const core::Backend& be, const AttnProblem& p, Impl impl, bool backward) {
+  const std::string why = be.unsupported(p, impl, backward);
+  if (!why.empty()) throw Error(impl == Impl::automatic ? "q" : "impl", std::string(be.name()) + " backend: " + why);
+}
+
+Operand operand(const TensorView& t) {
+  if (t.ndim == 4) return {t.data, t.stride[0], t.stride[1], t.stride[2]};
+  return {t.data, 0, t.stride[0], t.stride[1]};
+}
+
+}  // namespace
+
+void forward(const ForwardArgs& a) {
+  AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
+  if (a.lse) {
+    core::attach_lse(p, *a.lse, a.q.device);
+    core::check_no_overlap(*a.lse, "lse", a.out, "out");
+  }
+  if (a.s_dmask) {
+    require(!p.cu_seqlens_q, "s_dmask", "is only available for dense (non-varlen) inputs");
+    core::check_tensor(*a.s_dmask, "s_dmask", {p.batch, p.hq, p.sq, p.sk}, {DType::f32}, a.q.device);
+    require(a.s_dmask->is_contiguous(), "s_dmask", "must be contiguous");
+    core::check_no_overlap(*a.s_dmask, "s_dmask", a.out, "out");
+    p.s_dmask = static_cast<float*>(a.s_dmask->data);
+  }
+  const core::Backend& be = backend_or_throw(a.q);
+  check_supported(be, p, a.impl, false);
+  be.forward(p, a.impl);
+}
+
+void backward(const BackwardArgs& a) {
+  AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
+  require(!is_fp8(a.q.dtype), "q", "backward is not defined for fp8 inputs");
+  const Device dev = a.q.device;
+  core::attach_lse(p, a.lse, dev);
+  // dout looks like out; dq/dk/dv like q/k/v.
+  const TensorView& o = a.out;
+  if (o.ndim == 4)
+    core::check_tensor(a.dout, "dout", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]}, {o.dtype}, dev);
+  else
+    core::check_tensor(a.dout, "dout", {o.shape[0], o.shape[1], o.shape[2]}, {o.dtype}, dev);
+  const std::pair<const TensorView*, const char*> ins[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}};
+  const std::pair<const TensorView*, const char*> grads[] = {{&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
+  for (int i = 0; i < 3; ++i) {
+    const TensorView& in = *ins[i].first;
+    const TensorView& g = *grads[i].first;
+    if (in.ndim == 4)
+      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2], in.shape[3]}, {in.dtype}, dev);
+    else
+      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2]}, {in.dtype}, dev);
+    for (const auto& [other, name] : ins) core::check_no_overlap(g, grads[i].second, *other, name);
+    core::check_no_overlap(g, grads[i].second, a.out, "out");
+    core::check_no_overlap(g, grads[i].second, a.dout, "dout");
+    core::check_no_overlap(g, grads[i].second, a.lse, "lse");
+    for (int j = 0; j < i; ++j) core::check_no_overlap(g, grads[i].second, *grads[j].first, grads[j].second);
+  }
+  p.dout = operand(a.dout);
+  p.grad_q = operand(a.dq), p.grad_k = operand(a.dk), p.grad_v = operand(a.dv);
+  const core::Backend& be = backend_or_throw(a.q);
+  check_supported(be, p, a.impl, true);
+  be.backward(p, a.impl);
+}
+
+void forward_kvcache(const KvCacheArgs& a) {
+  const Device dev = a.q.device;
+  const bool paged = a.block_table.has_value();
+  require(a.q.ndim == 4, "q", "expected shape (batch, seqlen_q, nheads, headdim), got " + a.q.describe());
+  const int64_t batch = a.q.shape[0], sq = a.q.shape[1];
+  require(a.k_cache.ndim == 4, "k_cache", "expected 4 dimensions, got " + a.k_cache.describe());
+  require(a.k_new.has_value() == a.v_new.has_value(), a.k_new ? "v_new" : "k_new", "k and v must be given together");
+  require(a.options.dropout_p == 0.0, "dropout_p", "must be 0 with a kv cache, got " + std::to_string(a.options.dropout_p));
+  require(a.num_splits >= 0, "num_splits", "must be >= 0 (0 = heuristic), got " + num(a.num_splits));
+  require(!(paged && a.cache_batch_idx), "cache_batch_idx", "cannot be combined with a paged cache (block_table)");
+  if (a.k_new) require(a.cache_seqlens.has_value(), "cache_seqlens", "is required when appending k/v");
+
+  // The cache as the attention's keys: dense per batch row (through cache_batch_idx) or paged.
+  SequenceLayout lay;
+  if (paged) lay.block_table = a.block_table;
+  const int64_t cache_rows = a.k_cache.shape[0];
+  const int64_t capacity = paged ? (a.block_table->ndim == 2 ? a.block_table->shape[1] : 0) * a.k_cache.shape[1]
+                                 : a.k_cache.shape[1];
+  TensorView k_cache = a.k_cache, v_cache = a.v_cache;
+  if (!paged && !a.cache_batch_idx) {
+    require(cache_rows == batch, "k_cache",
+            "expected batch " + num(batch) + " rows (or pass cache_batch_idx), got " + a.k_cache.describe());
+  }
+  if (!paged && a.cache_batch_idx) {
+    // Validate against a view with q's batch so build_attention's dense shape checks apply unchanged.
+    k_cache.shape[0] = batch;
+    v_cache.shape[0] = batch;
+  }
+  AttnProblem p = core::build_attention(a.q, k_cache, v_cache, a.out, a.options, lay, a.stream);
+  if (a.lse) core::attach_lse(p, *a.lse, dev);
+
+  core::KvCacheProblem kp{};
+  const int64_t hk = p.hk;
+  int64_t s_new = 0;
+  if (a.k_new) {
+    core::check_tensor(*a.k_new, "k_new", {batch, -1, hk, p.d}, {a.q.dtype}, dev);
+    s_new = a.k_new->shape[1];
+    core::check_tensor(*a.v_new, "v_new", {batch, s_new, hk, p.dv}, {a.q.dtype}, dev);
+    core::check_no_overlap(a.k_cache, "k_cache", *a.k_new, "k_new");
+    core::check_no_overlap(a.v_cache, "v_cache", *a.v_new, "v_new");
+    kp.k_new = operand(*a.k_new);
+    kp.v_new = operand(*a.v_new);
+  }
+  core::check_no_overlap(a.k_cache, "k_cache", a.q, "q");
+  core::check_no_overlap(a.out, "out", a.k_cache, "k_cache");
+  core::check_no_overlap(a.out, "out", a.v_cache, "v_cache");
+  const int32_t* seqlens = nullptr;
+  if (a.cache_seqlens) {
+    core::check_index_tensor(*a.cache_seqlens, "cache_seqlens", {batch}, dev);
+    p.seqused_k = static_cast<const int*>(a.cache_seqlens->data);
+    p.seqused_k_add = s_new;
+    kp.cache_seqlens = p.seqused_k;
+    seqlens = core::host_ints(*a.cache_seqlens);
+    for (int64_t b = 0; seqlens && b < batch; ++b)
+      require(seqlens[b] >= 0 && seqlens[b] + s_new <= capacity, "cache_seqlens",
+              "entry " + num(b) + " = " + num(seqlens[b]) + " plus " + num(s_new) +
+                  " new tokens exceeds the cache capacity " + num(capacity));
+  }
+  if (a.cache_batch_idx) {
+    core::check_index_tensor(*a.cache_batch_idx, "cache_batch_idx", {batch}, dev);
+    if (const int32_t* idx = core::host_ints(*a.cache_batch_idx))
+      for (int64_t b = 0; b < batch; ++b)
+        require(idx[b] >= 0 && idx[b] < cache_rows, "cache_batch_idx",
+                "entry " + num(b) + " = " + num(idx[b]) + " is outside [0, " + num(cache_rows) + ")");
+    p.kv_batch_idx = static_cast<const int*>(a.cache_batch_idx->data);
+  }
+  if (a.cache_leftpad) {
+    core::check_index_tensor(*a.cache_leftpad, "cache_leftpad", {batch}, dev);
+    if (const int32_t* lp = core::host_ints(*a.cache_leftpad))
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t end = seqlens ? seqlens[b] + s_new : capacity;
+        require(lp[b] >= 0 && lp[b] <= end, "cache_leftpad",
+                "entry " + num(b) + " = " + num(lp[b]) + " is outside [0, " + num(end) + "]");
+      }
+    p.leftpad_k = static_cast<const int*>(a.cache_leftpad->data);
+  }
+  require(a.rotary_cos.has_value() == a.rotary_sin.has_value(), a.rotary_cos ? "rotary_sin" : "rotary_cos",
+          "rotary_cos and rotary_sin must be given together");
+  if (a.rotary_cos) {
+    require(a.cache_seqlens.has_value(), "cache_seqlens", "is required with rotary_cos/rotary_sin (positions)");
+    const TensorView& c = *a.rotary_cos;
+    require(c.ndim == 2, "rotary_cos", "expected shape (max_pos, rotary_dim / 2), got " + c.describe());
+    const int64_t rot = c.shape[1] * 2;
+    require(rot >= 2 && rot <= p.d, "rotary_cos", "rotary_dim = 2 * " + num(c.shape[1]) + " must be in [2, head dim " + num(p.d) + "]");
+    core::check_tensor(c, "rotary_cos", {-1, rot / 2}, {a.q.dtype}, dev);
+    core::check_tensor(*a.rotary_sin, "rotary_sin", {c.shape[0], rot / 2}, {a.q.dtype}, dev);
+    for (int64_t b = 0; seqlens && b < batch; ++b)
+      require(seqlens[b] + std::max<int64_t>(s_new, sq) <= c.shape[0], "rotary_cos",
+              "has " + num(c.shape[0]) + " positions, sequence " + num(b) + " needs " + num(seqlens[b] + std::max<int64_t>(s_new, sq)));
+    kp.rotary_cos = c.data;
+    kp.rotary_sin = a.rotary_sin->data;
+    kp.rotary_row_stride = c.stride[0];
+    require(a.rotary_sin->stride[0] == c.stride[0], "rotary_sin", "must have the row stride of rotary_cos");
+    kp.rotary_max_pos = c.shape[0];
+    kp.rotary_dim = (int)rot;
+  }
+  kp.s_new = s_new;
+  kp.rotary_interleaved = a.rotary_interleaved;
+  kp.rotary_q_per_token = a.options.causal || a.options.window_left >= 0 || a.options.window_right >= 0;
+  kp.num_splits = a.num_splits;
+  kp.attn = p;
+  const core::Backend& be = backend_or_throw(a.q);
+  check_supported(be, p, a.impl, false);
+  be.forward_kvcache(kp, a.impl);
+}
+
+void merge_states(const MergeArgs& a) {
+  const Device dev = a.out_a.device;
+  const std::initializer_list<DType> types = {DType::f32, DType::f16, DType::bf16, DType::f64};
+  core::check_tensor(a.out_a, "out_a", {-1, -1, -1, -1}, types, dev);
+  const TensorView& t = a.out_a;
+  const int64_t b = t.shape[0], s = t.shape[1], h = t.shape[2], d = t.shape[3];
+  core::check_tensor(a.out_b, "out_b", {b, s, h, d}, {t.dtype}, dev);
+  core::check_tensor(a.out, "out", {b, s, h, d}, {t.dtype}, dev);
+  core::check_tensor(a.lse_a, "lse_a", {b, h, s}, {DType::f32}, dev);
+  core::check_tensor(a.lse_b, "lse_b", {b, h, s}, {DType::f32}, dev);
+  require(a.lse_a.is_contiguous(), "lse_a", "must be contiguous");
+  require(a.lse_b.is_contiguous(), "lse_b", "must be contiguous");
+  core::check_no_overlap(a.out, "out", a.out_a, "out_a", true);
+  core::check_no_overlap(a.out, "out", a.out_b, "out_b", true);
+  core::check_no_overlap(a.out, "out", a.lse_a, "lse_a");
+  core::check_no_overlap(a.out, "out", a.lse_b, "lse_b");
+  core::MergeProblem mp{b, s, h, d, (int)t.dtype, operand(a.out_a), operand(a.out_b), operand(a.out),
+                        static_cast<const float*>(a.lse_a.data), static_cast<const float*>(a.lse_b.data),
+                        nullptr, a.stream};
+  if (a.lse) {
+    core::check_tensor(*a.lse, "lse", {b, h, s}, {DType::f32}, dev);
+    require(a.lse->is_contiguous(), "lse", "must be contiguous");
+    core::check_no_overlap(*a.lse, "lse", a.lse_a, "lse_a", true);
+    core::check_no_overlap(*a.lse, "lse", a.lse_b, "lse_b", true);
+    core::check_no_overlap(*a.lse, "lse", a.out, "out");
+    mp.lse = static_cast<float*>(a.lse->data);
+  }
+  backend_or_throw(a.out_a).merge_states(mp);
+}
+
+const char* version() { return FLASHPORT_VERSION; }
+
+const char* available_backends() {
+  static const std::string names = [] {
+    std::string s = "cpu";
+    if (core::backend_for(DeviceType::cuda)) s += ",cuda";
+    if (core::backend_for(DeviceType::hip)) s += ",hip";
+    return s;
+  }();
+  return names.c_str();
+}
+
+}  // namespace flashport

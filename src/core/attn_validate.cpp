@@ -1,0 +1,250 @@
+// Validation of the attention arguments and their translation into the plain AttnProblem block.
+#include "attn_validate.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "check.hpp"
+
+namespace flashport::core {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+Operand operand(const TensorView& t) {
+  // 4-D (batch|block, token, head, channel) or 3-D varlen (token, head, channel).
+  if (t.ndim == 4) return {t.data, t.stride[0], t.stride[1], t.stride[2]};
+  return {t.data, 0, t.stride[0], t.stride[1]};
+}
+
+void check_options(const AttentionOptions& o, const TensorView& q, int64_t batch, int64_t hq, int64_t hk) {
+  if (o.softmax_scale) {
+    require(std::isfinite(*o.softmax_scale), "softmax_scale",
+            "must be finite, got " + std::to_string(*o.softmax_scale));
+  }
+  require(o.window_left >= -1, "window_left", "must be >= -1 (-1 = unbounded), got " + num(o.window_left));
+  require(o.window_right >= -1, "window_right", "must be >= -1 (-1 = unbounded), got " + num(o.window_right));
+  require(std::isfinite(o.softcap) && o.softcap >= 0.0, "softcap",
+          "must be >= 0 (0 = off), got " + std::to_string(o.softcap));
+  require(o.dropout_p >= 0.0 && o.dropout_p < 1.0, "dropout_p",
+          "must be in [0, 1), got " + std::to_string(o.dropout_p));
+  if (o.alibi_slopes) {
+    const TensorView& a = *o.alibi_slopes;
+    if (a.ndim == 1)
+      check_tensor(a, "alibi_slopes", {hq}, {DType::f32}, q.device);
+    else
+      check_tensor(a, "alibi_slopes", {batch, hq}, {DType::f32}, q.device);
+  }
+  const std::optional<TensorView>* ds[3] = {&o.q_descale, &o.k_descale, &o.v_descale};
+  const char* names[3] = {"q_descale", "k_descale", "v_descale"};
+  for (int i = 0; i < 3; ++i) {
+    if (!*ds[i]) continue;
+    require(is_fp8(q.dtype), names[i], std::string("descales apply to fp8 inputs only, q is ") + dtype_name(q.dtype));
+    check_tensor(**ds[i], names[i], {batch, hk}, {DType::f32}, q.device, false);
+  }
+}
+
+void fill_options(AttnProblem& p, const AttentionOptions& o) {
+  p.scale = (float)(o.softmax_scale ? *o.softmax_scale : 1.0 / std::sqrt((double)p.d));
+  p.softcap = (float)o.softcap;
+  p.window_left = o.window_left;
+  p.window_right = o.causal ? 0 : o.window_right;
+  if (o.alibi_slopes) {
+    p.alibi = static_cast<const float*>(o.alibi_slopes->data);
+    p.alibi_batch_stride = o.alibi_slopes->ndim == 2 ? o.alibi_slopes->stride[0] : 0;
+  }
+  p.dropout_p = (float)o.dropout_p;
+  p.dropout_threshold = sem::dropout_threshold(o.dropout_p);
+  p.seed = o.dropout_seed;
+  p.offset = o.dropout_offset;
+  const std::optional<TensorView>* ds[3] = {&o.q_descale, &o.k_descale, &o.v_descale};
+  const float** dst[3] = {&p.q_descale, &p.k_descale, &p.v_descale};
+  for (int i = 0; i < 3; ++i) {
+    if (!*ds[i]) continue;
+    *dst[i] = static_cast<const float*>((*ds[i])->data);
+    p.descale_batch_stride[i] = (*ds[i])->stride[0];
+    p.descale_head_stride[i] = (*ds[i])->stride[1];
+  }
+  p.deterministic = o.deterministic;
+}
+
+/// cu_seqlens values (host only): start at 0, non-decreasing, end at `total`, lengths <= max_len.
+void check_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int64_t max_len,
+                      const char* max_name) {
+  const int32_t* v = host_ints(cu);
+  if (!v) return;
+  const int64_t n = cu.shape[0];
+  require(v[0] == 0, name, "must start at 0, got " + num(v[0]));
+  for (int64_t i = 1; i < n; ++i) {
+    require(v[i] >= v[i - 1], name,
+            "must be non-decreasing, got " + num(v[i - 1]) + " then " + num(v[i]) + " at index " + num(i));
+    require(v[i] - v[i - 1] <= max_len, max_name,
+            "is an upper bound of the lengths, but sequence " + num(i - 1) + " has length " +
+                num(v[i] - v[i - 1]) + " > " + num(max_len));
+  }
+  require(v[n - 1] == total, name,
+          "must end at the total token count " + num(total) + ", got " + num(v[n - 1]));
+}
+
+/// Block-table entries covering `len(b)` tokens of every sequence lie in [0, num_blocks) (host only).
+template <class LenFn>
+void check_block_table(const TensorView& bt, int64_t num_blocks, int64_t page, LenFn len) {
+  const int32_t* v = host_ints(bt);
+  if (!v) return;
+  for (int64_t b = 0; b < bt.shape[0]; ++b) {
+    const int64_t used = (len(b) + page - 1) / page;
+    for (int64_t j = 0; j < used; ++j) {
+      const int32_t e = v[b * bt.stride[0] + j];
+      require(e >= 0 && e < num_blocks, "block_table",
+              "entry [" + num(b) + ", " + num(j) + "] = " + num(e) + " is outside [0, num_blocks = " +
+                  num(num_blocks) + ")");
+    }
+  }
+}
+
+}  // namespace
+
+AttnProblem build_attention(const TensorView& q, const TensorView& k, const TensorView& v,
+                            const TensorView& out, const AttentionOptions& opts, const SequenceLayout& lay,
+                            void* stream) {
+  AttnProblem p{};
+  const Device dev = q.device;
+  const bool varlen = lay.cu_seqlens_q.has_value();
+  const bool paged = lay.block_table.has_value();
+  require(varlen == lay.cu_seqlens_k.has_value() || (varlen && paged), varlen ? "cu_seqlens_k" : "cu_seqlens_q",
+          "varlen needs both cu_seqlens_q and cu_seqlens_k");
+  const std::initializer_list<DType> in_types = {DType::f16, DType::bf16, DType::f32, DType::f64,
+                                                 DType::e4m3, DType::e4m3fnuz, DType::e5m2};
+
+  // q and the sizes it defines.
+  int64_t batch, sq, total_q = 0;
+  if (varlen) {
+    check_tensor(q, "q", {-1, -1, -1}, in_types, dev);
+    require(lay.cu_seqlens_q->ndim == 1 && lay.cu_seqlens_q->shape[0] >= 1, "cu_seqlens_q",
+            "expected shape (batch + 1,), got " + lay.cu_seqlens_q->describe());
+    batch = lay.cu_seqlens_q->shape[0] - 1;
+    require(lay.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0, got " + num(lay.max_seqlen_q));
+    sq = lay.max_seqlen_q;
+    total_q = q.shape[0];
+  } else {
+    check_tensor(q, "q", {-1, -1, -1, -1}, in_types, dev);
+    batch = q.shape[0];
+    sq = q.shape[1];
+  }
+  const int64_t hq = q.shape[q.ndim - 2], d = q.shape[q.ndim - 1];
+  require(d >= 1 && d <= kMaxHeadDim, "q", "head dim must be in [1, " + num(kMaxHeadDim) + "], got " + num(d));
+  require(hq >= 1, "q", "needs at least one head, got " + q.describe());
+
+  // k and v: dense, varlen, or paged.
+  int64_t hk, dv, sk, num_blocks = 0, page = 0;
+  if (paged) {
+    check_tensor(k, "k", {-1, -1, -1, d}, {q.dtype}, dev);
+    num_blocks = k.shape[0];
+    page = k.shape[1];
+    hk = k.shape[2];
+    check_tensor(v, "v", {num_blocks, page, hk, -1}, {q.dtype}, dev);
+    require(page >= 1, "k", "page size must be >= 1, got " + k.describe());
+    check_index_tensor(*lay.block_table, "block_table", {batch, -1}, dev);
+    sk = lay.block_table->shape[1] * page;
+    if (varlen) {
+      require(lay.max_seqlen_k >= 0 && lay.max_seqlen_k <= sk, "max_seqlen_k",
+              "must be in [0, max_blocks_per_seq * page_size = " + num(sk) + "], got " + num(lay.max_seqlen_k));
+      sk = lay.max_seqlen_k;
+    }
+  } else if (varlen) {
+    check_tensor(k, "k", {-1, -1, d}, {q.dtype}, dev);
+    hk = k.shape[1];
+    check_tensor(v, "v", {k.shape[0], hk, -1}, {q.dtype}, dev);
+    require(lay.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0, got " + num(lay.max_seqlen_k));
+    sk = lay.max_seqlen_k;
+  } else {
+    check_tensor(k, "k", {batch, -1, -1, d}, {q.dtype}, dev);
+    hk = k.shape[2];
+    sk = k.shape[1];
+    check_tensor(v, "v", {batch, sk, hk, -1}, {q.dtype}, dev);
+  }
+  dv = v.shape[v.ndim - 1];
+  require(dv >= 1 && dv <= kMaxHeadDim, "v", "head dim must be in [1, " + num(kMaxHeadDim) + "], got " + num(dv));
+  require(hk >= 1 && hq % hk == 0, "k",
+          "number of kv heads must divide the number of query heads (GQA/MQA): hq = " + num(hq) + ", hk = " + num(hk));
+
+  // Sequence index tensors.
+  if (varlen) {
+    check_index_tensor(*lay.cu_seqlens_q, "cu_seqlens_q", {batch + 1}, dev);
+    check_cu_seqlens(*lay.cu_seqlens_q, "cu_seqlens_q", total_q, lay.max_seqlen_q, "max_seqlen_q");
+    if (lay.cu_seqlens_k) {
+      check_index_tensor(*lay.cu_seqlens_k, "cu_seqlens_k", {batch + 1}, dev);
+      if (!paged) check_cu_seqlens(*lay.cu_seqlens_k, "cu_seqlens_k", k.shape[0], lay.max_seqlen_k, "max_seqlen_k");
+    }
+  }
+  if (lay.seqused_k) {
+    check_index_tensor(*lay.seqused_k, "seqused_k", {batch}, dev);
+    if (const int32_t* u = host_ints(*lay.seqused_k)) {
+      for (int64_t b = 0; b < batch; ++b) {
+        const int32_t* cu = lay.cu_seqlens_k ? host_ints(*lay.cu_seqlens_k) : nullptr;
+        const int64_t cap = cu ? cu[b + 1] - cu[b] : sk;
+        require(u[b] >= 0 && u[b] <= cap, "seqused_k",
+                "entry " + num(b) + " = " + num(u[b]) + " is outside [0, " + num(cap) + "]");
+      }
+    }
+  }
+  if (paged) {
+    const int32_t* cu = lay.cu_seqlens_k ? host_ints(*lay.cu_seqlens_k) : nullptr;
+    const int32_t* used = lay.seqused_k ? host_ints(*lay.seqused_k) : nullptr;
+    if (cu) {
+      for (int64_t b = 0; b < batch; ++b)
+        require(cu[b + 1] - cu[b] <= lay.block_table->shape[1] * page, "cu_seqlens_k",
+                "sequence " + num(b) + " is longer than its block table holds");
+    }
+    check_block_table(*lay.block_table, num_blocks, page, [&](int64_t b) -> int64_t {
+      if (used) return used[b];
+      if (cu) return cu[b + 1] - cu[b];
+      return lay.block_table->shape[1] * page;
+    });
+  }
+
+  // Output.
+  const bool fp8 = is_fp8(q.dtype);
+  const std::initializer_list<DType> out_fp8 = {DType::bf16, DType::f16, DType::f32};
+  const std::initializer_list<DType> out_same = {q.dtype};
+  if (varlen)
+    check_tensor(out, "out", {total_q, hq, dv}, fp8 ? out_fp8 : out_same, dev);
+  else
+    check_tensor(out, "out", {batch, sq, hq, dv}, fp8 ? out_fp8 : out_same, dev);
+  check_no_overlap(out, "out", q, "q");
+  check_no_overlap(out, "out", k, "k");
+  check_no_overlap(out, "out", v, "v");
+
+  check_options(opts, q, batch, hq, hk);
+
+  p.batch = batch, p.hq = hq, p.hk = hk, p.d = d, p.dv = dv, p.sq = sq, p.sk = sk;
+  p.in_type = (int)q.dtype;
+  p.out_type = (int)out.dtype;
+  p.q = operand(q), p.k = operand(k), p.v = operand(v), p.o = operand(out);
+  p.total_q = total_q;
+  p.cu_seqlens_q = varlen ? static_cast<const int*>(lay.cu_seqlens_q->data) : nullptr;
+  p.cu_seqlens_k = lay.cu_seqlens_k ? static_cast<const int*>(lay.cu_seqlens_k->data) : nullptr;
+  p.seqused_k = lay.seqused_k ? static_cast<const int*>(lay.seqused_k->data) : nullptr;
+  if (paged) {
+    p.block_table = static_cast<const int*>(lay.block_table->data);
+    p.block_table_stride = lay.block_table->stride[0];
+    p.page_size = page;
+  }
+  fill_options(p, opts);
+  p.stream = stream;
+  return p;
+}
+
+void attach_lse(AttnProblem& p, const TensorView& lse, const Device& dev) {
+  if (p.cu_seqlens_q)
+    check_tensor(lse, "lse", {p.hq, p.total_q}, {DType::f32}, dev);
+  else
+    check_tensor(lse, "lse", {p.batch, p.hq, p.sq}, {DType::f32}, dev);
+  require(lse.is_contiguous(), "lse", "must be contiguous, got " + lse.describe());
+  p.lse = static_cast<float*>(lse.data);
+}
+
+}  // namespace flashport::core

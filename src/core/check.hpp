@@ -1,0 +1,45 @@
+// Argument checks that raise flashport::Error naming the argument, with expected vs actual.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "flashport/error.hpp"
+#include "flashport/tensor.hpp"
+
+namespace flashport::core {
+
+/// Throws Error(arg, message) unless `ok`.
+inline void require(bool ok, const char* arg, const std::string& message) {
+  if (!ok) throw Error(arg, message);
+}
+
+/// Shape pattern: -1 matches any extent.
+std::string shape_text(std::initializer_list<int64_t> dims);
+
+/// A present tensor: non-null data (unless empty), the given shape, one of `dtypes`, channel stride 1
+/// (when `last_contiguous`), non-negative strides, and on `device`.
+void check_tensor(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
+                  std::initializer_list<DType> dtypes, const Device& device, bool last_contiguous = true);
+
+/// Contiguous int32 index tensor of the given shape on `device`.
+void check_index_tensor(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
+                        const Device& device);
+
+/// Outputs must not share memory with `other` unless they are the very same view (`allow_same`).
+void check_no_overlap(const TensorView& out, const char* out_name, const TensorView& other,
+                      const char* other_name, bool allow_same = false);
+inline void check_no_overlap(const TensorView& out, const char* out_name,
+                             const std::optional<TensorView>& other, const char* other_name) {
+  if (other) check_no_overlap(out, out_name, *other, other_name);
+}
+
+/// Host-resident int32 values, or null when the tensor lives on a GPU (values then cannot be
+/// checked without a synchronisation, which library calls never do; kernels guard them instead).
+inline const int32_t* host_ints(const TensorView& t) {
+  return t.device.type == DeviceType::cpu ? static_cast<const int32_t*>(t.data) : nullptr;
+}
+
+}  // namespace flashport::core
