@@ -1,0 +1,8 @@
+// Everything under cuda/common/ in one include: types, mma/ldmatrix, cp.async, math, indices.
+#pragma once
+
+#include "cuda/common/async_copy.cuh"
+#include "cuda/common/index.cuh"
+#include "cuda/common/math.cuh"
+#include "cuda/common/mma.cuh"
+#include "cuda/common/types.cuh"

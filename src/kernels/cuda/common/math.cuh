@@ -1,0 +1,54 @@
+// Fast math and warp-level reductions for the CUDA kernels.
+#pragma once
+
+#include "cuda/common/types.cuh"
+
+namespace flashport::cuda {
+
+inline constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * kLog2e)
+inline constexpr float kLn2 = 0.6931471805599453f;    // ln(2): log(x) = log2(x) * kLn2
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+/// 2^x via the SFU (ex2.approx.ftz: ~2 ulp, subnormal results flushed to 0; 2^-inf = 0).
+FP_DEV float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+/// log2(x) via the SFU (lg2.approx.ftz; log2(0) = -inf).
+FP_DEV float fast_log2(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+/// Value of `v` held by lane `lane ^ mask`.
+FP_DEV float shfl_xor(float v, int mask) {
+  return __shfl_xor_sync(kFullMask, v, mask);
+}
+FP_DEV u32 shfl_xor(u32 v, int mask) {
+  return __shfl_xor_sync(kFullMask, v, mask);
+}
+
+/// Max / sum over the four lanes of a quad (lanes 4g..4g+3: the threads sharing an mma row).
+FP_DEV float quad_max(float v) {
+  v = fmaxf(v, shfl_xor(v, 1));
+  return fmaxf(v, shfl_xor(v, 2));
+}
+FP_DEV float quad_sum(float v) {
+  v += shfl_xor(v, 1);
+  return v + shfl_xor(v, 2);
+}
+
+/// Max / sum over the whole warp (every lane gets the result).
+FP_DEV float warp_max(float v) {
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, shfl_xor(v, m));
+  return v;
+}
+FP_DEV float warp_sum(float v) {
+  for (int m = 16; m > 0; m >>= 1) v += shfl_xor(v, m);
+  return v;
+}
+
+}  // namespace flashport::cuda
