@@ -1,0 +1,270 @@
+// Bad input cannot get past the core: each case raises flashport::Error naming the argument.
+#include <cmath>
+#include <functional>
+
+#include "common/test_util.hpp"
+
+namespace flashport::test {
+namespace {
+
+/// Runs `fn`, expects an Error whose argument is `arg` and whose message contains `fragment`.
+void expect_error(const std::function<void()>& fn, const std::string& arg, const std::string& fragment) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), arg) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << fragment << "'";
+    EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << "message does not name " << arg;
+    return;
+  }
+  ADD_FAILURE() << "no flashport::Error for " << arg;
+}
+
+struct Dense {
+  HostTensor q, k, v, out, lse;
+  ForwardArgs args() const {
+    ForwardArgs a;
+    a.q = q, a.k = k, a.v = v, a.out = out;
+    a.lse = lse.view();
+    return a;
+  }
+};
+
+Dense dense(int64_t b = 2, int64_t sq = 5, int64_t sk = 7, int64_t hq = 4, int64_t hk = 2, int64_t d = 16,
+            DType dt = DType::f32) {
+  Dense t{randn(dt, {b, sq, hq, d}), randn(dt, {b, sk, hk, d}), randn(dt, {b, sk, hk, d}),
+          HostTensor(dt, {b, sq, hq, d}), HostTensor(DType::f32, {b, hq, sq})};
+  poison(t.out);
+  return t;
+}
+
+TEST(Validation, ValidCallRunsAndWritesEverything) {
+  Dense t = dense();
+  ForwardArgs a = t.args();
+  a.options.causal = true;
+  forward(a);
+  for (int64_t i = 0; i < t.out.numel(); ++i) ASSERT_FALSE(std::isnan(t.out.get(i))) << "element " << i;
+}
+
+TEST(Validation, DtypeMismatch) {
+  Dense t = dense();
+  HostTensor k16 = randn(DType::f16, {2, 7, 2, 16});
+  ForwardArgs a = t.args();
+  a.k = k16;
+  expect_error([&] { forward(a); }, "k", "expected dtype float32, got float16");
+}
+
+TEST(Validation, ShapeMismatch) {
+  Dense t = dense();
+  HostTensor v = randn(DType::f32, {2, 6, 2, 16});
+  ForwardArgs a = t.args();
+  a.v = v;
+  expect_error([&] { forward(a); }, "v", "expected shape (2, 7, 2, *)");
+  HostTensor out = HostTensor(DType::f32, {2, 5, 4, 8});
+  a = t.args();
+  a.out = out;
+  expect_error([&] { forward(a); }, "out", "expected shape (2, 5, 4, 16)");
+}
+
+TEST(Validation, LastDimensionMustBeContiguous) {
+  Dense t = dense();
+  ForwardArgs a = t.args();
+  a.q.stride = {5 * 4 * 16 * 2, 4 * 16 * 2, 16 * 2, 2};  // every other element of a larger buffer
+  a.q.shape[3] = 8;
+  expect_error([&] { forward(a); }, "q", "stride 1");
+}
+
+TEST(Validation, HeadsMustDivide) {
+  Dense t = dense(1, 3, 3, 6, 4, 8);
+  expect_error([&] { forward(t.args()); }, "k", "hq = 6, hk = 4");
+}
+
+TEST(Validation, HeadDimRange) {
+  Dense t = dense(1, 2, 2, 1, 1, 300);
+  expect_error([&] { forward(t.args()); }, "q", "head dim must be in [1, 256], got 300");
+}
+
+TEST(Validation, NullPointer) {
+  Dense t = dense();
+  ForwardArgs a = t.args();
+  a.k.data = nullptr;
+  expect_error([&] { forward(a); }, "k", "null");
+}
+
+TEST(Validation, OptionRanges) {
+  Dense t = dense();
+  ForwardArgs a = t.args();
+  a.options.window_left = -2;
+  expect_error([&] { forward(a); }, "window_left", "got -2");
+  a = t.args();
+  a.options.window_right = -5;
+  expect_error([&] { forward(a); }, "window_right", "got -5");
+  a = t.args();
+  a.options.dropout_p = 1.0;
+  expect_error([&] { forward(a); }, "dropout_p", "[0, 1)");
+  a.options.dropout_p = -0.1;
+  expect_error([&] { forward(a); }, "dropout_p", "[0, 1)");
+  a = t.args();
+  a.options.softcap = -1.0;
+  expect_error([&] { forward(a); }, "softcap", ">= 0");
+  a = t.args();
+  a.options.softmax_scale = std::nan("");
+  expect_error([&] { forward(a); }, "softmax_scale", "finite");
+}
+
+TEST(Validation, AlibiAndDescaleShapes) {
+  Dense t = dense();
+  HostTensor slopes = randn(DType::f32, {3});
+  ForwardArgs a = t.args();
+  a.options.alibi_slopes = slopes.view();
+  expect_error([&] { forward(a); }, "alibi_slopes", "expected shape (4,)");
+  HostTensor ds = randn(DType::f32, {2, 2});
+  a = t.args();
+  a.options.q_descale = ds.view();
+  expect_error([&] { forward(a); }, "q_descale", "fp8 inputs only");
+}
+
+TEST(Validation, OutputMayNotAliasInput) {
+  Dense t = dense(2, 5, 5, 2, 2, 16);
+  ForwardArgs a = t.args();
+  a.out = t.q;
+  expect_error([&] { forward(a); }, "out", "overlaps q");
+}
+
+TEST(Validation, LseShape) {
+  Dense t = dense();
+  HostTensor lse(DType::f32, {2, 5, 4});
+  ForwardArgs a = t.args();
+  a.lse = lse.view();
+  expect_error([&] { forward(a); }, "lse", "expected shape (2, 4, 5)");
+}
+
+struct Varlen {
+  HostTensor q, k, v, out, cu_q, cu_k;
+  ForwardArgs args() const {
+    ForwardArgs a;
+    a.q = q, a.k = k, a.v = v, a.out = out;
+    a.layout.cu_seqlens_q = cu_q.view();
+    a.layout.cu_seqlens_k = cu_k.view();
+    a.layout.max_seqlen_q = 6;
+    a.layout.max_seqlen_k = 6;
+    return a;
+  }
+};
+
+Varlen varlen(std::vector<int32_t> cu_q, std::vector<int32_t> cu_k) {
+  const int64_t tq = 10, tk = 12;
+  return {randn(DType::f32, {tq, 2, 8}), randn(DType::f32, {tk, 2, 8}), randn(DType::f32, {tk, 2, 8}),
+          HostTensor(DType::f32, {tq, 2, 8}), int_tensor(cu_q), int_tensor(cu_k)};
+}
+
+TEST(Validation, CuSeqlens) {
+  Varlen ok = varlen({0, 4, 4, 10}, {0, 6, 6, 12});
+  forward(ok.args());  // an empty middle sequence is fine
+  Varlen t = varlen({0, 6, 4, 10}, {0, 6, 6, 12});
+  expect_error([&] { forward(t.args()); }, "cu_seqlens_q", "non-decreasing");
+  t = varlen({1, 4, 6, 10}, {0, 6, 6, 12});
+  expect_error([&] { forward(t.args()); }, "cu_seqlens_q", "start at 0");
+  t = varlen({0, 4, 6, 10}, {0, 6, 6, 11});
+  expect_error([&] { forward(t.args()); }, "cu_seqlens_k", "end at the total token count 12");
+  t = varlen({0, 4, 4, 10}, {0, 6, 6, 12});
+  ForwardArgs a = t.args();
+  a.layout.max_seqlen_q = 5;
+  expect_error([&] { forward(a); }, "max_seqlen_q", "upper bound");
+  a = t.args();
+  a.layout.cu_seqlens_k.reset();
+  expect_error([&] { forward(a); }, "cu_seqlens_k", "both");
+}
+
+TEST(Validation, BlockTableRange) {
+  const int64_t page = 4, blocks = 5;
+  HostTensor q = randn(DType::f32, {2, 3, 2, 8}), out(DType::f32, {2, 3, 2, 8});
+  HostTensor kc = randn(DType::f32, {blocks, page, 2, 8}), vc = randn(DType::f32, {blocks, page, 2, 8});
+  HostTensor bt = int_tensor({0, 1, 2, 5});
+  bt.tv = TensorView::contiguous(bt.bytes.data(), DType::i32, {2, 2});
+  ForwardArgs a;
+  a.q = q, a.k = kc, a.v = vc, a.out = out;
+  a.layout.block_table = bt.view();
+  expect_error([&] { forward(a); }, "block_table", "entry [1, 1] = 5 is outside [0, num_blocks = 5)");
+  bt.i32()[3] = -1;
+  expect_error([&] { forward(a); }, "block_table", "= -1 is outside");
+  bt.i32()[3] = 4;
+  forward(a);
+}
+
+TEST(Validation, SequsedK) {
+  Dense t = dense();
+  HostTensor used = int_tensor({3, 8});
+  ForwardArgs a = t.args();
+  a.layout.seqused_k = used.view();
+  expect_error([&] { forward(a); }, "seqused_k", "entry 1 = 8 is outside [0, 7]");
+}
+
+TEST(Validation, DeviceMismatch) {
+  Dense t = dense();
+  ForwardArgs a = t.args();
+  a.k.device = {DeviceType::cuda, 0};
+  expect_error([&] { forward(a); }, "k", "expected device cpu");
+}
+
+TEST(Validation, BackwardGradients) {
+  Dense t = dense();
+  forward(t.args());
+  HostTensor dout = randn(DType::f32, {2, 5, 4, 16});
+  HostTensor dq(DType::f16, {2, 5, 4, 16}), dk(DType::f32, {2, 7, 2, 16}), dv(DType::f32, {2, 7, 2, 16});
+  BackwardArgs b;
+  b.dout = dout, b.q = t.q, b.k = t.k, b.v = t.v, b.out = t.out, b.lse = t.lse;
+  b.dq = dq, b.dk = dk, b.dv = dv;
+  expect_error([&] { backward(b); }, "dq", "expected dtype float32");
+  HostTensor dq32(DType::f32, {2, 5, 4, 16});
+  b.dq = dq32;
+  b.dv = dk;
+  expect_error([&] { backward(b); }, "dv", "overlaps dk");
+}
+
+TEST(Validation, KvCache) {
+  const int64_t b = 2, s_cache = 8, hk = 1, d = 8;
+  HostTensor q = randn(DType::f32, {b, 1, 2, d}), out(DType::f32, {b, 1, 2, d});
+  HostTensor kc = randn(DType::f32, {b, s_cache, hk, d}), vc = randn(DType::f32, {b, s_cache, hk, d});
+  HostTensor kn = randn(DType::f32, {b, 2, hk, d}), vn = randn(DType::f32, {b, 2, hk, d});
+  HostTensor seqlens = int_tensor({3, 7});
+  KvCacheArgs a;
+  a.q = q, a.k_cache = kc, a.v_cache = vc, a.out = out;
+  a.k_new = kn.view();
+  a.v_new = vn.view();
+  a.cache_seqlens = seqlens.view();
+  expect_error([&] { forward_kvcache(a); }, "cache_seqlens", "entry 1 = 7 plus 2 new tokens exceeds the cache capacity 8");
+  seqlens.i32()[1] = 6;
+  a.options.dropout_p = 0.1;
+  expect_error([&] { forward_kvcache(a); }, "dropout_p", "must be 0");
+  a.options.dropout_p = 0.0;
+  HostTensor idx = int_tensor({0, 2});
+  a.cache_batch_idx = idx.view();
+  expect_error([&] { forward_kvcache(a); }, "cache_batch_idx", "entry 1 = 2 is outside [0, 2)");
+  a.cache_batch_idx.reset();
+  a.v_new.reset();
+  expect_error([&] { forward_kvcache(a); }, "v_new", "together");
+}
+
+TEST(Validation, MergeStates) {
+  HostTensor oa = randn(DType::f32, {1, 3, 2, 8}), ob = randn(DType::f32, {1, 3, 2, 8});
+  HostTensor la = randn(DType::f32, {1, 2, 3}), lb = randn(DType::f32, {1, 3, 2});
+  HostTensor out(DType::f32, {1, 3, 2, 8});
+  MergeArgs m{oa, la, ob, lb, out, std::nullopt, nullptr};
+  expect_error([&] { merge_states(m); }, "lse_b", "expected shape (1, 2, 3)");
+}
+
+TEST(TensorView, DescribeSpanContiguity) {
+  float buf[24];
+  TensorView t = TensorView::contiguous(buf, DType::f32, {2, 3, 4});
+  EXPECT_EQ(t.describe(), "(2, 3, 4) float32 cpu");
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_EQ(t.byte_span()[1] - t.byte_span()[0], sizeof(buf));
+  TensorView s = TensorView::strided(buf, DType::f32, {2, 2}, {12, 2});
+  EXPECT_FALSE(s.is_contiguous());
+  EXPECT_EQ(s.byte_span()[1] - s.byte_span()[0], (12 + 2 + 1) * sizeof(float));
+}
+
+}  // namespace
+}  // namespace flashport::test
