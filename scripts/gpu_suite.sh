@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
+# compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
+# STEPS selects a subset: STEPS=build,jit,gpu,python,sanitize,bench (default all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/flashport-out}
+mkdir -p "$OUT"
+STEPS=${STEPS:-build,jit,gpu,python,sanitize,bench}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}
+export PYTHONUNBUFFERED=1
+status=0
+step() { echo; echo "=== $1 ($(date +%T))"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+if has build; then
+  step "build"
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFLASHPORT_GTEST_SOURCE="$PWD/.deps/googletest" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  ninja -C build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -m 30 -A5 error "$OUT/build.log"; exit 1; }
+  echo "built"
+fi
+if has jit; then
+  step "jit suite (variants compile for sm_80 and sm_90a)"
+  (cd build-gpu && ctest -L jit --output-on-failure -j 8 >"$OUT/jit.log" 2>&1) || status=1
+  tail -5 "$OUT/jit.log"
+fi
+if has gpu; then
+  step "gpu suite"
+  (cd build-gpu && ctest -L gpu --output-on-failure -j 1 --timeout 300 >"$OUT/gpu.log" 2>&1) || status=1
+  grep -E "tests passed|Failed|FAILED|\*\*\*" "$OUT/gpu.log" | head -40
+fi
+if has python; then
+  step "python suite on the GPU"
+  python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; status=1; }
+  python3 -m pytest -q -x tests/python >"$OUT/pytest.log" 2>&1 || status=1
+  tail -15 "$OUT/pytest.log"
+fi
+if has sanitize; then
+  step "compute-sanitizer (memcheck, racecheck) on small shapes"
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/flashport_tests_gpu \
+      --gtest_filter="${SANITIZE_FILTER:-*Small*}" >"$OUT/sanitize_$tool.log" 2>&1
+    echo "$tool exit $?"; tail -3 "$OUT/sanitize_$tool.log"
+  done
+fi
+if has bench; then
+  step "benchmark"
+  python3 bench/gpu_bench.py --out "$OUT/bench_gpu.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
+fi
+exit $status
