@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""GPU benchmark: the standard grid of shared/BENCH.md, flashport vs PyTorch SDPA (cuDNN, flash) in one run.
+
+Writes one JSON line per (impl row) with the keys of the CPU benchmark, prints a table, the cuBLAS and
+copy ceilings, and (with --perf-md) rewrites docs/PERF.md plus a PNG plot.
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashport
+
+
+def flops(b, h, s, d, causal, mode):
+    pairs = s * (s + 1) // 2 if causal else s * s
+    f = 2 * pairs * (d + d) * h * b
+    return f * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+
+
+def time_ms(fn):
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def ceilings():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm = time_ms(lambda: a @ b)
+    x = torch.empty(2 * 1024**3, device="cuda", dtype=torch.uint8)
+    y = torch.empty_like(x)
+    cp = time_ms(lambda: y.copy_(x))
+    del x, y
+    return 2 * 8192**3 / mm / 1e9, 2 * 2 * 1024**3 / cp / 1e6  # TFLOPS, GB/s
+
+
+def run_impl(name, q, k, v, causal, mode):
+    """Returns a callable for one implementation in (b, s, h, d) layout, or None when unavailable."""
+    if name == "flashport":
+        fwd = lambda: flashport.flash_attn_func(q, k, v, causal=causal)
+    else:
+        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}[name]
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+        def fwd():
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    if mode == "fwd":
+        return fwd
+    out = fwd()
+    dout = torch.randn_like(out)
+
+    def bwd():
+        q.grad = k.grad = v.grad = None
+        torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+    return bwd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench_gpu.jsonl")
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    ap.add_argument("--modes", default="fwd,bwd")
+    ap.add_argument("--peers", default="cudnn,fa2")
+    ap.add_argument("--perf-md", action="store_true", help="rewrite docs/PERF.md and docs/perf_gpu.png")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dev = torch.cuda.get_device_name()
+    mm_tflops, copy_gbs = ceilings()
+    print(f"device {dev}; cuBLAS bf16 8192^3: {mm_tflops:.0f} TFLOPS; copy {copy_gbs:.0f} GB/s", flush=True)
+    rows = []
+    dims = [int(x) for x in args.dims.split(",")]
+    seqlens = [int(x) for x in args.seqlens.split(",")]
+    configs = [(d, s, c, m) for m in args.modes.split(",") for d in dims for c in (False, True) for s in seqlens]
+    for idx, (d, s, causal, mode) in enumerate(configs):
+        h, b = 2048 // d, max(1, 16384 // s)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=(mode != "fwd"))
+                   for _ in range(3))
+        # Correctness of the timed configuration, once, against cuDNN.
+        with torch.no_grad():
+            ours = flashport.flash_attn_func(q, k, v, causal=causal)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                     is_causal=causal).transpose(1, 2)
+            err = (ours.float() - ref.float()).abs().max().item()
+        ok = err < 2e-2
+        fl = flops(b, h, s, d, causal, mode)
+        ms = time_ms(run_impl("flashport", q, k, v, causal, mode))
+        for peer in args.peers.split(","):
+            try:
+                pms = time_ms(run_impl(peer, q, k, v, causal, mode))
+            except Exception as e:  # a peer that cannot run this shape is reported missing
+                print(f"  peer {peer} unavailable for d={d} s={s}: {type(e).__name__}", flush=True)
+                pms = None
+            row = dict(backend="cuda", peer=f"torch-sdpa-{peer}", dtype="bf16", d=d, sq=s, sk=s, causal=causal,
+                       mode=mode, pass_=ok, max_err=err, ms=ms, tflops=fl / ms / 1e9,
+                       peer_ms=pms, peer_tflops=(fl / pms / 1e9) if pms else None, device=dev,
+                       ceiling_tflops=mm_tflops)
+            row["pass"] = row.pop("pass_")
+            rows.append(row)
+        r = rows[-1]
+        peers = " ".join(f"{x['peer'][11:]}={x['peer_tflops']:.0f}" if x["peer_tflops"] else f"{x['peer'][11:]}=-"
+                         for x in rows[-len(args.peers.split(",")):])
+        print(f"[{idx + 1}/{len(configs)}] {mode} d={d} s={s} causal={int(causal)}: flashport "
+              f"{r['tflops']:.0f} TFLOPS ({r['tflops'] / mm_tflops:.0%} of cuBLAS) | {peers} | err {err:.1e}",
+              flush=True)
+        del q, k, v
+    with open(args.out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    if args.perf_md:
+        write_perf_md(rows, dev, mm_tflops, copy_gbs)
+    print(f"results: {os.path.abspath(args.out)}")
+
+
+def write_perf_md(rows, dev, mm_tflops, copy_gbs):
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [f"# flashport performance (GPU)", "",
+             f"{datetime.date.today()}, {dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+             f"commit {commit or 'n/a'}. Command: `scripts/gpu_suite.sh` (bench step: `python3 bench/gpu_bench.py "
+             f"--perf-md`). bf16, batch*seqlen = 16384, nheads*d = 2048. TFLOPS by SPEC.md's FLOP model; median "
+             f"of triton do_bench. Ceilings in the same run: cuBLAS bf16 8192^3 {mm_tflops:.0f} TFLOPS, copy "
+             f"{copy_gbs:.0f} GB/s.", "",
+             "| mode | d | causal | seqlen | flashport | % cuBLAS | cuDNN | FA2 | vs cuDNN | vs FA2 | pass |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by = {}
+    for r in rows:
+        by.setdefault((r["mode"], r["d"], r["causal"], r["sq"]), {})[r["peer"]] = r
+    for (mode, d, causal, s), peers in sorted(by.items()):
+        r = next(iter(peers.values()))
+        cu, fa = peers.get("torch-sdpa-cudnn", {}), peers.get("torch-sdpa-fa2", {})
+        fmt = lambda x: f"{x:.0f}" if x else "-"
+        ratio = lambda x: f"{r['tflops'] / x:.2f}x" if x else "-"
+        lines.append(f"| {mode} | {d} | {int(causal)} | {s} | {r['tflops']:.0f} | {r['tflops'] / mm_tflops:.0%} | "
+                     f"{fmt(cu.get('peer_tflops'))} | {fmt(fa.get('peer_tflops'))} | {ratio(cu.get('peer_tflops'))} | "
+                     f"{ratio(fa.get('peer_tflops'))} | {'yes' if r['pass'] else 'NO'} |")
+    os.makedirs("docs", exist_ok=True)
+    with open("docs/PERF.md", "w") as f:
+        f.write("\n".join(lines) + "\n\n![TFLOPS vs seqlen](perf_gpu.png)\n")
+    if os.environ.get("OUT"):  # the device tool returns $OUT only
+        with open(os.path.join(os.environ["OUT"], "PERF.md"), "w") as f:
+            f.write("\n".join(lines) + "\n\n![TFLOPS vs seqlen](perf_gpu.png)\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        modes = sorted({r["mode"] for r in rows})
+        fig, axes = plt.subplots(len(modes), 1, figsize=(10, 4 * len(modes)), squeeze=False)
+        for ax, mode in zip(axes[:, 0], modes):
+            for (m, d, causal), style in [((mode, d, c), "-" if not c else "--") for d in (64, 128, 256)
+                                          for c in (False, True)]:
+                pts = sorted((s, p) for (mm, dd, cc, s), p in by.items() if (mm, dd, cc) == (m, d, causal))
+                if not pts:
+                    continue
+                xs = [s for s, _ in pts]
+                ax.plot(xs, [next(iter(p.values()))["tflops"] for _, p in pts], style, marker="o",
+                        label=f"flashport d{d}{' causal' if causal else ''}")
+                ax.plot(xs, [p.get("torch-sdpa-cudnn", {}).get("peer_tflops") or 0 for _, p in pts], style,
+                        marker="x", alpha=0.5, label=f"cuDNN d{d}{' causal' if causal else ''}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{mode}, bf16, {dev}")
+            ax.set_xlabel("seqlen")
+            ax.set_ylabel("TFLOPS")
+            ax.legend(fontsize=6, ncol=3)
+        fig.tight_layout()
+        fig.savefig("docs/perf_gpu.png", dpi=110)
+        if os.environ.get("OUT"):
+            fig.savefig(os.path.join(os.environ["OUT"], "perf_gpu.png"), dpi=110)
+    except ImportError:
+        print("matplotlib missing: no plot")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
