@@ -26,10 +26,10 @@ struct KernelSpec {
 /// resource usage ptxas reported.
 struct CompileResult {
   std::vector<char> cubin;
-  std::string log;        ///< NVRTC log (warnings, ptxas -v info)
-  int registers = -1;     ///< per thread, from the ptxas info line
-  int spill_bytes = 0;    ///< spill stores + loads reported by ptxas
-  double seconds = 0.0;   ///< compile wall time (0 when served from the disk cache)
+  std::string log;       ///< NVRTC log (warnings, ptxas -v info)
+  int registers = -1;    ///< per thread, from the ptxas info line
+  int spill_bytes = 0;   ///< spill stores + loads reported by ptxas
+  double seconds = 0.0;  ///< compile wall time (0 when served from the disk cache)
   bool from_cache = false;
 };
 
@@ -41,6 +41,8 @@ CompileResult compile(const KernelSpec& spec);
 struct Kernel {
   void* function = nullptr;  ///< CUfunction
   int max_dynamic_smem = 0;  ///< bytes the kernel was configured for
+  int device = -1;           ///< GPU ordinal the module was loaded on
+  std::string key;           ///< KernelSpec::key(), for error messages
 };
 
 /// Compiles (or loads from cache) and loads `spec` on GPU `device`; the first call per (spec,
@@ -59,6 +61,8 @@ int device_arch(int device);
 int device_sm_count(int device);
 /// True when libcuda loads and at least one GPU is visible.
 bool driver_available();
+/// Number of visible GPUs; 0 without a usable driver.
+int device_count();
 /// The device ordinal that owns `ptr` (a device pointer), or -1.
 int pointer_device(const void* ptr);
 
@@ -73,5 +77,20 @@ void memset_async(void* ptr, unsigned char value, size_t bytes, void* stream);
 const std::string& embedded_source(const std::string& path);
 /// Every embedded path (for tests and prebuild).
 std::vector<std::string> embedded_paths();
+
+/// The directory of the disk cache: $FLASHPORT_CACHE_DIR, else $XDG_CACHE_HOME/flashport, else
+/// ~/.cache/flashport. Empty when it cannot be created or written (kernels then stay in memory).
+std::string cache_dir();
+/// The path of `spec`'s disk-cache entry (whether or not it exists yet); empty without a usable
+/// cache directory. Needs libnvrtc (its version is part of the key).
+std::string cache_file(const KernelSpec& spec);
+/// Number of NVRTC compilations this process has run (cache hits excluded); for tests and tools.
+size_t compile_count();
+/// Forgets the in-process compile results so the next compile() consults the disk cache again
+/// (tests). Loaded kernels (get) are unaffected.
+void drop_memory_cache();
+/// "major.minor" of the loaded libnvrtc and the file it came from; throws when none loads.
+std::string nvrtc_version();
+std::string nvrtc_library();
 
 }  // namespace flashport::jit

@@ -1,0 +1,348 @@
+// The CUDA driver side of the JIT: libcuda opened at run time, primary contexts shared with the
+// CUDA runtime (and PyTorch), module loading, launches and stream-ordered scratch memory.
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "flashport/error.hpp"
+#include "jit/jit.hpp"
+
+namespace flashport::jit {
+namespace {
+
+/// Driver entry points. Resolved through cuGetProcAddress at the CUDA 12.0 ABI, which every
+/// function below kept through CUDA 13, so 12.x and 13.x drivers both work.
+struct Driver {
+  decltype(&::cuInit) init = nullptr;
+  decltype(&::cuGetErrorName) error_name = nullptr;
+  decltype(&::cuGetErrorString) error_string = nullptr;
+  decltype(&::cuDeviceGetCount) device_count = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) device_attribute = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) primary_retain = nullptr;
+  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
+  decltype(&::cuCtxPushCurrent) ctx_push = nullptr;
+  decltype(&::cuCtxPopCurrent) ctx_pop = nullptr;
+  decltype(&::cuStreamGetCtx) stream_ctx = nullptr;
+  decltype(&::cuModuleLoadData) module_load = nullptr;
+  decltype(&::cuModuleGetFunction) module_function = nullptr;
+  decltype(&::cuFuncSetAttribute) func_set_attribute = nullptr;
+  decltype(&::cuFuncGetAttribute) func_get_attribute = nullptr;
+  decltype(&::cuLaunchKernelEx) launch = nullptr;
+  decltype(&::cuMemAllocAsync) alloc_async = nullptr;
+  decltype(&::cuMemFreeAsync) free_async = nullptr;
+  decltype(&::cuMemsetD8Async) memset_async = nullptr;
+  decltype(&::cuPointerGetAttribute) pointer_attribute = nullptr;
+  int devices = 0;
+  std::string unavailable;  ///< why the driver cannot be used; empty when it can
+};
+
+constexpr int kProcAddressVersion = 12000;
+
+Driver load_driver() {
+  Driver d;
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!handle) handle = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    d.unavailable = "libcuda.so.1 not found (no NVIDIA driver)";
+    return d;
+  }
+  using GetProc = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+  auto get_proc = reinterpret_cast<GetProc>(dlsym(handle, "cuGetProcAddress_v2"));
+  if (!get_proc) {
+    d.unavailable = "libcuda lacks cuGetProcAddress_v2 (driver older than CUDA 12)";
+    return d;
+  }
+  auto sym = [&](auto& fn, const char* name) {
+    void* address = nullptr;
+    CUdriverProcAddressQueryResult status{};
+    if (get_proc(name, &address, kProcAddressVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) {
+      address = nullptr;
+    }
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(address);
+    if (!fn && d.unavailable.empty())
+      d.unavailable = std::string("libcuda lacks ") + name + " (driver too old)";
+  };
+  sym(d.init, "cuInit");
+  sym(d.error_name, "cuGetErrorName");
+  sym(d.error_string, "cuGetErrorString");
+  sym(d.device_count, "cuDeviceGetCount");
+  sym(d.device_get, "cuDeviceGet");
+  sym(d.device_attribute, "cuDeviceGetAttribute");
+  sym(d.primary_retain, "cuDevicePrimaryCtxRetain");
+  sym(d.ctx_get_current, "cuCtxGetCurrent");
+  sym(d.ctx_set_current, "cuCtxSetCurrent");
+  sym(d.ctx_push, "cuCtxPushCurrent");
+  sym(d.ctx_pop, "cuCtxPopCurrent");
+  sym(d.stream_ctx, "cuStreamGetCtx");
+  sym(d.module_load, "cuModuleLoadData");
+  sym(d.module_function, "cuModuleGetFunction");
+  sym(d.func_set_attribute, "cuFuncSetAttribute");
+  sym(d.func_get_attribute, "cuFuncGetAttribute");
+  sym(d.launch, "cuLaunchKernelEx");
+  sym(d.alloc_async, "cuMemAllocAsync");
+  sym(d.free_async, "cuMemFreeAsync");
+  sym(d.memset_async, "cuMemsetD8Async");
+  sym(d.pointer_attribute, "cuPointerGetAttribute");
+  if (!d.unavailable.empty()) return d;
+  if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    d.error_name(rc, &name);
+    d.unavailable = std::string("cuInit failed: ") + (name ? name : "unknown error");
+  } else if (d.device_count(&d.devices) != CUDA_SUCCESS || d.devices == 0) {
+    d.unavailable = "no CUDA device visible";
+  }
+  return d;
+}
+
+/// The driver; never throws (a failure is recorded in `unavailable`).
+const Driver& driver_state() {
+  static const Driver d = load_driver();
+  return d;
+}
+
+/// The driver for an operation that needs it; throws naming `who` when there is none.
+const Driver& driver(const std::string& who) {
+  const Driver& d = driver_state();
+  if (!d.unavailable.empty()) throw Error(who, "CUDA driver unavailable: " + d.unavailable);
+  return d;
+}
+
+std::string describe(CUresult rc) {
+  const Driver& d = driver_state();
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (d.error_name) d.error_name(rc, &name);
+  if (d.error_string) d.error_string(rc, &text);
+  return std::string(name ? name : "CUDA error " + std::to_string(static_cast<int>(rc))) +
+         (text ? std::string(" (") + text + ")" : "");
+}
+
+void check(CUresult rc, const std::string& who, const char* call) {
+  if (rc != CUDA_SUCCESS) throw Error(who, std::string(call) + " failed: " + describe(rc));
+}
+
+void check_device(int device, const std::string& who) {
+  const Driver& d = driver(who);
+  if (device < 0 || device >= d.devices) {
+    throw Error(who, "device " + std::to_string(device) + " out of range (" + std::to_string(d.devices) +
+                         " visible)");
+  }
+}
+
+/// The primary context of `device`, retained once per process and kept for its lifetime.
+CUcontext primary_context(int device, const std::string& who) {
+  static std::mutex mutex;
+  static std::map<int, CUcontext> contexts;
+  check_device(device, who);
+  std::lock_guard lock(mutex);
+  CUcontext& ctx = contexts[device];
+  if (!ctx) {
+    const Driver& d = driver(who);
+    CUdevice dev = 0;
+    check(d.device_get(&dev, device), who, "cuDeviceGet");
+    check(d.primary_retain(&ctx, dev), who, "cuDevicePrimaryCtxRetain");
+  }
+  return ctx;
+}
+
+/// Makes `ctx` current for the scope. With no context current it is set (as cudaSetDevice
+/// would); when another is current (the caller's) it is pushed and popped so the caller's
+/// thread state is left as found.
+class ContextScope {
+ public:
+  ContextScope(CUcontext ctx, const std::string& who) : d_(driver(who)) {
+    CUcontext current = nullptr;
+    check(d_.ctx_get_current(&current), who, "cuCtxGetCurrent");
+    if (current == ctx) return;
+    if (!current) {
+      check(d_.ctx_set_current(ctx), who, "cuCtxSetCurrent");
+    } else {
+      check(d_.ctx_push(ctx), who, "cuCtxPushCurrent");
+      pushed_ = true;
+    }
+  }
+  ~ContextScope() {
+    CUcontext popped = nullptr;
+    if (pushed_) d_.ctx_pop(&popped);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  const Driver& d_;
+  bool pushed_ = false;
+};
+
+/// Context for stream-ordered memory calls: the stream's own context, else the current one,
+/// else device 0's primary context.
+CUcontext context_for_stream(void* stream, const std::string& who) {
+  const Driver& d = driver(who);
+  CUcontext ctx = nullptr;
+  if (stream) check(d.stream_ctx(static_cast<CUstream>(stream), &ctx), who, "cuStreamGetCtx");
+  if (!ctx) check(d.ctx_get_current(&ctx), who, "cuCtxGetCurrent");
+  return ctx ? ctx : primary_context(0, who);
+}
+
+int attribute(int device, CUdevice_attribute which, const std::string& who) {
+  const Driver& d = driver(who);
+  check_device(device, who);
+  CUdevice dev = 0;
+  check(d.device_get(&dev, device), who, "cuDeviceGet");
+  int value = 0;
+  check(d.device_attribute(&value, which, dev), who, "cuDeviceGetAttribute");
+  return value;
+}
+
+constexpr int kDefaultSmemLimit = 48 * 1024;  // dynamic smem allowed without the opt-in attribute
+
+/// Raises `kernel`'s dynamic shared-memory limit to `bytes` when it needs the opt-in.
+void configure_smem(Kernel& kernel, int bytes) {
+  const std::string who = "kernel " + kernel.key;
+  if (bytes > kDefaultSmemLimit && bytes > kernel.max_dynamic_smem) {
+    const int optin = attribute(kernel.device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, who);
+    const Driver& d = driver(who);
+    auto fn = static_cast<CUfunction>(kernel.function);
+    int static_smem = 0;
+    d.func_get_attribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn);
+    if (bytes + static_smem > optin) {
+      throw Error(who, std::to_string(bytes) + " bytes of dynamic shared memory + " +
+                           std::to_string(static_smem) + " static exceed the device's opt-in limit of " +
+                           std::to_string(optin));
+    }
+    check(d.func_set_attribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), who,
+          "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+  }
+  kernel.max_dynamic_smem = std::max(kernel.max_dynamic_smem, bytes);
+}
+
+struct LoadedKernel {
+  std::mutex mutex;
+  bool loaded = false;
+  Kernel kernel;
+};
+
+}  // namespace
+
+const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
+  static std::mutex table_mutex;
+  static std::map<std::pair<std::string, int>, std::unique_ptr<LoadedKernel>> table;
+  const std::string key = spec.key();
+  LoadedKernel* entry;
+  {
+    std::lock_guard lock(table_mutex);
+    auto& slot = table[{key, device}];
+    if (!slot) slot = std::make_unique<LoadedKernel>();
+    entry = slot.get();
+  }
+  std::lock_guard lock(entry->mutex);
+  if (!entry->loaded) {
+    const std::string who = "kernel " + key;
+    const Driver& d = driver(who);
+    const CUcontext ctx = primary_context(device, who);
+    const CompileResult compiled = compile(spec);
+    ContextScope scope(ctx, who);
+    CUmodule module = nullptr;  // lives as long as the process: kernels are cached forever
+    check(d.module_load(&module, compiled.cubin.data()), who, "cuModuleLoadData");
+    CUfunction function = nullptr;
+    check(d.module_function(&function, module, spec.entry.c_str()), who, "cuModuleGetFunction");
+    entry->kernel.function = function;
+    entry->kernel.device = device;
+    entry->kernel.key = key;
+    entry->loaded = true;
+  }
+  configure_smem(entry->kernel, dynamic_smem);
+  return entry->kernel;
+}
+
+void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+            int dynamic_smem, void* stream, void** args) {
+  const std::string who = "kernel " + kernel.key;
+  if (dynamic_smem > std::max(kernel.max_dynamic_smem, kDefaultSmemLimit)) {
+    throw Error(who, "launch with " + std::to_string(dynamic_smem) +
+                         " bytes of dynamic shared memory, but get() "
+                         "configured " +
+                         std::to_string(kernel.max_dynamic_smem));
+  }
+  const Driver& d = driver(who);
+  ContextScope scope(primary_context(kernel.device, who), who);
+  CUlaunchConfig config{};
+  config.gridDimX = grid_x;
+  config.gridDimY = grid_y;
+  config.gridDimZ = grid_z;
+  config.blockDimX = block_x;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = static_cast<unsigned>(dynamic_smem);
+  config.hStream = static_cast<CUstream>(stream);
+  const CUresult rc = d.launch(&config, static_cast<CUfunction>(kernel.function), args, nullptr);
+  if (rc != CUDA_SUCCESS) {
+    throw Error(who, "cuLaunchKernelEx(grid " + std::to_string(grid_x) + "x" + std::to_string(grid_y) + "x" +
+                         std::to_string(grid_z) + ", block " + std::to_string(block_x) + ", smem " +
+                         std::to_string(dynamic_smem) + ") failed: " + describe(rc));
+  }
+}
+
+int device_arch(int device) {
+  const std::string who = "device";
+  return attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, who) * 10 +
+         attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, who);
+}
+
+int device_sm_count(int device) {
+  return attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "device");
+}
+
+bool driver_available() {
+  return driver_state().unavailable.empty();
+}
+
+int device_count() {
+  return driver_available() ? driver_state().devices : 0;
+}
+
+int pointer_device(const void* ptr) {
+  if (!ptr || !driver_available()) return -1;
+  int ordinal = -1;
+  const CUresult rc = driver_state().pointer_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                                       reinterpret_cast<CUdeviceptr>(ptr));
+  return rc == CUDA_SUCCESS ? ordinal : -1;
+}
+
+void* alloc_async(size_t bytes, void* stream) {
+  if (bytes == 0) return nullptr;
+  const std::string who = "workspace";
+  const Driver& d = driver(who);
+  ContextScope scope(context_for_stream(stream, who), who);
+  CUdeviceptr ptr = 0;
+  const CUresult rc = d.alloc_async(&ptr, bytes, static_cast<CUstream>(stream));
+  if (rc != CUDA_SUCCESS) {
+    throw Error(who, "cuMemAllocAsync(" + std::to_string(bytes) + " bytes) failed: " + describe(rc));
+  }
+  return reinterpret_cast<void*>(ptr);
+}
+
+void free_async(void* ptr, void* stream) {
+  if (!ptr) return;
+  const std::string who = "workspace";
+  const Driver& d = driver(who);
+  ContextScope scope(context_for_stream(stream, who), who);
+  check(d.free_async(reinterpret_cast<CUdeviceptr>(ptr), static_cast<CUstream>(stream)), who,
+        "cuMemFreeAsync");
+}
+
+void memset_async(void* ptr, unsigned char value, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  const std::string who = "workspace";
+  const Driver& d = driver(who);
+  ContextScope scope(context_for_stream(stream, who), who);
+  check(d.memset_async(reinterpret_cast<CUdeviceptr>(ptr), value, bytes, static_cast<CUstream>(stream)), who,
+        "cuMemsetD8Async");
+}
+
+}  // namespace flashport::jit

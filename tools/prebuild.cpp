@@ -1,0 +1,146 @@
+// flashport-prebuild: compiles every CUDA kernel variant the dispatcher can pick into the disk
+// cache, so first use of flashport does not wait for NVRTC.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "flashport/error.hpp"
+#include "jit/jit.hpp"
+#if __has_include("backends/cuda/variants.hpp")
+#include "backends/cuda/variants.hpp"
+#define FLASHPORT_HAVE_VARIANTS 1
+#endif
+
+namespace {
+
+using flashport::jit::KernelSpec;
+
+void usage() {
+  std::printf(
+      "usage: flashport-prebuild [--arch 80,90] [-j N] [--list]\n"
+      "  --arch  compute capabilities to build for (default: the local GPUs', else 80,90)\n"
+      "  -j      parallel compiles (default: hardware threads)\n"
+      "  --list  print the kernels without compiling\n"
+      "The cache is $FLASHPORT_CACHE_DIR, else ~/.cache/flashport.\n");
+}
+
+std::vector<int> parse_archs(const char* text) {
+  std::vector<int> archs;
+  for (const char* p = text; *p;) {
+    char* end = nullptr;
+    const long arch = std::strtol(p, &end, 10);
+    if (end == p || arch < 50) throw std::runtime_error(std::string("bad --arch list: ") + text);
+    archs.push_back(static_cast<int>(arch));
+    p = *end == ',' ? end + 1 : end;
+  }
+  return archs;
+}
+
+std::vector<int> default_archs() {
+  std::set<int> archs;
+  for (int device = 0; device < flashport::jit::device_count(); ++device) {
+    archs.insert(flashport::jit::device_arch(device));
+  }
+  if (archs.empty()) return {80, 90};
+  return {archs.begin(), archs.end()};
+}
+
+std::vector<KernelSpec> variants_for(int arch) {
+#ifdef FLASHPORT_HAVE_VARIANTS
+  return flashport::cuda::all_variants(arch);
+#else
+  return {KernelSpec{"cuda/jit_selftest.cu", "flashport_jit_selftest", {}, arch}};
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> archs;
+  unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+  bool list_only = false;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg == "--arch" && i + 1 < argc) {
+        archs = parse_archs(argv[++i]);
+      } else if (arg == "-j" && i + 1 < argc) {
+        jobs = static_cast<unsigned>(std::max(1, std::atoi(argv[++i])));
+      } else if (arg == "--list") {
+        list_only = true;
+      } else {
+        usage();
+        return arg == "-h" || arg == "--help" ? 0 : 2;
+      }
+    }
+    if (archs.empty()) archs = default_archs();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashport-prebuild: %s\n", e.what());
+    return 2;
+  }
+
+  std::vector<KernelSpec> specs;
+  for (int arch : archs) {
+    auto more = variants_for(arch);
+    specs.insert(specs.end(), more.begin(), more.end());
+  }
+  if (list_only) {
+    for (const auto& spec : specs) std::printf("%s\n", spec.key().c_str());
+    return 0;
+  }
+  const std::string dir = flashport::jit::cache_dir();
+  std::printf("flashport-prebuild: %zu kernels, %u parallel, cache %s\n", specs.size(), jobs,
+              dir.empty() ? "(memory only: nothing will persist)" : dir.c_str());
+  std::fflush(stdout);
+
+  std::atomic<size_t> next{0};
+  std::mutex print_mutex;
+  size_t done = 0, cached = 0;
+  std::vector<std::string> failures, spilling;
+  int max_registers = 0;
+  const auto start = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    for (size_t i; (i = next++) < specs.size();) {
+      const KernelSpec& spec = specs[i];
+      try {
+        const auto result = flashport::jit::compile(spec);
+        std::lock_guard lock(print_mutex);
+        ++done;
+        cached += result.from_cache;
+        max_registers = std::max(max_registers, result.registers);
+        if (result.spill_bytes > 0) spilling.push_back(spec.key());
+        std::printf("[%zu/%zu] %-70s %6.1f s %4d regs %5d B spill%s\n", done, specs.size(),
+                    spec.key().c_str(), result.seconds, result.registers, result.spill_bytes,
+                    result.from_cache ? " (cached)" : "");
+        std::fflush(stdout);
+      } catch (const std::exception& e) {
+        std::lock_guard lock(print_mutex);
+        ++done;
+        failures.push_back(spec.key());
+        std::printf("[%zu/%zu] %s FAILED\n%s\n", done, specs.size(), spec.key().c_str(), e.what());
+        std::fflush(stdout);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < std::min<size_t>(jobs, specs.size()); ++t) threads.emplace_back(worker);
+  for (auto& thread : threads) thread.join();
+
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "flashport-prebuild: %zu kernels in %.1f s: %zu compiled, %zu already cached, %zu failed; "
+      "max %d registers; %zu spill\n",
+      specs.size(), seconds, specs.size() - cached - failures.size(), cached, failures.size(), max_registers,
+      spilling.size());
+  for (const auto& key : spilling) std::printf("  spills: %s\n", key.c_str());
+  for (const auto& key : failures) std::printf("  failed: %s\n", key.c_str());
+  return failures.empty() ? 0 : 1;
+}
