@@ -74,23 +74,33 @@ struct bf16 {
   static FP_DEV float to_float(u16 h) { return u32_as_float((u32)h << 16); }
 };
 
-/// Stores `x` rounded to ElemType `type` (kF32 = 1, kF16 = 2, kBF16 = 3) at element `off` of `base`:
-/// for outputs whose dtype is a runtime value. Other types are ignored (rejected by the host).
+/// Stores `x` rounded to ElemType `type` (kF64 = 0, kF32 = 1, kF16 = 2, kBF16 = 3) at element `off`
+/// of `base`: for outputs whose dtype is a runtime value. Other types are ignored (rejected by the host).
 FP_DEV void store_as(void* base, int type, i64 off, float x) {
-  if (type == 1)
-    static_cast<float*>(base)[off] = x;
-  else if (type == 2)
-    static_cast<u16*>(base)[off] = f16::from_float(x);
-  else if (type == 3)
-    static_cast<u16*>(base)[off] = bf16::from_float(x);
+  if (type == 0) static_cast<double*>(base)[off] = x;
+  if (type == 1) static_cast<float*>(base)[off] = x;
+  if (type == 2) static_cast<u16*>(base)[off] = f16::from_float(x);
+  if (type == 3) static_cast<u16*>(base)[off] = bf16::from_float(x);
 }
 
-/// Loads element `off` of a buffer of ElemType `type` (kF32, kF16, kBF16) as float; 0 otherwise.
+/// Loads element `off` of a buffer of ElemType `type` (kF64, kF32, kF16, kBF16) as float; 0 otherwise.
 FP_DEV float load_as(const void* base, int type, i64 off) {
+  if (type == 0) return (float)static_cast<const double*>(base)[off];
   if (type == 1) return static_cast<const float*>(base)[off];
   if (type == 2) return f16::to_float(static_cast<const u16*>(base)[off]);
   if (type == 3) return bf16::to_float(static_cast<const u16*>(base)[off]);
   return 0.0f;
+}
+
+/// Double-precision variants of load_as / store_as (merge_states keeps f64 tensors exact).
+FP_DEV double load_as_f64(const void* base, int type, i64 off) {
+  return type == 0 ? static_cast<const double*>(base)[off] : (double)load_as(base, type, off);
+}
+FP_DEV void store_as_f64(void* base, int type, i64 off, double x) {
+  if (type == 0)
+    static_cast<double*>(base)[off] = x;
+  else
+    store_as(base, type, off, (float)x);
 }
 
 }  // namespace flashport::cuda

@@ -1,0 +1,251 @@
+// FlashAttention-2 forward for sm_80+ (mma.sync m16n8k16): one CTA per (query block, head, batch
+// [x split]), K/V streamed through shared memory with cp.async, online softmax in registers.
+#include "cuda/common/rtc_compat.cuh"
+// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
+#include "cuda/attn_fwd.cuh"
+
+namespace flashport::cuda::fwd {
+
+/// Writes this warp's finished rows: O = acc_o * fac[r] to p.o (or the fp32 split workspace), and the
+/// LSE. `s_o` is this warp's 16 rows of s_q: only this warp ever read them, and every cp.async has
+/// landed (the caller waited and synchronised), so they can stage the output for 16-byte stores.
+FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const float (&fac)[2],
+                         const float (&lse)[2], u16* s_o, i64 b, i64 h, i64 row0, i64 len_q, int split) {
+  const AttnProblem& p = prm.p;
+  const int lane = lane_id(), g = lane >> 2, t4 = lane & 3;
+  if (prm.num_splits > 1) {
+    // Partial results: fp32 (split, b, h, i, c) and (split, b, h, i).
+    const i64 base = ((split * p.batch + b) * p.hq + h) * p.sq;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const i64 i = row0 + g + 8 * r;
+      if (i >= len_q) continue;
+      float* o = prm.o_partial + (base + i) * p.dv;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 8 + 2 * t4;
+        if (col < p.dv) o[col] = acc_o[dt][2 * r] * fac[r], o[col + 1] = acc_o[dt][2 * r + 1] * fac[r];
+      }
+      if (t4 == 0) prm.lse_partial[base + i] = lse[r];
+    }
+    return;
+  }
+  if (p.lse && t4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (row0 + g + 8 * r < len_q) p.lse[lse_offset(p, b, h, row0 + g + 8 * r)] = lse[r];
+  }
+  if (p.out_type != Elem::kElemType) {  // other output dtypes (fp8 inputs): element stores
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const i64 i = row0 + g + 8 * r;
+      if (i >= len_q) continue;
+      const i64 off = q_offset(p, p.o, b, i, h);
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const int col = dt * 8 + 2 * t4;
+        if (col >= p.dv) continue;
+        store_as(p.o.ptr, p.out_type, off + col, acc_o[dt][2 * r] * fac[r]);
+        store_as(p.o.ptr, p.out_type, off + col + 1, acc_o[dt][2 * r + 1] * fac[r]);
+      }
+    }
+    return;
+  }
+  // Stage (16, kHeadDim) in smem: lane (g, t4) writes 4 bytes at row g (+8), column dt * 8 + 2 t4;
+  // the 272-byte (kPitch) row stride makes the 32 lanes hit 32 distinct banks.
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const u32 v = Elem::pack(acc_o[dt][2 * r] * fac[r], acc_o[dt][2 * r + 1] * fac[r]);
+      *reinterpret_cast<u32*>(s_o + (g + 8 * r) * kPitch + dt * 8 + 2 * t4) = v;
+    }
+  }
+  __syncwarp();
+  const bool vec = prm.vec & kVecO;
+  u16* g_o = static_cast<u16*>(p.o.ptr);
+#pragma unroll
+  for (int c = lane; c < 16 * kChunks; c += 32) {
+    const int row = c / kChunks, ch = c % kChunks;
+    const i64 i = row0 + row;
+    if (i >= len_q || ch * 8 >= p.dv) continue;
+    const U32x4 v = ld_shared_16(smem_addr(s_o + row * kPitch + ch * 8));
+    u16* dst = g_o + q_offset(p, p.o, b, i, h) + ch * 8;
+    if (vec) {
+      st_global_16(dst, v);
+    } else {
+      const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[2 * e] = (u16)(w[e] & 0xffffu), dst[2 * e + 1] = (u16)(w[e] >> 16);
+    }
+  }
+}
+
+}  // namespace flashport::cuda::fwd
+
+using namespace flashport;
+using namespace flashport::cuda;
+using namespace flashport::cuda::fwd;
+
+/// Grid: x = query blocks (reversed, so the costliest causal blocks start first), y = query heads,
+/// z = batch * num_splits. Block: kThreads. Dynamic smem: kSmemBytes.
+extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_constant__ FwdParams prm) {
+  const AttnProblem& p = prm.p;
+  extern __shared__ __align__(16) u16 smem[];
+  u16* s_q = smem;                     // (kBlockM, kPitch)
+  u16* s_k = s_q + kSmemQ;             // kStages x (kBlockN, kPitch)
+  u16* s_v = s_k + kStages * kSmemKV;  // kStages x (kBlockN, kPitch)
+
+  const i64 m_block = (i64)gridDim.x - 1 - block_x();
+  const i64 h = block_y();
+  const i64 b = block_z() / prm.num_splits;
+  const int split = (int)(block_z() % prm.num_splits);
+  const Seq seq = sequence(p, b);
+  const i64 m0 = m_block * kBlockM;
+  if (m0 >= seq.len_q) return;  // whole CTA: no barrier has been reached yet
+  const i64 hk = kv_head(p, h);
+  const i64 last_row = (m0 + kBlockM < seq.len_q ? m0 + kBlockM : seq.len_q) - 1;
+
+  // Key tiles this CTA visits: the union of its rows' visible ranges (both bounds are
+  // non-decreasing in the row), cut into splits. Tiles inside every row's range need no mask.
+  const sem::KeyRange first = sem::visible_keys(m0, seq.len_q, seq.len_k, p.window_left, p.window_right);
+  const sem::KeyRange last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right);
+  const i64 key_lo = first.lo, key_hi = last.hi > first.lo ? last.hi : first.lo;
+  i64 tile_begin = key_lo / kBlockN, tile_end = ceil_div(key_hi, kBlockN);
+  if (prm.num_splits > 1) {
+    const i64 per = ceil_div(tile_end - tile_begin, prm.num_splits);
+    const i64 lo = tile_begin + split * per, hi = lo + per;
+    tile_begin = lo < tile_end ? lo : tile_end;
+    tile_end = hi < tile_end ? hi : tile_end;
+  }
+  const int n_tiles = (int)(tile_end - tile_begin);
+
+  const int warp = warp_id(), lane = lane_id();
+  const float dsc_qk = descale(p, 0, b, hk) * descale(p, 1, b, hk);
+  ScoreCtx ctx;
+  ctx.scale = p.scale * dsc_qk;
+  ctx.scale_log2 = ctx.scale * kLog2e;
+  ctx.slope = alibi_slope(p, b, h);
+  ctx.plain = p.softcap <= 0.0f && !p.alibi;
+  ctx.len_q = seq.len_q, ctx.len_k = seq.len_k;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    ctx.row[r] = m0 + 16 * warp + (lane >> 2) + 8 * r;
+    ctx.keys[r] = sem::visible_keys(ctx.row[r], seq.len_q, seq.len_k, p.window_left, p.window_right);
+  }
+
+  // Tile loaders (every thread takes a share of the 16-byte chunks; rows outside the sequence and
+  // columns beyond d / dv are zero-filled so padded rows and columns contribute exact zeros).
+  const bool vec_q = prm.vec & kVecQ, vec_k = prm.vec & kVecK, vec_v = prm.vec & kVecV;
+  auto load_q = [&] {
+    load_tile<kBlockM>(s_q, p.q.ptr, p.d, vec_q,
+                       [&](int r) { return m0 + r < seq.len_q ? q_offset(p, p.q, b, m0 + r, h) : (i64)-1; });
+  };
+  // Key rows through the shared addressing helper; without a block table it is affine in the key
+  // index, so one base per operand (instead of a full k_offset per row) keeps the loaders light.
+  const bool paged = p.block_table != nullptr;
+  const i64 k_base = paged || seq.len_k == 0 ? 0 : k_offset(p, p.k, b, 0, hk);
+  const i64 v_base = paged || seq.len_k == 0 ? 0 : k_offset(p, p.v, b, 0, hk);
+  auto kv_offset = [&](const Operand& t, i64 base, i64 j) {
+    return paged ? k_offset(p, t, b, j, hk) : base + j * t.row_stride;
+  };
+  auto load_k = [&](int t) {  // tile index t relative to tile_begin, into buffer t % kStages
+    const i64 j0 = (tile_begin + t) * kBlockN;
+    load_tile<kBlockN>(s_k + (t % kStages) * kSmemKV, p.k.ptr, p.d, vec_k,
+                       [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.k, k_base, j0 + r) : (i64)-1; });
+  };
+  auto load_v = [&](int t) {
+    const i64 j0 = (tile_begin + t) * kBlockN;
+    load_tile<kBlockN>(s_v + (t % kStages) * kSmemKV, p.v.ptr, p.dv, vec_v,
+                       [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.v, v_base, j0 + r) : (i64)-1; });
+  };
+
+  // ldmatrix row addresses of this lane (see common/mma.cuh for the fragment layouts):
+  //  Q (A operand, x4): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of the warp's 16 rows.
+  //  K (B operand, x4): keys 0-7 / 8-15 of an n16 pair x k-halves: {b0, b1} of n-tile 2np, 2np+1.
+  //  V (B operand, x4.trans): keys 0-7 / 8-15 x channels 0-7 / 8-15: {b0, b1} of two n8 tiles.
+  const u32 q_lane = smem_addr(s_q + (16 * warp + (lane & 15)) * kPitch + (lane >> 4) * 8);
+  const u32 k_lane0 = smem_addr(s_k + ((lane & 7) + ((lane >> 4) << 3)) * kPitch + ((lane >> 3) & 1) * 8);
+  const u32 v_lane0 = smem_addr(s_v + ((lane & 7) + (((lane >> 3) & 1) << 3)) * kPitch + (lane >> 4) * 8);
+
+  float acc_o[kDTiles][4];  // (16, kHeadDim) per warp
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt) acc_o[dt][0] = acc_o[dt][1] = acc_o[dt][2] = acc_o[dt][3] = 0.0f;
+  RowState st{{kNegInf, kNegInf}, {0.0f, 0.0f}};
+  float acc_s[kNTiles][4];  // (16, kBlockN) per warp
+
+  // Pipeline. cp.async groups, in commit order: [Q + K0] [V0] [K1] [V1] ... With kStages >= 2 the
+  // prologue has pairs 0 .. kStages-2 in flight and iteration t prefetches pair t + kStages - 1 into
+  // the buffer of pair t - 1 (free: everyone passed this iteration's first barrier). With kStages == 1
+  // V(t) is issued after the first barrier (everyone finished PV(t-1)) and K(t+1) after the second
+  // (everyone finished QK(t)). Empty groups are committed so the wait counts stay uniform.
+  load_q();
+  if (n_tiles > 0) load_k(0);
+  cp_async_commit();
+  if constexpr (kStages >= 2) {
+    if (n_tiles > 0) load_v(0);
+    cp_async_commit();
+#pragma unroll
+    for (int s = 1; s + 1 < kStages; ++s) {
+      if (s < n_tiles) load_k(s);
+      cp_async_commit();
+      if (s < n_tiles) load_v(s);
+      cp_async_commit();
+    }
+  }
+
+  const i64 lo_last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right).lo;
+  const i64 hi_first = first.hi;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int buf = t % kStages;
+    const i64 j0 = (tile_begin + t) * kBlockN;
+    // K(t) has landed (pending groups after it: V(t) and the later pairs).
+    if constexpr (kStages >= 2)
+      cp_async_wait<2 * kStages - 3>();
+    else
+      cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (kStages >= 2) {
+      const int nxt = t + kStages - 1;
+      if (nxt < n_tiles) load_k(nxt);
+      cp_async_commit();
+      if (nxt < n_tiles) load_v(nxt);
+      cp_async_commit();
+    } else {
+      load_v(t);
+      cp_async_commit();
+    }
+
+    compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
+    const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
+    transform_scores(acc_s, p, ctx, j0, masked);
+    online_softmax(acc_s, acc_o, st);
+    if (p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b, h);
+
+    // V(t) has landed (pending after it: the pairs after t).
+    if constexpr (kStages >= 2)
+      cp_async_wait<2 * (kStages - 1)>();
+    else
+      cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (kStages == 1) {
+      if (t + 1 < n_tiles) load_k(t + 1);
+      cp_async_commit();
+    }
+    compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
+  }
+
+  // Finalize: O / l (times the dropout rescale and the fp8 V descale); LSE = ln(2^m * l). A row
+  // with no visible key has l = 0: O = 0 (acc_o is 0) and LSE = -inf.
+  cp_async_wait_all();
+  __syncthreads();  // s_q is reused for the output below; no cp.async may still target it
+  const float out_scale = (p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f) * descale(p, 2, b, hk);
+  float fac[2], lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(st.l[r]);
+    fac[r] = l > 0.0f ? out_scale / l : 0.0f;
+    lse[r] = l > 0.0f ? st.m[r] * kLn2 + logf(l) : kNegInf;
+  }
+  store_output(prm, acc_o, fac, lse, s_q + 16 * warp * kPitch, b, h, m0 + 16 * warp, seq.len_q, split);
+}

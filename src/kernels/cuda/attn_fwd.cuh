@@ -1,0 +1,252 @@
+// Stages of the sm_80+ forward kernel (attn_fwd.cu): tile loads, QK^T, score transform, online
+// softmax, dropout, PV and the epilogue. Compile-time shape from -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_N,
+// FP_WARPS, FP_STAGES (see src/backends/cuda/tiles.hpp for the table that picks them).
+#pragma once
+
+#include "cuda/attn_fwd_params.cuh"
+#include "cuda/common/common.cuh"
+
+#if !defined(FP_DTYPE) || !defined(FP_HEADDIM) || !defined(FP_BLOCK_N) || !defined(FP_WARPS) || \
+    !defined(FP_STAGES)
+#error "attn_fwd needs -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_N, FP_WARPS, FP_STAGES"
+#endif
+
+namespace flashport::cuda::fwd {
+
+using Elem = FP_DTYPE;
+constexpr int kHeadDim = FP_HEADDIM;  // bucket: the real d and dv are <= kHeadDim, multiples of 8
+constexpr int kWarps = FP_WARPS;
+constexpr int kBlockM = 16 * kWarps;  // warp w owns query rows [16w, 16w + 16) of the block
+constexpr int kBlockN = FP_BLOCK_N;
+constexpr int kStages = FP_STAGES;  // 1: single K/V buffers, loads interleaved with compute (FA2)
+constexpr int kThreads = 32 * kWarps;
+constexpr int kPitch = kHeadDim + 8;   // smem row pitch in elements: the 16-byte pad puts the 8 rows of
+                                       // every ldmatrix 8x8 matrix in distinct bank groups
+constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per warp: S fragment is (16, kBlockN)
+constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp: O fragment is (16, kHeadDim)
+static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32");
+static_assert(kBlockN % 16 == 0 && kStages >= 1 && kWarps >= 1, "bad tile");
+
+// Shared memory (elements of 2 bytes): s_q (kBlockM, kPitch), then s_k and s_v, each kStages buffers
+// of (kBlockN, kPitch). Total (kBlockM + 2 kStages kBlockN) * kPitch * 2 bytes; the host computes the
+// same figure in tiles.hpp (fwd_smem_bytes) and passes it as the dynamic size.
+constexpr int kSmemQ = kBlockM * kPitch;
+constexpr int kSmemKV = kBlockN * kPitch;
+constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kSmemKV) * 2;
+
+constexpr float kNegInf = -__builtin_bit_cast(float, 0x7f800000u);
+
+/// Lengths of one sequence, with device-resident indices guarded: an index that would address
+/// outside its tensor turns the sequence into an empty one instead (nothing read out of bounds).
+struct Seq {
+  i64 len_q, len_k;
+};
+FP_DEV Seq sequence(const AttnProblem& p, i64 b) {
+  i64 len_q = p.sq;
+  if (p.cu_seqlens_q) {
+    const i64 s0 = p.cu_seqlens_q[b], s1 = p.cu_seqlens_q[b + 1];
+    len_q = (s0 < 0 || s1 < s0 || s1 > p.total_q) ? 0 : s1 - s0;
+  }
+  i64 n = p.sk;
+  if (p.seqused_k) n = (i64)p.seqused_k[b] + p.seqused_k_add;
+  if (p.cu_seqlens_k && !p.block_table) {  // k_offset's row base: cu_seqlens_k[b] + token
+    const i64 s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
+    const i64 cap = (s0 < 0 || s1 < s0) ? 0 : s1 - s0;
+    n = p.seqused_k ? (n < cap ? n : cap) : cap;
+  } else if (p.cu_seqlens_k && !p.seqused_k) {
+    const i64 s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
+    n = s1 < s0 ? 0 : s1 - s0;
+  }
+  n = clamp_i64(n, 0, p.sk);  // p.sk bounds every sequence (cache capacity, max_seqlen_k)
+  if (p.leftpad_k) {
+    const i64 pad = p.leftpad_k[b];
+    n = (pad < 0 || pad > n) ? 0 : n - pad;  // k_offset adds the pad: only valid pads reach it
+  }
+  return {len_q, n};
+}
+
+/// Copies rows [0, kRows) of a (rows, kHeadDim) tile into s_tile (pitch kPitch). `row_offset(r)` is
+/// the element offset of row r in `g_base`, negative for rows to zero-fill; columns >= ncols are
+/// zero-filled. `vec`: rows are 16-byte aligned (cp.async); else synchronous 2-byte loads.
+template <int kRows, class RowOffset>
+FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowOffset row_offset) {
+  constexpr int kTotal = kRows * kChunks;
+  const u16* g = static_cast<const u16*>(g_base);
+#pragma unroll
+  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+    const int c = it * kThreads + (int)threadIdx.x;
+    if (kTotal % kThreads != 0 && c >= kTotal) break;
+    const int r = c / kChunks, ch = c % kChunks;
+    const i64 off = ch * 8 < ncols ? row_offset(r) : -1;
+    const bool pred = off >= 0;
+    const u16* src = pred ? g + off + ch * 8 : g;
+    u16* dst = s_tile + r * kPitch + ch * 8;
+    if (vec) {
+      cp_async_16(smem_addr(dst), src, pred);
+    } else {
+      U32x4 v{0, 0, 0, 0};
+      if (pred) {
+        v.x = (u32)src[0] | (u32)src[1] << 16, v.y = (u32)src[2] | (u32)src[3] << 16;
+        v.z = (u32)src[4] | (u32)src[5] << 16, v.w = (u32)src[6] | (u32)src[7] << 16;
+      }
+      st_shared_16(smem_addr(dst), v);
+    }
+  }
+}
+
+/// S = Q K^T for this warp's 16 rows: acc_s (16, kBlockN) in the mma C layout. `q_lane`/`k_lane` are
+/// this lane's ldmatrix row addresses (see attn_fwd.cu); k-steps wholly beyond `d` are skipped
+/// (zero-filled columns add nothing).
+FP_DEV void compute_qk(float (&acc_s)[kNTiles][4], u32 q_lane, u32 k_lane, i64 d) {
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) acc_s[nt][0] = acc_s[nt][1] = acc_s[nt][2] = acc_s[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    if (kk * 16 >= d) break;
+    u32 a[4];
+    ldmatrix_x4(a, q_lane + kk * 32);
+#pragma unroll
+    for (int np = 0; np < kNTiles / 2; ++np) {
+      u32 bk[4];
+      ldmatrix_x4(bk, k_lane + (np * 16 * kPitch + kk * 16) * 2);
+      const u32 b0[2] = {bk[0], bk[1]}, b1[2] = {bk[2], bk[3]};
+      mma<Elem>(acc_s[2 * np], a, b0);
+      mma<Elem>(acc_s[2 * np + 1], a, b1);
+    }
+  }
+}
+
+/// O += P V for this warp's 16 rows; P (acc_s, already exponentiated) is rounded to Elem in registers
+/// and reused as the A operand (the C layout of two n8 tiles is the A layout of one k16 step).
+FP_DEV void compute_pv(float (&acc_o)[kDTiles][4], const float (&acc_s)[kNTiles][4], u32 v_lane, i64 dv) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const u32 a[4] = {Elem::pack(acc_s[2 * kk][0], acc_s[2 * kk][1]),
+                      Elem::pack(acc_s[2 * kk][2], acc_s[2 * kk][3]),
+                      Elem::pack(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
+                      Elem::pack(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      if (dp * 16 >= dv) break;
+      u32 bv[4];
+      ldmatrix_x4_trans(bv, v_lane + (kk * 16 * kPitch + dp * 16) * 2);
+      const u32 b0[2] = {bv[0], bv[1]}, b1[2] = {bv[2], bv[3]};
+      mma<Elem>(acc_o[2 * dp], a, b0);
+      mma<Elem>(acc_o[2 * dp + 1], a, b1);
+    }
+  }
+}
+
+/// What the score transform of one CTA needs (per thread: its two rows g and g + 8).
+struct ScoreCtx {
+  float scale;            // softmax scale (times fp8 descales)
+  float scale_log2;       // scale * log2(e): the whole transform when `plain`
+  float slope;            // ALiBi slope of (b, h)
+  bool plain;             // no softcap, no ALiBi
+  i64 row[2];             // query positions of this thread's rows (within the sequence)
+  sem::KeyRange keys[2];  // their visible key ranges
+  i64 len_q, len_k;
+};
+
+/// Scores in log2 units (SPEC steps 1-4): raw dots -> scale, softcap, ALiBi (shared policy), times
+/// log2(e); keys outside a row's visible range -> -inf when `masked` (tiles straddling the range).
+FP_DEV void transform_scores(float (&acc_s)[kNTiles][4], const AttnProblem& p, const ScoreCtx& c, i64 j0,
+                             bool masked) {
+  const int t4 = lane_id() & 3;
+  if (c.plain) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt][e] *= c.scale_log2;
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 j = j0 + nt * 8 + 2 * t4 + (e & 1);
+        acc_s[nt][e] =
+            score<float>(p, acc_s[nt][e], c.scale, c.slope, c.row[e >> 1], j, c.len_q, c.len_k) * kLog2e;
+      }
+    }
+  }
+  if (!masked) return;
+  // Visible range of each row relative to the tile, clamped to [0, kBlockN]: 32-bit compares.
+  int lo[2], hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lo[r] = (int)clamp_i64(c.keys[r].lo - j0, 0, kBlockN);
+    hi[r] = (int)clamp_i64(c.keys[r].hi - j0, 0, kBlockN);
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int jj = nt * 8 + 2 * t4 + (e & 1);
+      if (jj < lo[e >> 1] || jj >= hi[e >> 1]) acc_s[nt][e] = kNegInf;
+    }
+  }
+}
+
+/// Running softmax state of this thread's two rows, log2 domain: max m and this thread's share of
+/// the row sum l (quad-reduced only at the end: every lane of a quad rescales by the same factor).
+struct RowState {
+  float m[2], l[2];
+};
+
+/// Online softmax over one tile: new row max, rescale O and l, P = 2^(s - m) in place. A row whose
+/// max is still -inf uses 0 as its reference so 2^(-inf - 0) = 0 instead of NaN.
+FP_DEV void online_softmax(float (&acc_s)[kNTiles][4], float (&acc_o)[kDTiles][4], RowState& st) {
+  float ref[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = kNegInf;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
+    mx = fmaxf(st.m[r], quad_max(mx));
+    ref[r] = mx == kNegInf ? 0.0f : mx;
+    const float alpha = fast_exp2(st.m[r] - ref[r]);  // 0 while the old max is -inf
+    st.m[r] = mx;
+    st.l[r] *= alpha;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) acc_o[dt][2 * r] *= alpha, acc_o[dt][2 * r + 1] *= alpha;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float pe = fast_exp2(acc_s[nt][e] - ref[e >> 1]);
+      acc_s[nt][e] = pe;
+      st.l[e >> 1] += pe;
+    }
+  }
+}
+
+/// Zeroes dropped probabilities (after they entered the row sum: the LSE is taken before dropout).
+/// One Philox call per (row, key pair): keys j, j+1 (j even) share the words of j / 4. The Philox
+/// loop stays rolled (its state would otherwise be replicated kNTiles times in registers); the keep
+/// bits go through a 64-bit mask, bit 4 nt + e for element e of n-tile nt.
+FP_DEV void apply_dropout(float (&acc_s)[kNTiles][4], const AttnProblem& p, const ScoreCtx& c, i64 j0, i64 b,
+                          i64 h) {
+  static_assert(kNTiles * 4 <= 64, "keep mask holds 64 elements");
+  const int t4 = lane_id() & 3;
+  u64 keep = 0;
+#pragma unroll 1
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const i64 j = j0 + nt * 8 + 2 * t4;  // even: j0 is a multiple of kBlockN
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const sem::Philox4 w = sem::dropout_words(p.seed, p.offset, c.row[r], j, b, p.hq, h);
+      const u32 w0 = (j & 2) ? w.x[2] : w.x[0], w1 = (j & 2) ? w.x[3] : w.x[1];  // words j % 4, (j+1) % 4
+      const u64 bits = (u64)(w0 >= p.dropout_threshold) | (u64)(w1 >= p.dropout_threshold) << 1;
+      keep |= bits << (4 * nt + 2 * r);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (!((keep >> (4 * nt + e)) & 1)) acc_s[nt][e] = 0.0f;
+}
+
+}  // namespace flashport::cuda::fwd
