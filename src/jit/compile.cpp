@@ -41,7 +41,11 @@ struct Nvrtc {
 std::vector<std::string> nvrtc_candidates() {
   std::vector<std::string> out;
   if (const char* path = std::getenv("FLASHPORT_NVRTC_PATH"); path && *path) out.emplace_back(path);
-  const char* names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+  // A CUDA 12 driver cannot load cubins from NVRTC 13: prefer the NVRTC it supports.
+  const int driver = detail::driver_cuda_version();
+  const bool prefer_12 = driver >= 12000 && driver < 13000;
+  const char* names[] = {prefer_12 ? "libnvrtc.so.12" : "libnvrtc.so.13",
+                         prefer_12 ? "libnvrtc.so.13" : "libnvrtc.so.12", "libnvrtc.so"};
   for (const char* name : names) out.emplace_back(name);
   std::vector<std::string> dirs;
   for (const char* env : {"CUDA_HOME", "CUDA_PATH"}) {
@@ -291,19 +295,20 @@ CompileResult compile(const KernelSpec& spec) {
     hit.seconds = 0.0;
     return hit;
   }
-  const std::string dir = cache_dir();
-  const std::string path = dir.empty() ? "" : entry_path(dir, spec, key);
-  if (!path.empty()) {
-    if (auto cached = detail::read_cache_entry(path, key.text)) {
+  const std::string write_dir = cache_dir();
+  const std::string read_dir = write_dir.empty() ? detail::readable_cache_dir() : write_dir;
+  if (!read_dir.empty()) {
+    if (auto cached = detail::read_cache_entry(entry_path(read_dir, spec, key), key.text)) {
       entry->result = *cached;
       return *cached;
     }
   }
   CompileResult result = compile_with_nvrtc(spec);
-  if (!path.empty()) {
+  if (!write_dir.empty()) {
     std::string error;
-    if (!detail::write_cache_entry(path, key.text, result, &error))
-      detail::mark_cache_dir_unusable(dir, error);
+    if (!detail::write_cache_entry(entry_path(write_dir, spec, key), key.text, result, &error)) {
+      detail::mark_cache_dir_unusable(write_dir, error);
+    }
   }
   entry->result = result;
   return result;

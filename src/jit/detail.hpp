@@ -54,6 +54,13 @@ std::optional<CompileResult> read_cache_entry(const std::string& path, const std
 /// Writes atomically (unique temp file in the same directory, then rename); false on failure.
 bool write_cache_entry(const std::string& path, const std::string& key_text, const CompileResult& result,
                        std::string* error);
+/// CUDA version the installed driver supports (cuDriverGetVersion, e.g. 12080), 0 without libcuda.
+int driver_cuda_version();
+
+/// The configured cache directory when it exists and is readable, writable or not (a read-only
+/// shared cache filled by flashport-prebuild still serves hits); empty otherwise.
+std::string readable_cache_dir();
+
 /// Reports (once per directory) that the cache directory is unusable; later calls to cache_dir()
 /// return empty for it.
 void mark_cache_dir_unusable(const std::string& dir, const std::string& reason);

@@ -80,8 +80,8 @@ void mark_cache_dir_unusable(const std::string& dir, const std::string& reason) 
     it->second = false;
   }
   std::fprintf(stderr,
-               "flashport: warning: kernel cache directory %s is unusable (%s); compiled kernels are kept "
-               "in memory only (set FLASHPORT_CACHE_DIR to a writable directory)\n",
+               "flashport: warning: kernel cache directory %s is not writable (%s); newly compiled kernels "
+               "are kept in memory only (set FLASHPORT_CACHE_DIR to a writable directory)\n",
                dir.c_str(), reason.c_str());
 }
 
@@ -175,6 +175,14 @@ bool write_cache_entry(const std::string& path, const std::string& key_text, con
   }
   if (!ok) ::unlink(temp.c_str());
   return ok;
+}
+
+std::string readable_cache_dir() {
+  const std::string dir = configured_cache_dir();
+  std::error_code ec;
+  return !dir.empty() && std::filesystem::is_directory(dir, ec) && ::access(dir.c_str(), R_OK | X_OK) == 0
+             ? dir
+             : "";
 }
 
 }  // namespace detail

@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "flashport/error.hpp"
-#include "jit/jit.hpp"
+#include "jit/detail.hpp"
 
 namespace flashport::jit {
 namespace {
@@ -18,6 +18,7 @@ namespace {
 /// function below kept through CUDA 13, so 12.x and 13.x drivers both work.
 struct Driver {
   decltype(&::cuInit) init = nullptr;
+  decltype(&::cuDriverGetVersion) driver_version = nullptr;
   decltype(&::cuGetErrorName) error_name = nullptr;
   decltype(&::cuGetErrorString) error_string = nullptr;
   decltype(&::cuDeviceGetCount) device_count = nullptr;
@@ -39,6 +40,7 @@ struct Driver {
   decltype(&::cuMemsetD8Async) memset_async = nullptr;
   decltype(&::cuPointerGetAttribute) pointer_attribute = nullptr;
   int devices = 0;
+  int cuda_version = 0;     ///< what the driver supports, e.g. 13000
   std::string unavailable;  ///< why the driver cannot be used; empty when it can
 };
 
@@ -66,9 +68,11 @@ Driver load_driver() {
     }
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(address);
     if (!fn && d.unavailable.empty())
-      d.unavailable = std::string("libcuda lacks ") + name + " (driver too old)";
+      d.unavailable =
+          std::string("libcuda lacks ") + name + " (driver older than CUDA 12, or a stub library)";
   };
   sym(d.init, "cuInit");
+  sym(d.driver_version, "cuDriverGetVersion");
   sym(d.error_name, "cuGetErrorName");
   sym(d.error_string, "cuGetErrorString");
   sym(d.device_count, "cuDeviceGetCount");
@@ -90,6 +94,7 @@ Driver load_driver() {
   sym(d.memset_async, "cuMemsetD8Async");
   sym(d.pointer_attribute, "cuPointerGetAttribute");
   if (!d.unavailable.empty()) return d;
+  d.driver_version(&d.cuda_version);
   if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
     const char* name = nullptr;
     d.error_name(rc, &name);
@@ -229,6 +234,10 @@ struct LoadedKernel {
 
 }  // namespace
 
+int detail::driver_cuda_version() {
+  return driver_state().cuda_version;
+}
+
 const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
   static std::mutex table_mutex;
   static std::map<std::pair<std::string, int>, std::unique_ptr<LoadedKernel>> table;
@@ -248,7 +257,13 @@ const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
     const CompileResult compiled = compile(spec);
     ContextScope scope(ctx, who);
     CUmodule module = nullptr;  // lives as long as the process: kernels are cached forever
-    check(d.module_load(&module, compiled.cubin.data()), who, "cuModuleLoadData");
+    if (const CUresult rc = d.module_load(&module, compiled.cubin.data()); rc != CUDA_SUCCESS) {
+      throw Error(who, "cuModuleLoadData failed: " + describe(rc) + " (cubin from NVRTC " + nvrtc_version() +
+                           " for arch " + std::to_string(spec.arch) + "; device " + std::to_string(device) +
+                           " is arch " + std::to_string(device_arch(device)) + ", driver supports CUDA " +
+                           std::to_string(d.cuda_version / 1000) + "." +
+                           std::to_string(d.cuda_version % 1000 / 10) + ")");
+    }
     CUfunction function = nullptr;
     check(d.module_function(&function, module, spec.entry.c_str()), who, "cuModuleGetFunction");
     entry->kernel.function = function;

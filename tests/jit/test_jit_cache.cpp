@@ -1,6 +1,7 @@
 // The JIT's caches: disk hits, damaged entries rebuilt, an unusable directory falling back to
 // memory, and concurrent compiles from threads and from processes.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,12 @@ std::vector<char> read_file(const std::string& path) {
 void write_file(const std::string& path, const std::vector<char>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string self_exe() {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  return n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
 }
 
 size_t count_of(const std::string& text, const std::string& needle) {
@@ -148,6 +155,22 @@ TEST(JitCache, UncreatableDirFallsBackToMemoryWithOneWarning) {
   EXPECT_NE(err.find(root + "/file/sub"), std::string::npos) << err;
 }
 
+TEST(JitCache, DirBrokenMidRunWarnsOnceAndKeepsWorking) {
+  ScopedCacheDir cache;
+  const auto first = jit::compile(selftest_spec(80));  // the directory is checked and usable
+  EXPECT_FALSE(jit::cache_dir().empty());
+  std::filesystem::remove_all(cache.path());
+  write_file(cache.path(), {'x'});  // writes now fail
+  testing::internal::CaptureStderr();
+  const auto a = jit::compile(selftest_spec(80, {{"SELFTEST_SCALE", "5.0f"}}));
+  const auto b = jit::compile(selftest_spec(80, {{"SELFTEST_SCALE", "6.0f"}}));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(is_elf(a.cubin));
+  EXPECT_TRUE(is_elf(b.cubin));
+  EXPECT_EQ(count_of(err, "warning"), 1u) << err;
+  EXPECT_TRUE(jit::cache_dir().empty());
+}
+
 TEST(JitCache, ThreadsCompilingOneKernelCompileItOnce) {
   ScopedCacheDir cache;
   const auto spec = selftest_spec(90, {{"SELFTEST_SCALE", "0.25f"}});
@@ -190,10 +213,8 @@ TEST(JitCacheChild, CompileSelftest) {
 
 TEST(JitCache, ConcurrentProcessesLeaveOneValidEntry) {
   ScopedCacheDir cache;
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  ASSERT_GT(n, 0);
-  exe[n] = '\0';
+  const std::string exe = self_exe();
+  ASSERT_FALSE(exe.empty());
   const std::string child = "FLASHPORT_JIT_TEST_CHILD=1 FLASHPORT_CACHE_DIR='" + cache.path() + "' '" + exe +
                             "' --gtest_filter=JitCacheChild.CompileSelftest >/dev/null 2>&1";
   // Several at once so that their compiles and renames overlap.
@@ -211,6 +232,31 @@ TEST(JitCache, ConcurrentProcessesLeaveOneValidEntry) {
   EXPECT_TRUE(result.from_cache);
   EXPECT_TRUE(is_elf(result.cubin));
   EXPECT_EQ(jit::compile_count(), compiles);
+}
+
+// Runs only as a child of ReadOnlyDirServesHitsAndWarnsOnce (skipped otherwise).
+TEST(JitCacheChild, ReadOnlyHit) {
+  if (!std::getenv("FLASHPORT_JIT_TEST_CHILD_RO")) GTEST_SKIP() << "child of a read-only cache test";
+  testing::internal::CaptureStderr();
+  const auto hit = jit::compile(selftest_spec(80, {{"SELFTEST_SCALE", "0.75f"}}));
+  const auto miss = jit::compile(selftest_spec(80, {{"SELFTEST_SCALE", "9.0f"}}));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(hit.from_cache);
+  EXPECT_TRUE(is_elf(miss.cubin));
+  EXPECT_EQ(jit::compile_count(), 1u);
+  EXPECT_EQ(count_of(err, "warning"), 1u) << err;
+}
+
+TEST(JitCache, ReadOnlyDirServesHitsAndWarnsOnce) {
+  if (geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+  ScopedCacheDir cache;
+  jit::compile(selftest_spec(80, {{"SELFTEST_SCALE", "0.75f"}}));
+  ASSERT_EQ(chmod(cache.path().c_str(), 0555), 0);
+  const std::string command = "FLASHPORT_JIT_TEST_CHILD_RO=1 FLASHPORT_CACHE_DIR='" + cache.path() + "' '" +
+                              self_exe() + "' --gtest_filter=JitCacheChild.ReadOnlyHit >/dev/null 2>&1";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  chmod(cache.path().c_str(), 0755);
+  EXPECT_EQ(cache.files().size(), 1u);
 }
 
 }  // namespace

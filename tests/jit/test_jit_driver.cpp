@@ -48,7 +48,7 @@ TEST(JitDriver, SelftestRunsOnTheGpu) {
   ASSERT_TRUE(copy_dtoh && synchronize);
 
   const int n = 1000;
-  const auto spec = selftest_spec(arch == 90 ? 90 : arch);
+  const auto spec = selftest_spec(arch);
   const jit::Kernel& kernel = jit::get(spec, 0, 0);
   EXPECT_EQ(&kernel, &jit::get(spec, 0, 0));  // loaded once
   EXPECT_EQ(kernel.device, 0);
