@@ -114,55 +114,72 @@ void write_dmask_row(const AttnProblem& p, long long b, long long h, long long i
   }
 }
 
-/// Forward over the query heads of kv head hk in sequence b. `round` is the baseline's rounding of
-/// scores and P to the input dtype.
+/// Scratch of one thread's forward rows, sized for the longest key range.
 template <class T>
-void forward_kv_head(const AttnProblem& p, long long b, long long hk, bool round) {
-  KvSlab<T> slab;
-  slab.load_from(p, b, hk);
-  const long long group = p.hq / p.hk;
-  std::vector<T> q, s((size_t)slab.n + 1), acc((size_t)p.dv);
-  std::vector<double> prob((size_t)slab.n + 1);
-  for (long long h = hk * group; h < (hk + 1) * group; ++h) {
-    const Head<T> hd = head_of<T>(p, b, h);
-    for (long long i = 0; i < hd.sq; ++i) {
-      const sem::KeyRange kr = sem::visible_keys(i, hd.sq, hd.sk, p.window_left, p.window_right);
-      const long long n = kr.hi - kr.lo;
-      std::fill(acc.begin(), acc.end(), T(0));
-      T lse = T(sem::kNegInf);
-      if (n > 0) {
-        load_query_row<T>(p, p.q, p.in_type, p.d, b, i, h, q);
-        row_dots<T>(p, slab, q, kr, s.data());
-        for (long long j = kr.lo; j < kr.hi; ++j) {
-          T x = score<T>(p, s[(size_t)(j - kr.lo)], hd.scale, hd.slope, i, j, hd.sq, hd.sk);
-          s[(size_t)(j - kr.lo)] = round ? T(round_to(p.in_type, x)) : x;
-        }
-        lse = softmax_inplace<T>(s.data(), n);
-        for (long long j = kr.lo; j < kr.hi; ++j) {
-          T pj = s[(size_t)(j - kr.lo)];
-          if (round) pj = T(round_to(p.in_type, pj));
-          prob[(size_t)(j - kr.lo)] = (double)pj;
-          const T pz = pj * dropout_factor<T>(p, b, h, i, j);
-          if (pz == T(0)) continue;
-          const T* v_row = &slab.v[(size_t)(j * p.dv)];
-          for (long long c = 0; c < p.dv; ++c) acc[(size_t)c] += pz * v_row[c];
-        }
-        if (p.s_dmask) write_dmask_row(p, b, h, i, kr, prob.data());
-      }
-      const long long o_off = q_offset(p, p.o, b, i, h);
-      for (long long c = 0; c < p.dv; ++c)
-        store(p.o.ptr, p.out_type, o_off + c, (double)(acc[(size_t)c] * hd.v_scale));
-      if (p.lse) p.lse[lse_offset(p, b, h, i)] = (float)lse;
+struct RowScratch {
+  std::vector<T> q, s, acc;
+  std::vector<double> prob;
+  RowScratch(long long n_keys, long long dv)
+      : s((size_t)n_keys + 1), acc((size_t)dv), prob((size_t)n_keys + 1) {}
+};
+
+/// Forward of query row i of head hd over its (sequence, kv head) slab. `round` is the baseline's
+/// rounding of scores and P to the input dtype.
+template <class T>
+void forward_row(const AttnProblem& p, const KvSlab<T>& slab, const Head<T>& hd, long long i, bool round,
+                 RowScratch<T>& sc) {
+  const long long b = hd.b, h = hd.h;
+  const sem::KeyRange kr = sem::visible_keys(i, hd.sq, hd.sk, p.window_left, p.window_right);
+  const long long n = kr.hi - kr.lo;
+  std::fill(sc.acc.begin(), sc.acc.end(), T(0));
+  T lse = T(sem::kNegInf);
+  if (n > 0) {
+    T* s = sc.s.data();
+    load_query_row<T>(p, p.q, p.in_type, p.d, b, i, h, sc.q);
+    row_dots<T>(p, slab, sc.q, kr, s);
+    for (long long j = kr.lo; j < kr.hi; ++j) {
+      const T x = score<T>(p, s[j - kr.lo], hd.scale, hd.slope, i, j, hd.sq, hd.sk);
+      s[j - kr.lo] = round ? T(round_to(p.in_type, x)) : x;
     }
+    lse = softmax_inplace<T>(s, n);
+    for (long long j = kr.lo; j < kr.hi; ++j) {
+      const T pj = round ? T(round_to(p.in_type, s[j - kr.lo])) : s[j - kr.lo];
+      sc.prob[(size_t)(j - kr.lo)] = (double)pj;
+      const T pz = pj * dropout_factor<T>(p, b, h, i, j);
+      if (pz == T(0)) continue;
+      const T* v_row = &slab.v[(size_t)(j * p.dv)];
+      for (long long c = 0; c < p.dv; ++c) sc.acc[(size_t)c] += pz * v_row[c];
+    }
+    if (p.s_dmask) write_dmask_row(p, b, h, i, kr, sc.prob.data());
   }
+  const long long o_off = q_offset(p, p.o, b, i, h);
+  for (long long c = 0; c < p.dv; ++c)
+    store(p.o.ptr, p.out_type, o_off + c, (double)(sc.acc[(size_t)c] * hd.v_scale));
+  if (p.lse) p.lse[lse_offset(p, b, h, i)] = (float)lse;
 }
 
+/// Rows are independent, so they run in parallel over the (query head, row) pairs of each slab; the
+/// result does not depend on the thread count.
 template <class T>
 void forward_all(const AttnProblem& p, bool round) {
   if (p.s_dmask) std::memset(p.s_dmask, 0, sizeof(float) * (size_t)(p.batch * p.hq * p.sq * p.sk));
-  const long long tasks = p.batch * p.hk;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (long long t = 0; t < tasks; ++t) forward_kv_head<T>(p, t / p.hk, t % p.hk, round);
+  const long long group = p.hq / p.hk;
+  KvSlab<T> slab;
+  for (long long b = 0; b < p.batch; ++b) {
+    const long long sq = seqlen_q(p, b), rows = group * sq;
+    if (rows == 0) continue;
+    for (long long hk = 0; hk < p.hk; ++hk) {
+      slab.load_from(p, b, hk);
+      const long long work = rows * (slab.n + 1) * (p.d + p.dv);
+#pragma omp parallel if (work > (1 << 16))
+      {
+        RowScratch<T> scratch(slab.n, p.dv);
+#pragma omp for schedule(dynamic, 4)
+        for (long long r = 0; r < rows; ++r)
+          forward_row<T>(p, slab, head_of<T>(p, b, hk * group + r / sq), r % sq, round, scratch);
+      }
+    }
+  }
 }
 
 /// Backward over the query heads of kv head hk in sequence b: dQ rows of those heads, and dK/dV of
