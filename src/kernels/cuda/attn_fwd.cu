@@ -98,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
 
   const i64 m_block = (i64)gridDim.x - 1 - block_x();
   const i64 h = block_y();
-  const i64 b = block_z() / prm.num_splits;
+  const i64 b = prm.batch_offset + block_z() / prm.num_splits;
   const int split = (int)(block_z() % prm.num_splits);
   const Seq seq = sequence(p, b);
   const i64 m0 = m_block * kBlockM;

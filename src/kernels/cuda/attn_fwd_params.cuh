@@ -10,14 +10,15 @@ namespace flashport::cuda {
 enum VecFlags : int { kVecQ = 1, kVecK = 2, kVecV = 4, kVecO = 8 };
 
 /// Forward launch arguments. With `num_splits > 1` the key range is cut into splits (grid z is
-/// batch * num_splits) and each split writes its normalised fp32 partial output and LSE to the
-/// workspace instead of p.o / p.lse; split_combine.cu merges them. Splits need dense queries.
+/// batch * num_splits, batch_offset 0) and each split writes its normalised fp32 partial output and LSE to
+/// the workspace instead of p.o / p.lse; split_combine.cu merges them. Splits need dense queries.
 struct FwdParams {
   AttnProblem p;
-  float* o_partial;    // (num_splits, batch, hq, sq, dv) fp32, or null without splits
-  float* lse_partial;  // (num_splits, batch, hq, sq) fp32
-  int num_splits;      // >= 1
-  int vec;             // VecFlags
+  float* o_partial;        // (num_splits, batch, hq, sq, dv) fp32, or null without splits
+  float* lse_partial;      // (num_splits, batch, hq, sq) fp32
+  long long batch_offset;  // sequence index of grid z = 0 (batches beyond grid z's 65535 limit)
+  int num_splits;          // >= 1
+  int vec;                 // VecFlags
 };
 
 }  // namespace flashport::cuda

@@ -1,0 +1,174 @@
+// Launchers of the CUDA forward-side kernels (see forward.hpp).
+#include "backends/cuda/forward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/tiles.hpp"
+#include "backends/cuda/variants.hpp"
+#include "flashport/error.hpp"
+#include "jit/jit.hpp"
+#include "kernels/cuda/attn_fwd_params.cuh"
+#include "kernels/cuda/kvcache_params.cuh"
+#include "kernels/cuda/merge_params.cuh"
+
+namespace flashport::cuda {
+namespace {
+
+constexpr long long kMaxGridYZ = 65535;
+constexpr int kMaxSplits = 128;      // split_combine.cu's shared-memory weight table
+constexpr int kAuxRowsPerBlock = 4;  // kv_append / rotate_q / merge / combine: one warp per row
+constexpr unsigned kAuxThreads = 32 * kAuxRowsPerBlock;
+
+int device_of(const void* ptr, const char* arg) {
+  const int device = jit::pointer_device(ptr);
+  if (device < 0) throw Error(arg, "is not a CUDA device pointer");
+  return device;
+}
+
+/// 16-byte row alignment of an operand: base pointer and every stride in whole 8-element chunks.
+bool rows_aligned(const Operand& t) {
+  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.batch_stride % 8 == 0 && t.row_stride % 8 == 0 &&
+         t.head_stride % 8 == 0;
+}
+
+int vec_flags(const AttnProblem& p) {
+  return (rows_aligned(p.q) ? kVecQ : 0) | (rows_aligned(p.k) ? kVecK : 0) | (rows_aligned(p.v) ? kVecV : 0) |
+         (rows_aligned(p.o) ? kVecO : 0);
+}
+
+/// FlashAttention-2's split heuristic: with fewer CTAs than about one wave, cut the key range so the
+/// grid fills the SMs, taking the smallest split count within 85% of the best wave efficiency.
+int heuristic_splits(long long ctas, int sm_count, long long key_tiles) {
+  if (ctas >= 0.8 * sm_count || key_tiles < 2) return 1;
+  const int max_splits = (int)std::min<long long>({kMaxSplits, sm_count, key_tiles});
+  auto efficiency = [&](int s) {
+    const double waves = double(ctas * s) / sm_count;
+    return waves / std::ceil(waves);
+  };
+  // A count is only worth trying when it changes the tiles per split.
+  auto eligible = [&](int s) { return s == 1 || (key_tiles + s - 1) / s != (key_tiles + s - 2) / (s - 1); };
+  double best = 0.0;
+  for (int s = 1; s <= max_splits; ++s)
+    if (eligible(s)) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s)
+    if (eligible(s) && efficiency(s) >= 0.85 * best) return s;
+  return 1;
+}
+
+void launch_aux(const jit::KernelSpec& spec, int device, long long rows, void* stream, void* params) {
+  if (rows <= 0) return;
+  const jit::Kernel& kernel = jit::get(spec, device, 0);
+  void* args[] = {params};
+  const long long blocks = (rows + kAuxRowsPerBlock - 1) / kAuxRowsPerBlock;
+  jit::launch(kernel, (unsigned)blocks, 1, 1, kAuxThreads, 0, stream, args);
+}
+
+}  // namespace
+
+int forward_num_splits(const AttnProblem& p, int num_splits) {
+  if (num_splits == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return 1;
+  const int device = device_of(p.q.ptr, "q");
+  const int arch = jit::device_arch(device);
+  const FwdTile tile = fwd_tile(arch, head_dim_bucket(p.d, p.dv));
+  const long long key_tiles = (p.sk + tile.block_n - 1) / tile.block_n;
+  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
+  int splits = num_splits > 1
+                   ? num_splits
+                   : heuristic_splits(m_blocks * p.hq * p.batch, jit::device_sm_count(device), key_tiles);
+  splits = (int)std::min<long long>({(long long)splits, (long long)kMaxSplits, key_tiles});
+  if (p.batch * splits > kMaxGridYZ) splits = 1;
+  return std::max(splits, 1);
+}
+
+void launch_forward(const AttnProblem& p, int num_splits) {
+  if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
+  const int device = device_of(p.q.ptr, "q");
+  const int arch = jit::device_arch(device);
+  const int bucket = head_dim_bucket(p.d, p.dv);
+  const FwdTile tile = fwd_tile(arch, bucket);
+  const int smem = fwd_smem_bytes(tile, bucket);
+  const jit::Kernel& kernel = jit::get(forward_spec(arch, p.in_type, bucket), device, smem);
+  if (p.hq > kMaxGridYZ) throw Error("q", "more than 65535 heads are not supported on CUDA");
+
+  FwdParams prm{};
+  prm.p = p;
+  prm.vec = vec_flags(p);
+  prm.num_splits = forward_num_splits(p, num_splits);
+  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
+  const unsigned threads = 32u * (unsigned)tile.warps;
+  void* args[] = {&prm};
+  if (prm.num_splits == 1) {
+    // Grid z holds at most 65535 sequences: launch in batch chunks.
+    for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {
+      prm.batch_offset = b0;
+      const long long nb = std::min(kMaxGridYZ, p.batch - b0);
+      jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)nb, threads, smem, p.stream, args);
+    }
+    return;
+  }
+  // Split-KV: fp32 partials in stream-ordered scratch, merged by split_combine on the same stream.
+  const long long rows = p.batch * p.hq * p.sq;
+  const size_t o_bytes = (size_t)(prm.num_splits * rows * p.dv) * sizeof(float);
+  const size_t lse_bytes = (size_t)(prm.num_splits * rows) * sizeof(float);
+  char* scratch = static_cast<char*>(jit::alloc_async(o_bytes + lse_bytes, p.stream));
+  prm.o_partial = reinterpret_cast<float*>(scratch);
+  prm.lse_partial = reinterpret_cast<float*>(scratch + o_bytes);
+  prm.batch_offset = 0;
+  try {
+    jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)(p.batch * prm.num_splits), threads,
+                smem, p.stream, args);
+    launch_aux(split_combine_spec(arch), device, rows, p.stream, &prm);
+  } catch (...) {
+    jit::free_async(scratch, p.stream);
+    throw;
+  }
+  jit::free_async(scratch, p.stream);
+}
+
+void launch_forward_kvcache(const core::KvCacheProblem& kp) {
+  const AttnProblem& a = kp.attn;
+  const int device = device_of(a.q.ptr, "q");
+  const int arch = jit::device_arch(device);
+  KvAppendParams prm{};
+  prm.attn = a;
+  prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;
+  prm.cache_seqlens = kp.cache_seqlens;
+  prm.rotary_cos = kp.rotary_cos, prm.rotary_sin = kp.rotary_sin;
+  prm.rotary_row_stride = kp.rotary_row_stride, prm.rotary_max_pos = kp.rotary_max_pos;
+  prm.rotary_dim = kp.rotary_dim;
+  prm.rotary_interleaved = kp.rotary_interleaved ? 1 : 0;
+  prm.rotary_q_per_token = kp.rotary_q_per_token ? 1 : 0;
+  if (kp.k_new.ptr && kp.s_new > 0)
+    launch_aux(kv_append_spec(arch), device, a.batch * kp.s_new * a.hk, a.stream, &prm);
+  if (kp.rotary_dim <= 0 || !kp.cache_seqlens) {
+    launch_forward(a, kp.num_splits);
+    return;
+  }
+  // q rotated at its cache positions into a dense (b, sq, hq, d) scratch that the attention reads.
+  const long long q_rows = a.batch * a.sq * a.hq;
+  if (q_rows <= 0) return;
+  void* q_rot = jit::alloc_async((size_t)(q_rows * a.d) * 2, a.stream);
+  prm.q_rot = q_rot;
+  try {
+    launch_aux(rotate_q_spec(arch), device, q_rows, a.stream, &prm);
+    AttnProblem rotated = a;
+    rotated.q = {q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
+    launch_forward(rotated, kp.num_splits);
+  } catch (...) {
+    jit::free_async(q_rot, a.stream);
+    throw;
+  }
+  jit::free_async(q_rot, a.stream);
+}
+
+void launch_merge_states(const core::MergeProblem& mp) {
+  const int device = device_of(mp.out.ptr, "out");
+  MergeParams prm{mp.batch, mp.seqlen, mp.heads, mp.d,     mp.type, mp.a,
+                  mp.b,     mp.out,    mp.lse_a, mp.lse_b, mp.lse};
+  launch_aux(merge_states_spec(jit::device_arch(device)), device, mp.batch * mp.heads * mp.seqlen, mp.stream,
+             &prm);
+}
+
+}  // namespace flashport::cuda

@@ -1,0 +1,24 @@
+// Launchers of the CUDA forward-side kernels: attention (with split-KV), kv-cache append, merge.
+#pragma once
+
+#include "core/backend.hpp"
+
+namespace flashport::cuda {
+
+/// Runs attention forward for `p` on the GPU that owns p.q.ptr, on p.stream. `num_splits`: 0 picks
+/// split-KV by a heuristic (dense queries only), 1 disables it, > 1 asks for that many splits
+/// (capped by the number of key tiles; ignored for varlen queries).
+void launch_forward(const AttnProblem& p, int num_splits = 0);
+
+/// Appends k_new/v_new into the cache (rotary on k), rotates q into stream-ordered scratch when
+/// rotary is on, then attends over the updated cache.
+void launch_forward_kvcache(const core::KvCacheProblem& kp);
+
+/// merge_states on the GPU that owns mp.out.ptr.
+void launch_merge_states(const core::MergeProblem& mp);
+
+/// The number of splits launch_forward would use for `p` with the request `num_splits` (exposed for
+/// tests and the benchmark driver).
+int forward_num_splits(const AttnProblem& p, int num_splits);
+
+}  // namespace flashport::cuda
