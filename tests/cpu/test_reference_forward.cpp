@@ -275,5 +275,23 @@ TEST(ReferenceForward, Fp8WithDescales) {
   }
 }
 
+/// s_dmask exists in the reference only: `automatic` falls back to it, `fast` refuses by name.
+TEST(ReferenceForward, DmaskSelectsTheReference) {
+  Spec s = make(1, 17, 29, 2, 1, 16, 16);
+  s.dtype = DType::f32, s.dropout_p = 0.25, s.seed = rng()();
+  const refcheck::Inputs in = refcheck::make_inputs(s);
+  HostTensor m_ref, m_auto, m_fast;
+  const refcheck::Result ref = refcheck::run_forward(s, in, Impl::reference, &m_ref);
+  const refcheck::Result automatic = refcheck::run_forward(s, in, Impl::automatic, &m_auto);
+  EXPECT_EQ(ref.out.bytes, automatic.out.bytes);
+  EXPECT_EQ(m_ref.bytes, m_auto.bytes);
+  try {
+    refcheck::run_forward(s, in, Impl::fast, &m_fast);
+    ADD_FAILURE() << "Impl::fast accepted s_dmask";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("s_dmask"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace flashport::test

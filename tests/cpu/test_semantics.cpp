@@ -26,7 +26,7 @@ void expect_philox(std::array<u32, 4> c, std::array<u32, 2> k, std::array<u32, 4
   for (int w = 0; w < 4; ++w) EXPECT_EQ(r.x[w], want[w]) << "word " << w;
 }
 
-TEST(Philox, KnownAnswersFromSpec) {
+TEST(SemanticsPhilox, KnownAnswersFromSpec) {
   expect_philox({0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8});
   const u32 ones = 0xffffffffu;
   expect_philox({ones, ones, ones, ones}, {ones, ones}, {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd});
@@ -34,7 +34,7 @@ TEST(Philox, KnownAnswersFromSpec) {
                 {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1});
 }
 
-TEST(Dropout, ThresholdIsFloorOfPTimes2To32) {
+TEST(SemanticsDropout, ThresholdIsFloorOfPTimes2To32) {
   EXPECT_EQ(sem::dropout_threshold(0.0), 0u);
   EXPECT_EQ(sem::dropout_threshold(0.5), 0x80000000u);
   EXPECT_EQ(sem::dropout_threshold(0.25), 0x40000000u);
@@ -43,7 +43,7 @@ TEST(Dropout, ThresholdIsFloorOfPTimes2To32) {
   EXPECT_EQ(sem::dropout_threshold(1.0), 0xffffffffu);
 }
 
-TEST(Dropout, KeepReadsWordJMod4OfTheSpecCounter) {
+TEST(SemanticsDropout, KeepReadsWordJMod4OfTheSpecCounter) {
   const unsigned long long seed = 0x0123456789abcdefull;
   const u32 offset = 77, threshold = sem::dropout_threshold(0.5);
   const long long hq = 5;
@@ -75,7 +75,7 @@ bool spec_visible(long long i, long long j, long long sq, long long sk, long lon
   return j >= 0 && j < sk && left_ok && right_ok;
 }
 
-TEST(Mask, VisibleKeysMatchesSpecFormula) {
+TEST(SemanticsMask, VisibleKeysMatchesSpecFormula) {
   const long long shapes[][2] = {{1, 1}, {5, 5}, {3, 9}, {9, 3}, {7, 1}, {1, 7}, {0, 4}, {4, 0}};
   const long long windows[][2] = {{-1, -1}, {-1, 0}, {0, 0},  {2, 0},    {0, 3},
                                   {1, 1},   {-1, 2}, {3, -1}, {100, 100}};
@@ -96,7 +96,7 @@ TEST(Mask, VisibleKeysMatchesSpecFormula) {
       }
 }
 
-TEST(Mask, CausalBottomRightLeavesFirstRowsEmptyWhenSqExceedsSk) {
+TEST(SemanticsMask, CausalBottomRightLeavesFirstRowsEmptyWhenSqExceedsSk) {
   // sq = 6, sk = 2, causal: rows 0..3 see nothing, row 4 sees key 0, row 5 keys 0..1.
   for (long long i = 0; i < 4; ++i) {
     const sem::KeyRange kr = sem::visible_keys(i, 6, 2, -1, 0);
@@ -106,7 +106,7 @@ TEST(Mask, CausalBottomRightLeavesFirstRowsEmptyWhenSqExceedsSk) {
   EXPECT_EQ(sem::visible_keys(5, 6, 2, -1, 0).hi, 2);
 }
 
-TEST(Scores, SoftcapAlibiAndWeights) {
+TEST(SemanticsScores, SoftcapAlibiAndWeights) {
   EXPECT_EQ(sem::softcap(3.0, 0.0), 3.0);
   EXPECT_NEAR(sem::softcap(3.0, 2.0), 2.0 * std::tanh(1.5), 1e-15);
   for (double s : {-4.0, -0.3, 0.0, 0.7, 5.0}) {
@@ -122,7 +122,7 @@ TEST(Scores, SoftcapAlibiAndWeights) {
   EXPECT_NEAR(sem::lse_weight(1.0, 3.0), std::exp(-2.0), 1e-15);
 }
 
-TEST(Rotary, TapsRealiseGptjPairsAndNeoxHalves) {
+TEST(SemanticsRotary, TapsRealiseGptjPairsAndNeoxHalves) {
   const int rot = 8, half = rot / 2;
   for (int c = 0; c < rot; ++c) {
     const sem::RotaryTap gptj = sem::rotary_tap(c, rot, true);
@@ -210,7 +210,7 @@ uint8_t fp8_oracle(const Fp8Spec& s, float x) {
   return (uint8_t)best;
 }
 
-TEST(Numeric, F16DecodeMatchesCompilerForEveryCode) {
+TEST(NumericConversions, F16DecodeMatchesCompilerForEveryCode) {
   for (u32 h = 0; h < 65536; ++h) {
     const float want = (float)std::bit_cast<_Float16>((uint16_t)h);
     const float got = num::f16_to_f32((uint16_t)h);
@@ -223,7 +223,7 @@ TEST(Numeric, F16DecodeMatchesCompilerForEveryCode) {
   }
 }
 
-TEST(Numeric, F16EncodeTiesSaturationSubnormalsNaN) {
+TEST(NumericConversions, F16EncodeTiesSaturationSubnormalsNaN) {
   // Ties to even: 1 + 2^-11 sits halfway between 1 and 1 + 2^-10.
   EXPECT_EQ(num::f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
   EXPECT_EQ(num::f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
@@ -254,7 +254,7 @@ TEST(Numeric, F16EncodeTiesSaturationSubnormalsNaN) {
   }
 }
 
-TEST(Numeric, Bf16RoundTripTiesOverflowNaN) {
+TEST(NumericConversions, Bf16RoundTripTiesOverflowNaN) {
   for (u32 h = 0; h < 65536; ++h) {
     const float f = num::bf16_to_f32((uint16_t)h);
     if (std::isnan(f)) {
@@ -280,7 +280,7 @@ TEST(Numeric, Bf16RoundTripTiesOverflowNaN) {
   }
 }
 
-TEST(Numeric, Fp8DecodeAndRoundTripEveryCode) {
+TEST(NumericConversions, Fp8DecodeAndRoundTripEveryCode) {
   for (const Fp8Spec& s : kFp8Specs)
     for (int c = 0; c < 256; ++c) {
       const double want = fp8_decode(s, (uint8_t)c);
@@ -296,7 +296,7 @@ TEST(Numeric, Fp8DecodeAndRoundTripEveryCode) {
     }
 }
 
-TEST(Numeric, Fp8EncodeMatchesNearestEvenSaturating) {
+TEST(NumericConversions, Fp8EncodeMatchesNearestEvenSaturating) {
   std::mt19937 gen(4321);
   for (const Fp8Spec& s : kFp8Specs) {
     SCOPED_TRACE(s.name);
