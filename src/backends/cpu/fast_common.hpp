@@ -1,0 +1,98 @@
+// Declarations shared by the CPU fast path's dispatcher (fast_dispatch.cpp) and its per-ISA kernels.
+// Everything here is compiled for the baseline target; the per-ISA translation units include this
+// header before their target pragma so no inline function below is ever built with a wider ISA.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "backends/cpu/elem.hpp"
+#include "core/numeric.h"
+#include "core/problem.h"
+
+namespace flashport::cpu::fast {
+
+/// Query rows per tile. A multiple of every ISA's vector width (16 floats for AVX-512) and of the
+/// micro-kernel rows, so a tile's score columns are whole vectors.
+inline constexpr int kBlockQ = 64;
+/// Keys per tile. 64 keys x 128 channels of fp32 K and V (64 KiB) stay in the 2 MiB L2 while the
+/// query tile streams over them.
+inline constexpr int kBlockK = 64;
+/// Widest vector (floats) any ISA uses: buffers are padded and aligned to it.
+inline constexpr int kMaxVec = 16;
+
+inline constexpr long long pad_to(long long n, long long m) {
+  return (n + m - 1) / m * m;
+}
+
+/// A forward work item: query rows [i0, i0 + kBlockQ) of head h of sequence b.
+struct QueryBlock {
+  long long b, h, i0;
+};
+
+/// A backward work item: keys [j0, j0 + kBlockK) of kv head hk of sequence b. It owns those rows of
+/// dK/dV and adds its dQ contributions into the calling thread's fp32 dQ accumulator.
+struct KeyBlock {
+  long long b, hk, j0;
+};
+
+/// Per-call data the backward items share (computed once by the dispatcher).
+struct BackwardShared {
+  const float* delta;  // D = rowsum(dO * O), fp32 at [row * hq + h]
+  long long dq_ld;     // dQ accumulator: fp32 at [(row * hq + h) * dq_ld + c]
+};
+
+/// Row of (sequence b, query i) in the flattened query index space: cu_seqlens_q[b] + i for varlen,
+/// b * sq + i for dense. Indexes D and the dQ accumulators.
+inline long long query_row(const AttnProblem& p, long long b, long long i) {
+  return p.cu_seqlens_q ? (long long)p.cu_seqlens_q[b] + i : b * p.sq + i;
+}
+
+/// The score transform of one (sequence, head) in the log2 domain the kernels work in:
+/// t = log2(e) * score. Q is pre-multiplied by `q_scale`, so the raw dot product x = q_scale * q.k.
+struct ScoreParams {
+  float q_scale;     // scale * log2(e) when no transform; scale / softcap with softcap
+  float cap_log2;    // softcap * log2(e); 0 when off: t = cap_log2 * tanh(x)
+  float slope_log2;  // ALiBi slope * log2(e); bias -slope_log2 * |diag - j|
+  bool transform;    // softcap or ALiBi present: run the transform stage
+};
+
+inline ScoreParams score_params(const AttnProblem& p, long long b, long long h) {
+  ScoreParams s{};
+  const bool cap = p.softcap > 0.0f;
+  s.q_scale = cap ? p.scale / p.softcap : p.scale * sem::kLog2e;
+  s.cap_log2 = cap ? p.softcap * sem::kLog2e : 0.0f;
+  s.slope_log2 = alibi_slope(p, b, h) * sem::kLog2e;
+  s.transform = cap || p.alibi;
+  return s;
+}
+
+/// Floats of scratch one thread needs for either kernel (a generous bound shared by every ISA).
+inline long long scratch_floats(long long d, long long dv) {
+  const long long dp = pad_to(d, kMaxVec), dvp = pad_to(dv, kMaxVec);
+  const long long q = kBlockQ, k = kBlockK;
+  const long long fwd = dp * q + k * dp + k * dvp + k * q + q * dvp;
+  const long long bwd = 2 * k * dp + 2 * k * dvp + 2 * q * dp + 2 * q * dvp + 4 * k * q;
+  return std::max(fwd, bwd) + 16 * q + 32 * kMaxVec;
+}
+
+/// One ISA's kernels. `scratch` holds scratch_floats() floats, aligned to 64 bytes.
+struct Kernels {
+  const char* isa;
+  void (*forward_block)(const AttnProblem& p, const QueryBlock& blk, float* scratch);
+  void (*backward_block)(const AttnProblem& p, const BackwardShared& shared, const KeyBlock& blk,
+                         float* scratch, float* dq_acc);
+};
+
+/// The kernel tables; null when the ISA was not compiled into this build (non-x86 hosts).
+const Kernels* kernels_avx512();
+const Kernels* kernels_avx2();
+const Kernels& kernels_base();
+
+}  // namespace flashport::cpu::fast

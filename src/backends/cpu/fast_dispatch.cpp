@@ -1,0 +1,178 @@
+// The CPU fast path's entry points: what it covers, which ISA copy runs, the work lists and the
+// OpenMP loops around the per-tile kernels (fast_forward.hpp, fast_backward.hpp).
+#include <omp.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/fast.hpp"
+#include "backends/cpu/fast_common.hpp"
+
+namespace flashport::cpu::fast {
+namespace {
+
+/// The widest kernel copy this CPU runs. FLASHPORT_CPU_ISA=avx2|base caps it (the tests use this to
+/// cover every copy on one machine); a wider request than the CPU supports is ignored.
+const Kernels& select_kernels() {
+  const char* env = std::getenv("FLASHPORT_CPU_ISA");
+  const std::string cap = env ? env : "";
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (avx512 && cap != "avx2" && cap != "base" && kernels_avx512()) return *kernels_avx512();
+  if (avx2 && cap != "base" && kernels_avx2()) return *kernels_avx2();
+#endif
+  return kernels_base();
+}
+
+/// A thread's scratch, 64-byte aligned.
+struct ThreadScratch {
+  std::vector<float> storage;
+  float* data;
+  explicit ThreadScratch(long long floats) : storage((size_t)(floats + kMaxVec)) {
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(storage.data());
+    data = storage.data() + (pad_to((long long)addr, 64) - (long long)addr) / (long long)sizeof(float);
+  }
+};
+
+/// (sequence, position) of flattened query row `row` (see query_row).
+std::pair<long long, long long> locate_row(const AttnProblem& p, long long row) {
+  if (!p.cu_seqlens_q) return {row / p.sq, row % p.sq};
+  long long lo = 0, hi = p.batch;  // last b with cu_seqlens_q[b] <= row, skipping empty sequences
+  while (hi - lo > 1) {
+    const long long mid = (lo + hi) / 2;
+    if (p.cu_seqlens_q[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return {lo, row - p.cu_seqlens_q[lo]};
+}
+
+long long query_rows(const AttnProblem& p) {
+  return p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
+}
+
+/// D = rowsum(dO * O) for every (row, head), fp32 at [row * hq + h].
+std::vector<float> rowsum_dout_out(const AttnProblem& p) {
+  const long long rows = query_rows(p);
+  std::vector<float> delta((size_t)(rows * p.hq));
+#pragma omp parallel for schedule(static)
+  for (long long row = 0; row < rows; ++row) {
+    const auto [b, i] = locate_row(p, row);
+    for (long long h = 0; h < p.hq; ++h) {
+      const long long o_off = q_offset(p, p.o, b, i, h), do_off = q_offset(p, p.dout, b, i, h);
+      double acc = 0.0;
+      for (long long c = 0; c < p.dv; ++c) {
+        acc +=
+            (double)load_f32(p.o.ptr, p.out_type, o_off + c) * load_f32(p.dout.ptr, p.out_type, do_off + c);
+      }
+      delta[(size_t)(row * p.hq + h)] = (float)acc;
+    }
+  }
+  return delta;
+}
+
+/// Key rows sequence b occupies in memory (more than seqlen_k when seqused_k trims it).
+long long key_rows(const AttnProblem& p, long long b) {
+  return p.cu_seqlens_k ? (long long)(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]) : p.sk;
+}
+
+}  // namespace
+
+std::string unsupported(const AttnProblem& p, bool backward) {
+  if (p.in_type == kE4M3 || p.in_type == kE4M3FNUZ || p.in_type == kE5M2)
+    return "fp8 inputs run on the reference (the fast path has no fp8 kernels)";
+  if (p.in_type == kF64) return "fp64 inputs run on the reference (the fast path computes in fp32)";
+  if (p.s_dmask) return "s_dmask (attention probabilities) is produced by the reference only";
+  if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30)) return "sequences of 2^30 tokens or more";
+  if (backward && p.block_table) return "backward through paged K/V runs on the reference";
+  if (backward && (p.leftpad_k || p.kv_batch_idx)) return "backward through a KV cache runs on the reference";
+  if (backward && !p.lse) return "backward needs the forward's LSE";
+  return {};
+}
+
+void forward(const AttnProblem& p) {
+  const Kernels& kernels = select_kernels();
+  // Later query tiles first: under a causal mask they see the most keys, so dynamic scheduling
+  // finishes with the cheap ones.
+  std::vector<QueryBlock> items;
+  for (long long b = 0; b < p.batch; ++b) {
+    const long long n_tiles = (seqlen_q(p, b) + kBlockQ - 1) / kBlockQ;
+    for (long long t = n_tiles - 1; t >= 0; --t) {
+      for (long long h = 0; h < p.hq; ++h) items.push_back({b, h, t * kBlockQ});
+    }
+  }
+  const long long n_items = (long long)items.size(), scratch_n = scratch_floats(p.d, p.dv);
+#pragma omp parallel if (n_items > 1)
+  {
+    ThreadScratch scratch(scratch_n);
+#pragma omp for schedule(dynamic, 1)
+    for (long long n = 0; n < n_items; ++n) kernels.forward_block(p, items[(size_t)n], scratch.data);
+  }
+}
+
+void backward(const AttnProblem& p) {
+  const Kernels& kernels = select_kernels();
+  const std::vector<float> delta = rowsum_dout_out(p);
+  const long long rows = query_rows(p), dq_ld = pad_to(p.d, kMaxVec);
+  const BackwardShared shared{delta.data(), dq_ld};
+
+  std::vector<KeyBlock> items;
+  for (long long b = 0; b < p.batch; ++b) {
+    const long long sk = seqlen_k(p, b);
+    for (long long hk = 0; hk < p.hk; ++hk) {
+      for (long long j0 = 0; j0 < sk; j0 += kBlockK) items.push_back({b, hk, j0});
+    }
+  }
+
+  // Each thread adds dQ into its own fp32 buffer. The static round-robin schedule fixes which
+  // thread runs which key block, and the buffers are summed in thread order, so dQ is bitwise
+  // reproducible for a given thread count (deterministic or not).
+  const long long n_items = (long long)items.size(), scratch_n = scratch_floats(p.d, p.dv);
+  const long long dq_floats = rows * p.hq * dq_ld;
+  std::vector<std::vector<float>> dq_parts((size_t)omp_get_max_threads());
+#pragma omp parallel if (n_items > 1)
+  {
+    std::vector<float>& dq_part = dq_parts[(size_t)omp_get_thread_num()];
+    dq_part.assign((size_t)dq_floats, 0.0f);
+    ThreadScratch scratch(scratch_n);
+#pragma omp for schedule(static, 1)
+    for (long long n = 0; n < n_items; ++n) {
+      kernels.backward_block(p, shared, items[(size_t)n], scratch.data, dq_part.data());
+    }
+  }
+
+#pragma omp parallel for schedule(static)
+  for (long long row = 0; row < rows; ++row) {
+    const auto [b, i] = locate_row(p, row);
+    for (long long h = 0; h < p.hq; ++h) {
+      const long long src = (row * p.hq + h) * dq_ld, dst = q_offset(p, p.grad_q, b, i, h);
+      for (long long c = 0; c < p.d; ++c) {
+        float acc = 0.0f;
+        for (const std::vector<float>& part : dq_parts) {
+          if (!part.empty()) acc += part[(size_t)(src + c)];
+        }
+        store(p.grad_q.ptr, p.in_type, dst + c, (double)(acc * p.scale));
+      }
+    }
+  }
+
+  // Keys past seqused_k get no gradient: zero their dK/dV rows.
+  for (long long b = 0; b < p.batch; ++b) {
+    for (long long j = seqlen_k(p, b); j < key_rows(p, b); ++j) {
+      for (long long hk = 0; hk < p.hk; ++hk) {
+        const long long k_off = k_offset(p, p.grad_k, b, j, hk), v_off = k_offset(p, p.grad_v, b, j, hk);
+        for (long long c = 0; c < p.d; ++c) store(p.grad_k.ptr, p.in_type, k_off + c, 0.0);
+        for (long long c = 0; c < p.dv; ++c) store(p.grad_v.ptr, p.in_type, v_off + c, 0.0);
+      }
+    }
+  }
+}
+
+}  // namespace flashport::cpu::fast

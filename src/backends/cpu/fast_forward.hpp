@@ -1,0 +1,105 @@
+// The fast forward of one query tile: FlashAttention-2's online softmax over key tiles, scores kept
+// transposed (keys x queries) so every softmax statistic is a vector across the tile's queries.
+//
+// Textual include after fast_simd.hpp (see there): compiled once per ISA.
+
+/// Online-softmax update of the running max `m` and sum `l` (log2 units) with a tile of scores
+/// (nk x kBlockQ), which it turns into probabilities. `alpha` receives the factor the accumulated
+/// output rows must be rescaled by. Rows with no visible key so far keep m = -inf, l = 0 and get
+/// alpha = 0 and P = 0 (the max used for the exponent is 0 there, so no inf - inf).
+inline void online_softmax(float* s, int nk, float* m, float* l, float* alpha) {
+  float m_new[kBlockQ], m_use[kBlockQ], sum[kBlockQ];
+  for (int r = 0; r < kBlockQ; ++r) m_new[r] = m[r];
+  for (int j = 0; j < nk; ++j) {
+    const float* s_j = s + j * kBlockQ;
+    for (int r = 0; r < kBlockQ; ++r) m_new[r] = s_j[r] > m_new[r] ? s_j[r] : m_new[r];
+  }
+  for (int r = 0; r < kBlockQ; ++r) {
+    m_use[r] = m_new[r] == kNegInf ? 0.0f : m_new[r];
+    alpha[r] = exp2_neg(m[r] - m_use[r]);
+    m[r] = m_new[r];
+    sum[r] = 0.0f;
+  }
+  for (int j = 0; j < nk; ++j) {
+    float* s_j = s + j * kBlockQ;
+    for (int r = 0; r < kBlockQ; ++r) {
+      const float e = exp2_neg(s_j[r] - m_use[r]);
+      s_j[r] = e;
+      sum[r] += e;
+    }
+  }
+  for (int r = 0; r < kBlockQ; ++r) l[r] = madd(l[r], alpha[r], sum[r]);
+}
+
+/// Runs query tile `blk` to completion: writes its output rows and (when requested) their LSE.
+inline void forward_block(const AttnProblem& p, const QueryBlock& blk, float* scratch) {
+  const long long b = blk.b, h = blk.h, i0 = blk.i0;
+  const long long sq = seqlen_q(p, b), sk = seqlen_k(p, b), hk = kv_head(p, h);
+  const int nq = (int)std::min<long long>(kBlockQ, sq - i0);
+  const int d = (int)p.d, dv = (int)p.dv;
+  const int d_pad = (int)pad_to(d, W), dv_pad = (int)pad_to(dv, W);
+  const ScoreParams sp = score_params(p, b, h);
+
+  Bump mem{scratch};
+  float* q_t = mem.take((long long)d_pad * kBlockQ);       // (d_pad, kBlockQ): q_scale * Q^T
+  float* k_tile = mem.take((long long)kBlockK * d);        // (kBlockK, d)
+  float* v_tile = mem.take((long long)kBlockK * dv_pad);   // (kBlockK, dv_pad), zero-padded
+  float* s_tile = mem.take((long long)kBlockK * kBlockQ);  // (kBlockK, kBlockQ): S^T, then P^T
+  float* o_acc = mem.take((long long)kBlockQ * dv_pad);    // (kBlockQ, dv_pad): unnormalised O
+  float* row = mem.take(std::max(d_pad, dv_pad));
+  float* m = mem.take(kBlockQ);
+  float* l = mem.take(kBlockQ);
+  float* alpha = mem.take(kBlockQ);
+  int* lo = mem.take_int(kBlockQ);
+  int* hi = mem.take_int(kBlockQ);
+
+  // Load Q: transposed so a score column (one query) is a vector lane; padded rows are zero.
+  for (int r = 0; r < kBlockQ; ++r) {
+    if (r < nq) {
+      load_row(p.q.ptr, p.in_type, q_offset(p, p.q, b, i0 + r, h), d, d, sp.q_scale, row);
+    } else {
+      std::fill(row, row + d, 0.0f);
+    }
+    for (int c = 0; c < d; ++c) q_t[c * kBlockQ + r] = row[c];
+  }
+
+  // Key span of the tile: union of the rows' visible ranges (contiguous: ranges shift by one per row).
+  row_ranges(p, i0, nq, sq, sk, lo, hi);
+  long long span_lo = sk, span_hi = 0;
+  for (int r = 0; r < nq; ++r) {
+    if (lo[r] >= hi[r]) continue;
+    span_lo = std::min<long long>(span_lo, lo[r]);
+    span_hi = std::max<long long>(span_hi, hi[r]);
+  }
+
+  std::fill(m, m + kBlockQ, kNegInf);
+  std::fill(l, l + kBlockQ, 0.0f);
+  std::fill(o_acc, o_acc + (long long)kBlockQ * dv_pad, 0.0f);
+  const long long diag0 = sem::diagonal(i0, sq, sk);
+
+  for (long long j0 = span_lo; j0 < span_hi; j0 += kBlockK) {
+    const int nk = (int)std::min<long long>(kBlockK, span_hi - j0);
+    // Produce K/V: widen the tile's rows to fp32 (through the block table when paged).
+    for (int j = 0; j < nk; ++j) {
+      load_row(p.k.ptr, p.in_type, k_offset(p, p.k, b, j0 + j, hk), d, d, 1.0f, k_tile + j * d);
+      load_row(p.v.ptr, p.in_type, k_offset(p, p.v, b, j0 + j, hk), dv, dv_pad, 1.0f,
+               v_tile + (long long)j * dv_pad);
+    }
+    // S^T = K Q^T (keys x queries).
+    gemm(s_tile, kBlockQ, nk, kBlockQ / W, k_tile, d, 1, q_t, kBlockQ, d, nullptr, Store::overwrite);
+    if (sp.transform) transform_scores(sp, s_tile, nullptr, nk, j0, diag0);
+    if (!tile_fully_visible(lo, hi, nq, j0, nk)) mask_scores(s_tile, nk, j0, lo, hi);
+    online_softmax(s_tile, nk, m, l, alpha);
+    if (p.dropout_p > 0.0f) dropout_scale(p, b, h, i0, nq, j0, nk, s_tile);
+    // O = alpha * O + P V; A(r = query, k = key) = P^T[key][query].
+    gemm(o_acc, dv_pad, nq, dv_pad / W, s_tile, 1, kBlockQ, v_tile, dv_pad, nk, alpha, Store::rescale);
+  }
+
+  // Finalise: O / l and LSE = ln(2) * (m + log2 l); rows that saw no key get 0 and -inf.
+  for (int r = 0; r < nq; ++r) {
+    const long long i = i0 + r;
+    const float inv_l = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    store_row(p.o.ptr, p.out_type, q_offset(p, p.o, b, i, h), dv, inv_l, o_acc + (long long)r * dv_pad);
+    if (p.lse) p.lse[lse_offset(p, b, h, i)] = l[r] > 0.0f ? kLn2 * (m[r] + std::log2(l[r])) : kNegInf;
+  }
+}

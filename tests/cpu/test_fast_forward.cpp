@@ -1,0 +1,156 @@
+// The CPU fast forward against the fp64 reference by SPEC's accuracy rule (baseline = same-precision
+// naive): awkward shapes x masks, softcap, ALiBi, dropout, GQA, varlen, paged KV, every ISA copy.
+#include "cpu/test_fast_util.hpp"
+
+namespace flashport::test {
+namespace {
+
+using fastcheck::Case;
+using fastcheck::Layout;
+
+/// Runs fast, reference and baseline on fresh inputs; the fast output and LSE must satisfy the rule.
+void expect_accurate(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  const fastcheck::Inputs in = fastcheck::make_inputs(c);
+  const fastcheck::Forward fast = fastcheck::run_forward(c, in, Impl::fast);
+  const fastcheck::Forward ref = fastcheck::run_forward(c, in, Impl::reference);
+  const fastcheck::Forward base = fastcheck::run_forward(c, in, Impl::baseline);
+  EXPECT_TRUE(accuracy_rule(fast.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(fast.lse, base.lse, ref.lse)) << "lse";
+}
+
+/// Masks and score transforms, one set per case.
+struct Features {
+  const char* name;
+  bool causal;
+  int64_t wl, wr;
+  double softcap;
+  int alibi;
+  double dropout;
+};
+constexpr Features kFeatures[] = {
+    {"plain", false, -1, -1, 0.0, 0, 0.0},   {"causal", true, -1, -1, 0.0, 0, 0.0},
+    {"window", false, 37, 5, 0.0, 0, 0.0},   {"left-window", true, 20, -1, 0.0, 0, 0.0},
+    {"softcap", false, -1, -1, 3.0, 0, 0.0}, {"alibi", true, -1, -1, 0.0, 1, 0.0},
+    {"alibi-b", false, 50, 50, 0.0, 2, 0.0}, {"dropout", false, -1, -1, 0.0, 0, 0.17},
+    {"all", true, 70, -1, 5.0, 2, 0.1},
+};
+
+/// Shapes: (batch, sq, sk, hq, hk, d).
+struct Shape {
+  int64_t b, sq, sk, hq, hk, d;
+};
+constexpr Shape kShapes[] = {
+    {2, 1, 1, 1, 1, 40},    {1, 113, 203, 7, 1, 59}, {1, 203, 113, 4, 1, 64},
+    {2, 64, 64, 2, 2, 128}, {1, 1, 203, 4, 4, 64},   {1, 130, 257, 8, 2, 40},
+    {2, 77, 77, 7, 7, 59},  {1, 150, 65, 1, 1, 128}, {1, 200, 200, 4, 1, 64},
+};
+
+Case apply(Case c, const Features& f) {
+  c.causal = f.causal, c.wl = f.wl, c.wr = f.wr, c.softcap = f.softcap, c.alibi = f.alibi,
+  c.dropout = f.dropout;
+  if (f.softcap > 0) c.q_stddev = 3.0;  // push scores into tanh's curved range
+  return c;
+}
+
+TEST(FastForward, ShapesFeaturesDtypes) {
+  const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};
+  int n = 0;
+  for (DType dt : dtypes) {
+    for (const Features& f : kFeatures) {
+      const Shape& s = kShapes[(size_t)n++ % std::size(kShapes)];
+      expect_accurate(apply(fastcheck::dense(dt, s.b, s.sq, s.sk, s.hq, s.hk, s.d, s.d), f));
+    }
+  }
+}
+
+TEST(FastForward, ValueHeadDimDiffers) {
+  expect_accurate(fastcheck::dense(DType::f32, 1, 70, 90, 4, 2, 64, 40));
+  expect_accurate(apply(fastcheck::dense(DType::bf16, 1, 90, 70, 2, 1, 40, 128), kFeatures[1]));
+}
+
+TEST(FastForward, FullyMaskedRowsAreZeroWithNegInfLse) {
+  // sq > sk with a causal mask: the first sq - sk rows see no key.
+  Case c = apply(fastcheck::dense(DType::f32, 1, 150, 40, 2, 1, 64, 64), kFeatures[1]);
+  const fastcheck::Inputs in = fastcheck::make_inputs(c);
+  const fastcheck::Forward fast = fastcheck::run_forward(c, in, Impl::fast);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = 0; i < 150 - 40; ++i) {
+      EXPECT_EQ(fast.lse.get(h * 150 + i), -INFINITY) << "row " << i;
+      for (int64_t ch = 0; ch < 64; ++ch) ASSERT_EQ(fast.out.get((i * 2 + h) * 64 + ch), 0.0) << "row " << i;
+    }
+  }
+  expect_accurate(c);
+}
+
+TEST(FastForward, VarlenWithEmptySequencesAndSequsedK) {
+  Case c;
+  c.layout = Layout::varlen;
+  c.hq = 7, c.hk = 1, c.d = 59, c.dv = 59;
+  c.q_lens = {0, 113, 1, 64, 0, 90};
+  c.k_lens = {5, 203, 0, 64, 0, 120};
+  for (DType dt : {DType::f32, DType::bf16}) {
+    c.dtype = dt;
+    c.used_k.clear();
+    expect_accurate(c);
+    expect_accurate(apply(c, kFeatures[1]));
+    c.used_k = {3, 150, 0, 64, 0, 17};
+    expect_accurate(apply(c, kFeatures[8]));
+  }
+}
+
+TEST(FastForward, PagedKv) {
+  for (int64_t page : {1, 16, 5}) {
+    Case c = fastcheck::dense(DType::f16, 3, 37, 0, 8, 2, 64, 64);
+    c.layout = Layout::paged;
+    c.page = page;
+    c.k_lens = {100, 1, 77};
+    c.used_k = c.k_lens;
+    expect_accurate(c);
+    expect_accurate(apply(c, kFeatures[1]));
+    expect_accurate(apply(c, kFeatures[7]));
+  }
+}
+
+TEST(FastForward, EveryIsaCopy) {
+  for (const char* isa : {"avx2", "base"}) {
+    fastcheck::with_isa(isa, [&] {
+      SCOPED_TRACE(isa);
+      expect_accurate(apply(fastcheck::dense(DType::f32, 1, 113, 203, 7, 1, 59, 59), kFeatures[8]));
+      expect_accurate(apply(fastcheck::dense(DType::f16, 2, 70, 70, 4, 2, 40, 40), kFeatures[1]));
+      expect_accurate(apply(fastcheck::dense(DType::bf16, 1, 65, 130, 2, 1, 128, 128), kFeatures[2]));
+    });
+  }
+}
+
+TEST(FastForward, AutomaticIsFastBitForBit) {
+  Case c = apply(fastcheck::dense(DType::bf16, 2, 113, 203, 4, 2, 64, 64), kFeatures[8]);
+  const fastcheck::Inputs in = fastcheck::make_inputs(c);
+  const fastcheck::Forward fast = fastcheck::run_forward(c, in, Impl::fast);
+  const fastcheck::Forward automatic = fastcheck::run_forward(c, in, Impl::automatic);
+  EXPECT_TRUE(fastcheck::bitwise_equal(fast.out, automatic.out));
+  EXPECT_TRUE(fastcheck::bitwise_equal(fast.lse, automatic.lse));
+}
+
+TEST(FastForward, Fp8FallsBackToReference) {
+  Case c = fastcheck::dense(DType::e4m3, 1, 33, 47, 2, 1, 64, 64);
+  const fastcheck::Inputs in = fastcheck::make_inputs(c);
+  auto run = [&](Impl impl) {
+    fastcheck::Forward f{HostTensor(DType::bf16, fastcheck::out_shape(c)),
+                         HostTensor(DType::f32, fastcheck::lse_shape(c))};
+    poison(f.out);
+    ForwardArgs a;
+    a.q = in.q, a.k = in.k, a.v = in.v, a.out = f.out;
+    a.lse = f.lse.view();
+    a.impl = impl;
+    forward(a);
+    return f;
+  };
+  const fastcheck::Forward automatic = run(Impl::automatic), ref = run(Impl::reference);
+  EXPECT_TRUE(fastcheck::bitwise_equal(automatic.out, ref.out));
+  EXPECT_TRUE(fastcheck::bitwise_equal(automatic.lse, ref.lse));
+  EXPECT_THROW(run(Impl::fast), Error);
+}
+
+}  // namespace
+}  // namespace flashport::test
