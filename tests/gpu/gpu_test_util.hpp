@@ -1,0 +1,353 @@
+// GPU test helpers: device copies of host tensors, poisoned device outputs, attention cases with
+// fresh inputs, and runners that compare the CUDA backend against the CPU oracle (SPEC accuracy rule).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/test_util.hpp"
+
+namespace flashport::test::gpu {
+
+/// True when a CUDA device is visible and flashport built its CUDA backend.
+inline bool have_gpu() {
+  static const bool ok = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+    return std::string(available_backends()).find("cuda") != std::string::npos;
+  }();
+  return ok;
+}
+
+#define FP_SKIP_WITHOUT_GPU() \
+  if (!::flashport::test::gpu::have_gpu()) GTEST_SKIP() << "no CUDA GPU / CUDA backend"
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+/// Device memory owned by a unique_ptr (freed with cudaFree).
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevicePtr = std::unique_ptr<void, CudaFree>;
+
+/// A device copy of a host tensor: same dtype, shape and strides on cuda:0.
+struct DeviceTensor {
+  DevicePtr mem;
+  size_t bytes = 0;
+  TensorView tv;
+
+  /// Copies `h` (its whole byte buffer, so strided views of it keep their meaning).
+  static DeviceTensor from(const HostTensor& h) { return from_view(h, h.tv); }
+  /// Copies the byte buffer of `h` and describes it with `view` (whose data points into h's bytes).
+  static DeviceTensor from_view(const HostTensor& h, const TensorView& view) {
+    DeviceTensor d;
+    d.bytes = h.bytes.size();
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, d.bytes), "cudaMalloc");
+    d.mem.reset(p);
+    check_cuda(cudaMemcpy(p, h.bytes.data(), d.bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    d.tv = view;
+    d.tv.data = static_cast<char*>(p) + (static_cast<const char*>(view.data) - (const char*)h.bytes.data());
+    d.tv.device = Device{DeviceType::cuda, 0};
+    return d;
+  }
+  /// A device tensor filled with 0xFF bytes: NaN in f16, bf16 and f32, so unwritten elements show.
+  static DeviceTensor poisoned(const HostTensor& like) {
+    DeviceTensor d = from(like);
+    check_cuda(cudaMemset(d.mem.get(), 0xFF, d.bytes), "cudaMemset");
+    return d;
+  }
+  /// The device bytes copied back into a host tensor laid out like `like`.
+  HostTensor to_host(const HostTensor& like) const {
+    HostTensor h = like;
+    check_cuda(cudaDeviceSynchronize(), "kernel execution");
+    check_cuda(cudaMemcpy(h.bytes.data(), mem.get(), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return h;
+  }
+  TensorView view() const { return tv; }
+};
+
+/// Number of NaN elements (unwritten after poisoning).
+inline int64_t count_nan(const HostTensor& t) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) n += std::isnan(t.get(i)) ? 1 : 0;
+  return n;
+}
+
+enum class Layout { dense, varlen, paged };
+
+/// One forward problem. Dense/paged use q_lens[0] (and dense k_lens[0]) for every sequence.
+struct FwdCase {
+  DType dtype = DType::bf16;
+  Layout layout = Layout::dense;
+  int64_t hq = 1, hk = 1, d = 64, dv = 64;
+  std::vector<int64_t> q_lens{1}, k_lens{1};
+  std::vector<int64_t> used_k;  // seqused_k; empty: absent
+  int64_t page = 16;            // paged only
+  int64_t pad = 0;              // dense only: channel padding of every operand row (unaligned strides)
+  bool causal = false;
+  int64_t wl = -1, wr = -1;
+  double softcap = 0.0;
+  int alibi = 0;  // 0 off, 1 slopes (hq,), 2 slopes (b, hq)
+  double dropout = 0.0;
+  double q_stddev = 1.0;
+
+  int64_t batch() const { return (int64_t)q_lens.size(); }
+  int64_t max_q() const { return *std::max_element(q_lens.begin(), q_lens.end()); }
+  int64_t max_k() const { return *std::max_element(k_lens.begin(), k_lens.end()); }
+  int64_t total(const std::vector<int64_t>& v) const {
+    return std::accumulate(v.begin(), v.end(), int64_t{0});
+  }
+  std::string describe() const {
+    std::ostringstream s;
+    s << dtype_name(dtype)
+      << (layout == Layout::dense    ? " dense"
+          : layout == Layout::varlen ? " varlen"
+                                     : " paged")
+      << " q_lens=(";
+    for (int64_t n : q_lens) s << n << ",";
+    s << ") k_lens=(";
+    for (int64_t n : k_lens) s << n << ",";
+    s << ")";
+    if (!used_k.empty()) {
+      s << " used_k=(";
+      for (int64_t n : used_k) s << n << ",";
+      s << ")";
+    }
+    if (layout == Layout::paged) s << " page=" << page;
+    s << " hq=" << hq << " hk=" << hk << " d=" << d << " dv=" << dv << " pad=" << pad << " causal=" << causal
+      << " window=(" << wl << "," << wr << ") softcap=" << softcap << " alibi=" << alibi
+      << " dropout=" << dropout;
+    return s.str();
+  }
+};
+
+inline FwdCase dense(DType dtype, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d) {
+  FwdCase c;
+  c.dtype = dtype;
+  c.q_lens.assign((size_t)b, sq);
+  c.k_lens.assign((size_t)b, sk);
+  c.hq = hq, c.hk = hk, c.d = d, c.dv = d;
+  return c;
+}
+
+/// Masks and score transforms.
+struct Features {
+  const char* name;
+  bool causal;
+  int64_t wl, wr;
+  double softcap;
+  int alibi;
+  double dropout;
+};
+inline FwdCase with(FwdCase c, const Features& f) {
+  c.causal = f.causal, c.wl = f.wl, c.wr = f.wr, c.softcap = f.softcap, c.alibi = f.alibi,
+  c.dropout = f.dropout;
+  if (f.softcap > 0) c.q_stddev = 3.0;  // push scores into tanh's curved range
+  return c;
+}
+
+/// An operand (rows, heads, channels) stored with `pad` spare channels per row: the returned host
+/// tensor owns the padded buffer, `view` describes the unpadded operand.
+struct HostOperand {
+  HostTensor storage;
+  TensorView view;
+};
+inline HostOperand make_operand(DType dt, std::vector<int64_t> shape, int64_t pad, double stddev,
+                                bool poison_it) {
+  std::vector<int64_t> padded = shape;
+  padded.back() += pad;
+  HostOperand o{randn(dt, padded, stddev), {}};
+  if (poison_it) poison(o.storage);
+  o.view = o.storage.tv;
+  o.view.shape[o.view.ndim - 1] = shape.back();
+  return o;
+}
+
+/// Contiguous copy of a (possibly strided) view into `storage`.
+inline HostTensor gather(const HostOperand& o) {
+  const TensorView& v = o.view;
+  HostTensor out(v.dtype, std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.ndim));
+  const int64_t n = out.numel();
+  const auto* base = static_cast<const unsigned char*>(o.storage.tv.data);
+  const int64_t off0 = (static_cast<const unsigned char*>(v.data) - base) / dtype_size(v.dtype);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i, off = off0;
+    for (int dim = v.ndim - 1; dim >= 0; --dim) {
+      off += (rem % v.shape[dim]) * v.stride[dim];
+      rem /= v.shape[dim];
+    }
+    out.set(i, o.storage.get(off));
+  }
+  return out;
+}
+
+/// Host inputs of a forward case.
+struct FwdInputs {
+  HostOperand q, k, v;
+  HostTensor alibi, cu_q, cu_k, used_k, block_table;
+};
+
+inline HostTensor cumsum_i32(const std::vector<int64_t>& lens) {
+  std::vector<int32_t> cu{0};
+  for (int64_t n : lens) cu.push_back(cu.back() + (int32_t)n);
+  return int_tensor(cu);
+}
+
+inline FwdInputs make_inputs(const FwdCase& c) {
+  FwdInputs in;
+  const int64_t b = c.batch();
+  switch (c.layout) {
+    case Layout::dense:
+      in.q = make_operand(c.dtype, {b, c.q_lens[0], c.hq, c.d}, c.pad, c.q_stddev, false);
+      in.k = make_operand(c.dtype, {b, c.k_lens[0], c.hk, c.d}, c.pad, 1.0, false);
+      in.v = make_operand(c.dtype, {b, c.k_lens[0], c.hk, c.dv}, c.pad, 1.0, false);
+      break;
+    case Layout::varlen:
+      in.q = make_operand(c.dtype, {c.total(c.q_lens), c.hq, c.d}, 0, c.q_stddev, false);
+      in.k = make_operand(c.dtype, {c.total(c.k_lens), c.hk, c.d}, 0, 1.0, false);
+      in.v = make_operand(c.dtype, {c.total(c.k_lens), c.hk, c.dv}, 0, 1.0, false);
+      in.cu_q = cumsum_i32(c.q_lens);
+      in.cu_k = cumsum_i32(c.k_lens);
+      break;
+    case Layout::paged: {
+      const int64_t per_seq = std::max<int64_t>(1, (c.max_k() + c.page - 1) / c.page);
+      const int64_t blocks = b * per_seq + 3;  // spare blocks nobody reads
+      in.q = make_operand(c.dtype, {b, c.q_lens[0], c.hq, c.d}, 0, c.q_stddev, false);
+      in.k = make_operand(c.dtype, {blocks, c.page, c.hk, c.d}, 0, 1.0, false);
+      in.v = make_operand(c.dtype, {blocks, c.page, c.hk, c.dv}, 0, 1.0, false);
+      std::vector<int32_t> ids((size_t)blocks);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng());
+      in.block_table = HostTensor(DType::i32, {b, per_seq});
+      std::copy(ids.begin(), ids.begin() + b * per_seq, in.block_table.i32());
+      break;
+    }
+  }
+  if (!c.used_k.empty()) in.used_k = int_tensor(std::vector<int32_t>(c.used_k.begin(), c.used_k.end()));
+  if (c.alibi) {
+    in.alibi = c.alibi == 1 ? HostTensor(DType::f32, {c.hq}) : HostTensor(DType::f32, {b, c.hq});
+    std::uniform_real_distribution<double> ud(0.02, 0.5);
+    for (int64_t n = 0; n < in.alibi.numel(); ++n) in.alibi.set(n, ud(rng()));
+  }
+  return in;
+}
+
+inline std::vector<int64_t> out_shape(const FwdCase& c) {
+  if (c.layout == Layout::varlen) return {c.total(c.q_lens), c.hq, c.dv};
+  return {c.batch(), c.q_lens[0], c.hq, c.dv};
+}
+inline std::vector<int64_t> lse_shape(const FwdCase& c) {
+  if (c.layout == Layout::varlen) return {c.hq, c.total(c.q_lens)};
+  return {c.batch(), c.hq, c.q_lens[0]};
+}
+
+inline AttentionOptions options(const FwdCase& c) {
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.window_left = c.wl;
+  o.window_right = c.wr;
+  o.softcap = c.softcap;
+  o.dropout_p = c.dropout;
+  o.dropout_seed = 0x1234567887654321ULL ^ (uint64_t)c.hq;
+  o.dropout_offset = 7;
+  return o;
+}
+
+struct FwdResult {
+  HostTensor out, lse;  // out contiguous (b, sq, hq, dv) / (total_q, hq, dv)
+};
+
+/// The CPU oracle (Impl::reference) or baseline on the host inputs.
+inline FwdResult run_cpu(const FwdCase& c, const FwdInputs& in, Impl impl) {
+  HostOperand out = make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, true);
+  FwdResult r{HostTensor(), HostTensor(DType::f32, lse_shape(c))};
+  poison(r.lse);
+  ForwardArgs a;
+  a.q = in.q.view, a.k = in.k.view, a.v = in.v.view, a.out = out.view;
+  a.lse = r.lse.view();
+  a.options = options(c);
+  if (c.alibi) a.options.alibi_slopes = in.alibi.view();
+  if (c.layout == Layout::varlen) {
+    a.layout.cu_seqlens_q = in.cu_q.view(), a.layout.cu_seqlens_k = in.cu_k.view();
+    a.layout.max_seqlen_q = c.max_q(), a.layout.max_seqlen_k = c.max_k();
+  }
+  if (c.layout == Layout::paged) a.layout.block_table = in.block_table.view();
+  if (!c.used_k.empty()) a.layout.seqused_k = in.used_k.view();
+  a.impl = impl;
+  forward(a);
+  r.out = gather(out);
+  return r;
+}
+
+/// The CUDA backend (Impl::automatic on device tensors) with poisoned outputs; `num_nan` counts
+/// output elements it left unwritten.
+struct GpuResult : FwdResult {
+  int64_t out_nan = 0, lse_nan = 0;
+};
+inline GpuResult run_gpu(const FwdCase& c, const FwdInputs& in) {
+  const DeviceTensor q = DeviceTensor::from_view(in.q.storage, in.q.view);
+  const DeviceTensor k = DeviceTensor::from_view(in.k.storage, in.k.view);
+  const DeviceTensor v = DeviceTensor::from_view(in.v.storage, in.v.view);
+  HostOperand out_host =
+      make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, false);
+  const DeviceTensor out = DeviceTensor::from_view(out_host.storage, out_host.view);
+  check_cuda(cudaMemset(out.mem.get(), 0xFF, out.bytes), "cudaMemset");
+  HostTensor lse_host(DType::f32, lse_shape(c));
+  const DeviceTensor lse = DeviceTensor::poisoned(lse_host);
+  ForwardArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view();
+  a.lse = lse.view();
+  a.options = options(c);
+  std::vector<DeviceTensor> keep;
+  auto dev = [&](const HostTensor& h) {
+    keep.push_back(DeviceTensor::from(h));
+    return keep.back().view();
+  };
+  if (c.alibi) a.options.alibi_slopes = dev(in.alibi);
+  if (c.layout == Layout::varlen) {
+    a.layout.cu_seqlens_q = dev(in.cu_q), a.layout.cu_seqlens_k = dev(in.cu_k);
+    a.layout.max_seqlen_q = c.max_q(), a.layout.max_seqlen_k = c.max_k();
+  }
+  if (c.layout == Layout::paged) a.layout.block_table = dev(in.block_table);
+  if (!c.used_k.empty()) a.layout.seqused_k = dev(in.used_k);
+  forward(a);
+  GpuResult r;
+  out_host.storage = out.to_host(out_host.storage);
+  out_host.view.data = out_host.storage.tv.data;  // make_operand views start at the buffer
+  r.out = gather(out_host);
+  r.lse = lse.to_host(lse_host);
+  r.out_nan = count_nan(r.out), r.lse_nan = count_nan(r.lse);
+  // Padding channels of the output must stay untouched (still poisoned).
+  if (c.pad > 0) {
+    const int64_t row = c.dv + c.pad, rows = out_host.storage.numel() / row;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t ch = c.dv; ch < row; ++ch)
+        if (!std::isnan(out_host.storage.get(i * row + ch))) ++r.out_nan;  // counted as a stray write
+  }
+  return r;
+}
+
+/// GPU forward vs the CPU oracle by the accuracy rule, for out and LSE; every element written.
+inline void expect_forward_accurate(const FwdCase& c) {
+  SCOPED_TRACE(c.describe());
+  const FwdInputs in = make_inputs(c);
+  const GpuResult gpu = run_gpu(c, in);
+  const FwdResult ref = run_cpu(c, in, Impl::reference);
+  const FwdResult base = run_cpu(c, in, Impl::baseline);
+  EXPECT_EQ(gpu.out_nan, 0) << "output elements unwritten (or padding overwritten)";
+  EXPECT_EQ(gpu.lse_nan, 0) << "LSE elements unwritten";
+  EXPECT_TRUE(accuracy_rule(gpu.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(gpu.lse, base.lse, ref.lse)) << "lse";
+}
+
+}  // namespace flashport::test::gpu
