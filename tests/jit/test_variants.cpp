@@ -55,10 +55,7 @@ TEST_P(JitVariants, AllCompileAndMainKernelsDoNotSpill) {
   worker();
   helper.join();
 
-  std::printf("%-90s %5s %6s %7s %s\n",
-              "kernel (sm_"
-              "XX)",
-              "regs", "spill", "seconds", "");
+  std::printf("%-90s %5s %6s %7s\n", "kernel", "regs", "spill", "seconds");
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto& r = rows[i].result;
     const bool main = cuda::is_main_kernel(specs[i]);
