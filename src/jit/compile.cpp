@@ -35,23 +35,17 @@ struct Nvrtc {
   std::string library, version_text, load_error;
 };
 
-/// Candidate libnvrtc files, most specific first: an explicit override, the loader's search path,
-/// the toolkit, and a pip-installed nvidia-cuda-nvrtc next to the binary holding this code (the
-/// Python extension lives in site-packages/flashport/).
+/// Candidate libnvrtc files: an explicit override, then per major version (the one the driver
+/// supports first) the loader's search path, the toolkit, and a pip-installed nvidia-cuda-nvrtc
+/// next to the binary holding this code (the Python extension lives in site-packages/flashport/).
 std::vector<std::string> nvrtc_candidates() {
   std::vector<std::string> out;
   if (const char* path = std::getenv("FLASHPORT_NVRTC_PATH"); path && *path) out.emplace_back(path);
-  // A CUDA 12 driver cannot load cubins from NVRTC 13: prefer the NVRTC it supports.
-  const int driver = detail::driver_cuda_version();
-  const bool prefer_12 = driver >= 12000 && driver < 13000;
-  const char* names[] = {prefer_12 ? "libnvrtc.so.12" : "libnvrtc.so.13",
-                         prefer_12 ? "libnvrtc.so.13" : "libnvrtc.so.12", "libnvrtc.so"};
-  for (const char* name : names) out.emplace_back(name);
-  std::vector<std::string> dirs;
+  std::vector<std::string> dirs = {""};  // "": the dynamic loader's own search
   for (const char* env : {"CUDA_HOME", "CUDA_PATH"}) {
-    if (const char* root = std::getenv(env); root && *root) dirs.push_back(std::string(root) + "/lib64");
+    if (const char* root = std::getenv(env); root && *root) dirs.push_back(std::string(root) + "/lib64/");
   }
-  dirs.emplace_back("/usr/local/cuda/lib64");
+  dirs.emplace_back("/usr/local/cuda/lib64/");
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&nvrtc_candidates), &info) && info.dli_fname) {
     std::string base = info.dli_fname;
@@ -59,12 +53,16 @@ std::vector<std::string> nvrtc_candidates() {
       const size_t slash = base.rfind('/');
       if (slash == std::string::npos) break;
       base.resize(slash);
-      dirs.push_back(base + "/nvidia/cu13/lib");
-      dirs.push_back(base + "/nvidia/cuda_nvrtc/lib");
+      dirs.push_back(base + "/nvidia/cu13/lib/");
+      dirs.push_back(base + "/nvidia/cuda_nvrtc/lib/");
     }
   }
-  for (const auto& dir : dirs) {
-    for (const char* name : names) out.push_back(dir + "/" + name);
+  // A CUDA 12 driver cannot load cubins from NVRTC 13.
+  const int driver = detail::driver_cuda_version();
+  const bool prefer_12 = driver >= 12000 && driver < 13000;
+  for (const char* name : {prefer_12 ? "libnvrtc.so.12" : "libnvrtc.so.13",
+                           prefer_12 ? "libnvrtc.so.13" : "libnvrtc.so.12", "libnvrtc.so"}) {
+    for (const auto& dir : dirs) out.push_back(dir + name);
   }
   return out;
 }
