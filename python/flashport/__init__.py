@@ -48,7 +48,7 @@ __all__ = [
 
 # Register the torch custom ops now if torch is already loaded, so the first call never happens
 # inside a torch.compile trace.
-if "torch" in _sys.modules:
+if _sys.modules.get("torch") is not None:
     from .interface import _torch
 
     _torch()

@@ -1,0 +1,156 @@
+"""Gradients against float64 torch autograd through the naive reference (3x rule), dropout masks against
+an independent Philox, dropout reproducibility from torch's generator, and deterministic backward."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashport  # noqa: E402
+from flashport import _torch_path  # noqa: E402
+from reference import attention_ref, check_rule, dropout_keep, philox4x32_10, varlen_ref  # noqa: E402
+
+CASES = {
+    # name: (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, options)
+    "plain_d59": (2, 13, 29, 2, 1, 59, {}),
+    "causal_sq_gt_sk": (1, 41, 23, 4, 2, 64, {"causal": True}),
+    "window_softcap": (2, 33, 33, 2, 2, 40, {"window_size": (7, 2), "softcap": 5.0}),
+    "gqa7_alibi": (1, 17, 9, 7, 1, 32, {"alibi": True, "causal": True}),
+    "seqlen1": (3, 1, 1, 2, 2, 64, {}),
+}
+
+
+def grads(fn, inputs, dout):
+    inputs = [x.detach().requires_grad_() for x in inputs]
+    out = fn(*inputs)
+    return out, torch.autograd.grad(out, inputs, dout)
+
+
+def check_grads(got, ref, base, names=("dq", "dk", "dv")):
+    for g, r, b, n in zip(got, ref, base, names):
+        assert g.dtype == b.dtype, n
+        check_rule(g, r, b, factor=3.0, what=n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gradients(device, dtype, case):
+    b, sq, sk, hq, hk, d, opts = CASES[case]
+    opts = dict(opts)
+    alibi = torch.rand(hq) * 0.3 if opts.pop("alibi", False) else None
+    q = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
+    k, v = (torch.randn(b, sk, hk, d, dtype=dtype, device=device) for _ in range(2))
+    dout = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
+    fa_alibi = None if alibi is None else alibi.to(device)
+    out, got = grads(lambda q, k, v: flashport.flash_attn_func(q, k, v, alibi_slopes=fa_alibi, **opts), (q, k, v), dout)
+    assert [g.shape for g in got] == [q.shape, k.shape, v.shape]
+    kw = {"causal": opts.get("causal", False), "window": opts.get("window_size", (-1, -1)),
+          "softcap": opts.get("softcap", 0.0), "alibi": alibi}
+    cpu = [x.cpu() for x in (q, k, v)]
+    _, ref = grads(lambda q, k, v: attention_ref(q, k, v, **kw)[0], [x.double() for x in cpu], dout.cpu().double())
+    _, base = grads(lambda q, k, v: attention_ref(q, k, v, upcast=False, **kw)[0], cpu, dout.cpu())
+    check_grads(got, ref, base)
+
+
+def test_varlen_gradients_with_empty_sequences(device):
+    lens_q, lens_k = [5, 0, 11, 3], [8, 0, 4, 0]
+    cq = torch.tensor([0] + lens_q, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    ck = torch.tensor([0] + lens_k, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    q = torch.randn(sum(lens_q), 4, 32, dtype=torch.bfloat16, device=device)
+    k, v = (torch.randn(sum(lens_k), 2, 32, dtype=torch.bfloat16, device=device) for _ in range(2))
+    dout = torch.randn_like(q)
+    fn = lambda q, k, v: flashport.flash_attn_varlen_func(q, k, v, cq, ck, max(lens_q), max(lens_k), causal=True)
+    _, got = grads(fn, (q, k, v), dout)
+    cpu = [x.cpu() for x in (q, k, v)]
+    rfn = lambda up: lambda q, k, v: varlen_ref(q, k, v, cq.cpu(), ck.cpu(), causal=True, upcast=up)[0]
+    _, ref = grads(rfn(True), [x.double() for x in cpu], dout.cpu().double())
+    _, base = grads(rfn(False), cpu, dout.cpu())
+    check_grads(got, ref, base)
+
+
+def test_qkvpacked_gradient(device):
+    qkv = torch.randn(2, 9, 3, 2, 24, dtype=torch.float32, device=device, requires_grad=True)
+    out = flashport.flash_attn_qkvpacked_func(qkv, causal=True)
+    (g,) = torch.autograd.grad(out.sum(), qkv)
+    assert g.shape == qkv.shape
+    ref = qkv.detach().cpu().double().requires_grad_()
+    (g_ref,) = torch.autograd.grad(attention_ref(ref[:, :, 0], ref[:, :, 1], ref[:, :, 2], causal=True)[0].sum(), ref)
+    assert (g.cpu().double() - g_ref).abs().max() < 1e-4
+
+
+def test_philox_known_answers():
+    """The test's own Philox against SPEC's known answers (so the mask oracle can be trusted)."""
+    vectors = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+               ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+               ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+                (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for counter, key, want in vectors:
+        assert tuple(int(w) for w in philox4x32_10(*counter, *key)) == want
+
+
+def drawn_rng_state(seed):
+    """The (seed, offset) the wrapper will draw after torch.manual_seed(seed)."""
+    torch.manual_seed(seed)
+    state = _torch_path.draw_rng_state(0.5)
+    torch.manual_seed(seed)
+    return int(state[0]), int(state[1])
+
+
+def keep_mask(seed, offset, p, b, hq, sq, sk):
+    return torch.stack([torch.from_numpy(dropout_keep(seed, offset, p, i, hq, sq, sk)) for i in range(b)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_dropout_matches_philox_mask(device, dtype):
+    b, sq, sk, hq, hk, d, p = 2, 19, 37, 4, 2, 32, 0.3
+    q = torch.randn(b, sq, hq, d, dtype=dtype, device=device)
+    k, v = (torch.randn(b, sk, hk, d, dtype=dtype, device=device) for _ in range(2))
+    dout = torch.randn_like(q)
+    seed, offset = drawn_rng_state(1234)
+    keep = keep_mask(seed, offset, p, b, hq, sq, sk)
+    fn = lambda q, k, v: flashport.flash_attn_func(q, k, v, dropout_p=p, causal=True)
+    out, got = grads(fn, (q, k, v), dout)
+    if device == "cpu":  # S_dmask: probabilities, negated where dropped
+        torch.manual_seed(1234)
+        _, _, s_dmask = flashport.flash_attn_func(q, k, v, dropout_p=p, causal=True, return_attn_probs=True)
+        assert torch.equal(s_dmask >= 0, keep | (s_dmask == 0)), "S_dmask sign pattern != Philox keep mask"
+    kw = {"causal": True, "keep": keep, "dropout_p": p}
+    cpu = [x.cpu() for x in (q, k, v)]
+    ref_out, ref = grads(lambda q, k, v: attention_ref(q, k, v, **kw)[0], [x.double() for x in cpu], dout.cpu().double())
+    base_out, base = grads(lambda q, k, v: attention_ref(q, k, v, upcast=False, **kw)[0], cpu, dout.cpu())
+    check_rule(out, ref_out, base_out)
+    check_grads(got, ref, base)
+
+
+def test_dropout_reproducible_from_torch_seed(device):
+    q = torch.randn(1, 16, 2, 32, device=device)
+    torch.manual_seed(7)
+    a = flashport.flash_attn_func(q, q, q, dropout_p=0.5)
+    b = flashport.flash_attn_func(q, q, q, dropout_p=0.5)
+    torch.manual_seed(7)
+    c = flashport.flash_attn_func(q, q, q, dropout_p=0.5)
+    assert torch.equal(a, c) and not torch.equal(a, b)
+
+
+def test_varlen_dropout_mask(device):
+    lens = [5, 0, 12]
+    c = torch.tensor([0, 5, 5, 17], dtype=torch.int32, device=device)
+    p, hq = 0.25, 2
+    q, k, v = (torch.randn(sum(lens), hq, 16, dtype=torch.float32, device=device) for _ in range(3))
+    seed, offset = drawn_rng_state(99)
+    out = flashport.flash_attn_varlen_func(q, k, v, c, c, 12, 12, dropout_p=p)
+    keeps = [torch.from_numpy(dropout_keep(seed, offset, p, i, hq, n, n)) for i, n in enumerate(lens)]
+    ref, _ = varlen_ref(q.cpu(), k.cpu(), v.cpu(), c.cpu(), c.cpu(), keeps=keeps, dropout_p=p)
+    assert (out.cpu().double() - ref).abs().max() < 1e-5
+
+
+def test_deterministic_backward(device):
+    q = torch.randn(2, 31, 4, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    k = torch.randn(2, 47, 2, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    v = torch.randn(2, 47, 2, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    dout = torch.randn(2, 31, 4, 64, dtype=torch.bfloat16, device=device)
+    runs = []
+    for _ in range(2):
+        out = flashport.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

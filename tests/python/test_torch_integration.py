@@ -1,0 +1,191 @@
+"""torch integration: opcheck on every custom op, torch.compile(fullgraph=True), merge_states, streams,
+and argument errors (ValueError naming the argument)."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashport  # noqa: E402
+from flashport import _torch_fp8, _torch_ops  # noqa: E402
+from reference import attention_ref  # noqa: E402
+
+
+def fwd_args(q, k, v, *, dropout=False, varlen=None, return_softmax=False):
+    cu_q = cu_k = None
+    max_q, max_k = q.shape[1], k.shape[1]
+    if varlen is not None:
+        cu_q = cu_k = varlen
+        max_q = max_k = int((varlen[1:] - varlen[:-1]).max())
+    rng = torch.tensor([123456789, 42], dtype=torch.int64) if dropout else None
+    return (q, k, v, cu_q, cu_k, None, None, None, None, None, None, rng, max_q, max_k, q.shape[-1] ** -0.5, True,
+            -1, -1, 0.0, 0.2 if dropout else 0.0, False, return_softmax, None)
+
+
+@pytest.mark.parametrize("variant", ["dense", "dropout", "probs", "varlen"])
+def test_opcheck_fwd(device, variant):
+    if variant == "varlen":
+        cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32, device=device)
+        q, k, v = (torch.randn(10, 2, 16, device=device, requires_grad=True) for _ in range(3))
+        args = fwd_args(q, k, v, varlen=cu)
+    else:
+        q, k, v = (torch.randn(2, 7, 2, 16, device=device, requires_grad=True) for _ in range(3))
+        args = fwd_args(q, k, v, dropout=variant == "dropout", return_softmax=variant == "probs")
+    torch.library.opcheck(_torch_ops.fwd, args)
+
+
+def test_opcheck_bwd_kvcache_merge_fp8(device):
+    q, k, v = (torch.randn(2, 7, 2, 16, device=device) for _ in range(3))
+    out, lse, _ = _torch_ops.fwd(*fwd_args(q, k, v))
+    bwd_args = (torch.randn_like(out), q, k, v, out, lse, None, None, None, None, None, None, 7, 7, 0.25, True, -1, -1,
+                0.0, 0.0, False)
+    torch.library.opcheck(_torch_ops.bwd, bwd_args)
+    k_cache, v_cache = (torch.randn(2, 12, 2, 16, device=device) for _ in range(2))
+    seqlens = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    kv_args = (q[:, :2], k_cache, v_cache, k[:, :2], v[:, :2], None, None, seqlens, None, None, None, None, None, None,
+               None, 0.25, True, -1, -1, 0.0, True, 0)
+    torch.library.opcheck(_torch_ops.fwd_kvcache, kv_args)
+    torch.library.opcheck(_torch_ops.merge_states, (out, lse, out.clone(), lse - 1.0))
+    fp8_args = (q.requires_grad_(), k, v, None, None, None, None, None, 7, 7, 0.25, False, -1, -1, 0.0, 0.0, False,
+                False, torch.float8_e4m3fn)
+    torch.library.opcheck(_torch_fp8.fwd_fp8, fp8_args)
+
+
+def attn_step(q, k, v, cu):
+    """A small model step mixing dense and varlen calls (with head-dim padding), for torch.compile."""
+    dense = flashport.flash_attn_func(q, k, v, causal=True, softcap=20.0)
+    flat = lambda t: t.reshape(-1, t.shape[2], t.shape[3])
+    varlen = flashport.flash_attn_varlen_func(flat(q), flat(k), flat(v), cu, cu, q.shape[1], q.shape[1],
+                                              window_size=(3, 3))
+    return dense.sum() + varlen.float().sum()
+
+
+def test_compile_fullgraph_aot_eager(device):
+    q, k, v = (torch.randn(2, 9, 2, 40, device=device, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32, device=device)
+    compiled = torch.compile(attn_step, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(q, k, v, cu), (q, k, v))
+    want = torch.autograd.grad(attn_step(q, k, v, cu), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_compile_dropout_and_kvcache(device):
+    q = torch.randn(1, 8, 2, 32, device=device, requires_grad=True)
+
+    def drop(q):
+        return flashport.flash_attn_func(q, q, q, dropout_p=0.3)
+
+    compiled = torch.compile(drop, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(3)
+    a = compiled(q)
+    torch.manual_seed(3)
+    b = drop(q)
+    torch.testing.assert_close(a, b)
+    k_cache = torch.zeros(1, 16, 2, 32, device=device)
+    v_cache = torch.zeros(1, 16, 2, 32, device=device)
+    new = torch.randn(1, 1, 2, 32, device=device)
+
+    def decode(q, k_cache, v_cache, new, n):
+        return flashport.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=n, causal=True)
+
+    out = torch.compile(decode, fullgraph=True, backend="aot_eager")(q[:, :1].detach(), k_cache, v_cache, new, 4)
+    assert torch.equal(k_cache[:, 4], new[:, 0]) and torch.equal(v_cache[:, 4], new[:, 0])
+    assert out.shape == (1, 1, 2, 32)
+
+
+@pytest.mark.slow
+def test_compile_inductor():
+    q, k, v = (torch.randn(1, 16, 2, 64, requires_grad=True) for _ in range(3))
+    fn = lambda q, k, v: (flashport.flash_attn_func(q, k, v, causal=True) * 2).sum()
+    got = torch.autograd.grad(torch.compile(fn, fullgraph=True, backend="inductor")(q, k, v), (q, k, v))
+    want = torch.autograd.grad(fn(q, k, v), (q, k, v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_merge_states(device):
+    b, sq, sk, h, d, split = 2, 11, 30, 3, 32, 13
+    q = torch.randn(b, sq, h, d, device=device)
+    k, v = torch.randn(b, sk, h, d, device=device), torch.randn(b, sk, h, d, device=device)
+    out_a, lse_a, _ = flashport.flash_attn_func(q, k[:, :split], v[:, :split], return_attn_probs=True)
+    out_b, lse_b, _ = flashport.flash_attn_func(q, k[:, split:], v[:, split:], return_attn_probs=True)
+    out, lse = flashport.merge_states(out_a, lse_a, out_b, lse_b)
+    full, lse_full, _ = flashport.flash_attn_func(q, k, v, return_attn_probs=True)
+    torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, lse_full, atol=1e-5, rtol=1e-5)
+    # A part with no keys (lse -inf) leaves the other part unchanged; both empty gives 0 and -inf.
+    empty = torch.full_like(lse_a, -math.inf)
+    out, lse = flashport.merge_states(out_a, lse_a, torch.zeros_like(out_b), empty)
+    torch.testing.assert_close(out, out_a)
+    out, lse = flashport.merge_states(out_a, empty, out_b, empty)
+    assert torch.all(out == 0) and torch.all(torch.isinf(lse))
+    np_out, np_lse = flashport.merge_states(*(t.cpu().numpy() for t in (out_a, lse_a, out_b, lse_b)))
+    assert isinstance(np_out, np.ndarray) and np.allclose(np_out, full.cpu().numpy(), atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_current_stream():
+    q, k, v = (torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    want = flashport.flash_attn_func(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            got = flashport.flash_attn_func(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want)
+
+
+def test_cpu_and_gpu_agree_when_available():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    q, k, v = (torch.randn(1, 37, 2, 64, dtype=torch.float16) for _ in range(3))
+    cpu = flashport.flash_attn_func(q, k, v, causal=True)
+    gpu = flashport.flash_attn_func(q.cuda(), k.cuda(), v.cuda(), causal=True).cpu()
+    ref, _ = attention_ref(q, k, v, causal=True)
+    assert (gpu.double() - ref).abs().max() <= 2 * (cpu.double() - ref).abs().max() + 2e-3
+
+
+def expect_error(argument, fn, *args, **kwargs):
+    with pytest.raises(ValueError) as info:
+        fn(*args, **kwargs)
+    assert isinstance(info.value, flashport.FlashportError)
+    assert info.value.argument == argument, str(info.value)
+    assert str(info.value).startswith(argument + ":"), str(info.value)
+
+
+def test_bad_inputs_name_the_argument():
+    q = torch.randn(1, 5, 4, 32)
+    kv = torch.randn(1, 5, 3, 32)
+    fa = flashport.flash_attn_func
+    expect_error("q", fa, q[0], q, q)
+    expect_error("k", fa, q, kv, kv)  # 4 query heads, 3 kv heads
+    expect_error("k", fa, q, q.numpy(), q)
+    expect_error("q", fa, [1.0], q, q)
+    expect_error("v", fa, q, q, q.half())
+    expect_error("window_size", fa, q, q, q, window_size=(3,))
+    expect_error("window_size", fa, q, q, q, window_size=(-2, 0))
+    expect_error("dropout_p", fa, q, q, q, dropout_p=1.0)
+    expect_error("softcap", fa, q, q, q, softcap=-1.0)
+    expect_error("alibi_slopes", fa, q, q, q, alibi_slopes=torch.ones(3))
+    expect_error("alibi_slopes", fa, q, q, q, alibi_slopes=torch.ones(4, dtype=torch.float64))
+    lens = torch.tensor([0, 2, 5], dtype=torch.int32)
+    flat = q[0]
+    fv = flashport.flash_attn_varlen_func
+    expect_error("cu_seqlens_q", fv, flat, flat, flat, lens.long(), lens, 3, 3)
+    expect_error("cu_seqlens_q", fv, flat, flat, flat, torch.tensor([0, 2, 4], dtype=torch.int32), lens, 3, 3)
+    expect_error("max_seqlen_q", fv, flat, flat, flat, lens, lens, 2, 3)
+    cache = torch.zeros(1, 8, 4, 32)
+    kvc = flashport.flash_attn_with_kvcache
+    expect_error("cache_seqlens", kvc, q[:, :1], cache, cache, q[:, :1], q[:, :1], cache_seqlens=8)
+    expect_error("cache_batch_idx", kvc, q[:, :1], cache, cache, cache_seqlens=2,
+                 cache_batch_idx=torch.tensor([3], dtype=torch.int32))
+    expect_error("out_b", flashport.merge_states, q, torch.zeros(1, 4, 5), q[:, :2], torch.zeros(1, 4, 5))
+
+
+def test_unsupported_device_is_named():
+    q = torch.randn(1, 4, 2, 16)
+    expect_error("k", flashport.flash_attn_func, q, q.to("meta"), q)
