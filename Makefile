@@ -34,7 +34,7 @@ bench: build
 	$(PYTHON) bench/peer_torch.py $(BUILD)/bench_flashport.jsonl
 
 prebuild: build
-	$(BUILD)/src/jit/flashport-prebuild
+	cmake --build $(BUILD) --target prebuild
 
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)

@@ -19,7 +19,7 @@ using u64 = unsigned long long;
 using i64 = long long;
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kNegInf = -__builtin_huge_valf();
+inline constexpr float kNegInf = -__builtin_bit_cast(float, 0x7f800000u);  // NVRTC lacks __builtin_huge_valf
 
 // ---------------------------------------------------------------------------------------------
 // Scores: scale, softcap, ALiBi, mask (SPEC steps 1-4). Positions are 0-based within a sequence.
