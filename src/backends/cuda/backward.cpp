@@ -1,0 +1,178 @@
+// Launcher of the CUDA backward: D = rowsum(dO * O), the FA2 main kernel, dQ conversion (see backward.hpp).
+#include "backends/cuda/backward.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "backends/cuda/tiles.hpp"
+#include "backends/cuda/variants.hpp"
+#include "flashport/error.hpp"
+#include "kernels/cuda/bwd_params.cuh"
+
+namespace flashport::cuda {
+namespace {
+
+constexpr long long kMaxGridYZ = 65535;
+constexpr int kAuxRows = 16;  // rows per CTA of the aux kernels (attn_bwd_aux.cu: 4 warps x 4 rows)
+constexpr unsigned kAuxThreads = 128;
+// Deterministic mode: the dQ accumulator slices may take this much memory beyond the first one.
+constexpr long long kDeterministicScratchBudget = 1LL << 30;
+
+const char* type_define(int elem_type) {
+  return elem_type == kBF16 ? "bf16" : "f16";
+}
+
+/// 16-byte row alignment of an operand: base pointer and every stride in whole 8-element chunks.
+bool rows_aligned(const Operand& t) {
+  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.batch_stride % 8 == 0 && t.row_stride % 8 == 0 &&
+         t.head_stride % 8 == 0;
+}
+
+bool all_rows_aligned(const AttnProblem& p) {
+  for (const Operand* t : {&p.q, &p.k, &p.v, &p.o, &p.dout, &p.grad_q, &p.grad_k, &p.grad_v})
+    if (!rows_aligned(*t)) return false;
+  return true;
+}
+
+/// FLASHPORT_BWD_TILE="block_m,block_n,warps", parsed once; {0, 0, 0} when unset or malformed.
+BwdTile tile_override() {
+  static const BwdTile t = [] {
+    BwdTile r{0, 0, 0};
+    const char* s = std::getenv("FLASHPORT_BWD_TILE");
+    if (!s || std::sscanf(s, "%d,%d,%d", &r.block_m, &r.block_n, &r.warps) != 3) return BwdTile{0, 0, 0};
+    const bool ok = r.block_m > 0 && r.block_m % 16 == 0 && r.block_n > 0 && r.block_n % 16 == 0 &&
+                    (r.warps == 4 || r.warps == 8);
+    return ok ? r : BwdTile{0, 0, 0};
+  }();
+  return t;
+}
+
+void launch_chunked(const jit::Kernel& kernel, BwdParams& prm, unsigned grid_x, unsigned grid_y,
+                    unsigned threads, int smem, void* stream) {
+  void* args[] = {&prm};
+  for (long long b0 = 0; b0 < prm.p.batch; b0 += kMaxGridYZ) {
+    prm.batch_offset = (int)b0;
+    const long long nb = std::min(kMaxGridYZ, prm.p.batch - b0);
+    jit::launch(kernel, grid_x, grid_y, (unsigned)nb, threads, smem, stream, args);
+  }
+}
+
+}  // namespace
+
+// Registers: dK and dV stay in registers for the whole CTA, 2 * block_n * bucket / (32 * warps) per
+// thread; stage A holds S and dP, 2 * block_m * block_n / (32 * warps). ptxas -v (CUDA 13, sm_80 and
+// sm_90a, bf16/f16) with these rows: 185-223 registers at d32/d64, 252-255 at d96, 191-194 at d128,
+// 206-255 at d160..256, 186-248 for the 4-warp rows; no spills anywhere. Rejected: (64, 128) at d128
+// (80-232 bytes of spills: dK/dV 128 + S/dP 64 registers).
+BwdTile backward_tile(int arch, int bucket) {
+  const BwdTile forced = tile_override();
+  if (forced.warps) return forced;
+  // 163 KB (sm_80/87) or 227 KB (sm_90/100) per block; sm_86/89/120 have 99 KB.
+  const bool big_smem = arch == 80 || arch == 87 || arch == 90 || arch == 100 || arch == 103 || arch == 110;
+  if (bucket <= 64) return {64, 128, 8};  // 64 KB (d32) / 88 KB (d64)
+  if (bucket <= 96)
+    return big_smem ? BwdTile{64, 128, 8}  // 112 KB; 255 registers
+                    : BwdTile{64, 64, 8};  // 70 KB
+  if (bucket <= 128) return {64, 64, 8};   // 86 KB
+  if (big_smem) return {64, 64, 8};        // 102 KB (d160) .. 150 KB (d256)
+  return {32, 32, 4};                      // 47 KB (d160) .. 71 KB (d256): dK/dV 80..128 registers
+}
+
+jit::KernelSpec backward_main_spec(int arch, int elem_type, int bucket) {
+  const BwdTile t = backward_tile(arch, bucket);
+  return {"cuda/attn_bwd.cu",
+          "attn_bwd",
+          {{"FP_DTYPE", type_define(elem_type)},
+           {"FP_HEADDIM", std::to_string(bucket)},
+           {"BWD_BLOCK_M", std::to_string(t.block_m)},
+           {"BWD_BLOCK_N", std::to_string(t.block_n)},
+           {"BWD_WARPS", std::to_string(t.warps)}},
+          arch};
+}
+
+jit::KernelSpec backward_dot_spec(int arch, int elem_type) {
+  return {"cuda/attn_bwd_aux.cu", "attn_bwd_dot_do_o", {{"FP_DTYPE", type_define(elem_type)}}, arch};
+}
+
+jit::KernelSpec backward_convert_spec(int arch, int elem_type) {
+  return {"cuda/attn_bwd_aux.cu", "attn_bwd_dq_convert", {{"FP_DTYPE", type_define(elem_type)}}, arch};
+}
+
+std::vector<jit::KernelSpec> backward_variants(int arch) {
+  std::vector<jit::KernelSpec> specs;
+  for (int type : {kF16, kBF16}) {
+    for (int bucket : kHeadDimBuckets) specs.push_back(backward_main_spec(arch, type, bucket));
+    specs.push_back(backward_dot_spec(arch, type));
+    specs.push_back(backward_convert_spec(arch, type));
+  }
+  return specs;
+}
+
+bool is_main_backward_kernel(const jit::KernelSpec& spec) {
+  return spec.entry == "attn_bwd";
+}
+
+void launch_backward(const AttnProblem& p) {
+  if (p.batch <= 0 || p.hq <= 0) return;
+  if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30))
+    throw Error("q", "the CUDA backward needs sequence lengths < 2^30 (32-bit positions)");
+  if (p.hq > kMaxGridYZ) throw Error("q", "more than 65535 heads are not supported on CUDA");
+  const int device = jit::pointer_device(p.q.ptr);
+  if (device < 0) throw Error("q", "is not a CUDA device pointer");
+  const int arch = jit::device_arch(device);
+  const int bucket = head_dim_bucket(p.d, p.dv);
+  const BwdTile tile = backward_tile(arch, bucket);
+
+  BwdParams prm{};
+  prm.p = p;
+  prm.rows_total = p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
+  prm.accum_ld = bucket;
+  prm.vec = all_rows_aligned(p) ? 1 : 0;
+  const long long key_blocks = (p.sk + tile.block_n - 1) / tile.block_n;
+  const long long slice_floats = p.hq * prm.rows_total * prm.accum_ld;
+  long long grid_x = key_blocks;
+  prm.num_slices = 1;
+  if (p.deterministic && key_blocks > 0) {
+    // One wave of CTAs, each owning a dQ slice (see BwdParams); fewer slices if memory is short.
+    const long long ctas = p.batch * p.hk, sms = jit::device_sm_count(device);
+    long long slices = std::min((sms + ctas - 1) / ctas, key_blocks);
+    const long long slice_bytes = std::max(1LL, slice_floats * (long long)sizeof(float));
+    slices = std::max(1LL, std::min(slices, 1 + kDeterministicScratchBudget / slice_bytes));
+    prm.num_slices = (int)slices;
+    grid_x = slices;
+  }
+
+  // Scratch: D (hq * rows_total floats), then the dQ accumulator, 256-byte aligned.
+  const size_t dsum_bytes = ((size_t)(p.hq * prm.rows_total) * sizeof(float) + 255) / 256 * 256;
+  const size_t accum_bytes = (size_t)(prm.num_slices * slice_floats) * sizeof(float);
+  char* scratch =
+      static_cast<char*>(jit::alloc_async(std::max<size_t>(dsum_bytes + accum_bytes, 256), p.stream));
+  prm.dsum = reinterpret_cast<float*>(scratch);
+  prm.dq_accum = reinterpret_cast<float*>(scratch + dsum_bytes);
+  try {
+    if (accum_bytes) jit::memset_async(prm.dq_accum, 0, accum_bytes, p.stream);
+    const unsigned aux_x = (unsigned)((p.sq + kAuxRows - 1) / kAuxRows);
+    if (aux_x > 0) {
+      const jit::Kernel& dot = jit::get(backward_dot_spec(arch, p.in_type), device, 0);
+      launch_chunked(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, p.stream);
+    }
+    if (grid_x > 0) {
+      const int smem = bwd_smem_bytes(tile.block_m, tile.block_n, bucket);
+      const jit::Kernel& main = jit::get(backward_main_spec(arch, p.in_type, bucket), device, smem);
+      launch_chunked(main, prm, (unsigned)grid_x, (unsigned)p.hk, 32u * (unsigned)tile.warps, smem, p.stream);
+    }
+    if (aux_x > 0) {
+      const jit::Kernel& convert = jit::get(backward_convert_spec(arch, p.in_type), device, 0);
+      launch_chunked(convert, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, p.stream);
+    }
+  } catch (...) {
+    jit::free_async(scratch, p.stream);
+    throw;
+  }
+  jit::free_async(scratch, p.stream);
+}
+
+}  // namespace flashport::cuda

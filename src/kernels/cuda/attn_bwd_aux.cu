@@ -1,0 +1,104 @@
+// The two memory-bound kernels around the backward main loop: D = rowsum(dO * O) before it, and the
+// fp32 dQ accumulator (summed over its slices in slice order) -> dq in the input dtype after it.
+#include "cuda/common/rtc_compat.cuh"
+// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
+#include "cuda/bwd_params.cuh"
+#include "cuda/bwd_seq.cuh"
+#include "cuda/common/common.cuh"
+
+#ifndef FP_DTYPE
+#error "attn_bwd_aux needs -D FP_DTYPE"
+#endif
+
+namespace flashport::cuda::bwd {
+
+using Elem = FP_DTYPE;
+constexpr int kAuxWarps = 4;        // block of 128 threads
+constexpr int kAuxRowsPerWarp = 4;  // a CTA covers 16 query rows of one (head, batch entry)
+
+/// Query row `k` of this warp (grid x covers p.sq in steps of kAuxWarps * kAuxRowsPerWarp).
+FP_DEV int aux_row(int k) {
+  return ((int)blockIdx.x * kAuxWarps + warp_id()) * kAuxRowsPerWarp + k;
+}
+
+/// Sum of the products of the 8 elements in a and b (16 bytes each).
+FP_DEV float dot8(const U32x4& a, const U32x4& b) {
+  const u32 ra[4] = {a.x, a.y, a.z, a.w}, rb[4] = {b.x, b.y, b.z, b.w};
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const Float2 fa = Elem::unpack(ra[k]), fb = Elem::unpack(rb[k]);
+    s = fmaf(fa.x, fb.x, s);
+    s = fmaf(fa.y, fb.y, s);
+  }
+  return s;
+}
+
+}  // namespace flashport::cuda::bwd
+
+using namespace flashport;
+using namespace flashport::cuda;
+using namespace flashport::cuda::bwd;
+
+/// D_i = sum_c dO[i, c] * O[i, c] in fp32 into prm.dsum (LSE layout). Grid (ceil(p.sq / 16), hq,
+/// batch), 128 threads; one warp per row, lanes over 8-channel chunks; rows past the sequence skipped
+/// (the main kernel never reads them).
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dot_do_o(const __grid_constant__ BwdParams prm) {
+  const AttnProblem& p = prm.p;
+  const int b = (int)blockIdx.z + prm.batch_offset, h = (int)blockIdx.y, lane = lane_id();
+  const Seq seq = sequence(p, b);
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const i64 d_row0 = lse_row0(p, seq, b, h);
+  for (int k = 0; k < kAuxRowsPerWarp; ++k) {
+    const int i = aux_row(k);
+    if (i >= seq.len_q) break;
+    const u16* o = static_cast<const u16*>(p.o.ptr) + row_offset(p.o, varlen, b, seq.q_start, i, h);
+    const u16* dout = static_cast<const u16*>(p.dout.ptr) + row_offset(p.dout, varlen, b, seq.q_start, i, h);
+    float acc = 0.0f;
+    if (prm.vec) {
+      for (int c = lane * 8; c < p.dv; c += 32 * 8) acc += dot8(ld_global_16(o + c), ld_global_16(dout + c));
+    } else {
+      for (int c = lane; c < p.dv; c += 32) acc = fmaf(Elem::to_float(o[c]), Elem::to_float(dout[c]), acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) prm.dsum[d_row0 + i] = acc;
+  }
+}
+
+/// dq[i, c] = scale * sum over slices s = 0, 1, ... (in that order) of dq_accum[s][h][row(i)][c], in the
+/// input dtype. Grid and rows as attn_bwd_dot_do_o; every row of the sequence and channel < d written.
+extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_convert(const __grid_constant__ BwdParams prm) {
+  const AttnProblem& p = prm.p;
+  const int b = (int)blockIdx.z + prm.batch_offset, h = (int)blockIdx.y, lane = lane_id();
+  const Seq seq = sequence(p, b);
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const i64 slice_stride = p.hq * prm.rows_total * prm.accum_ld;
+  const float* head_accum = prm.dq_accum + ((i64)h * prm.rows_total + accum_row0(p, seq, b)) * prm.accum_ld;
+  for (int k = 0; k < kAuxRowsPerWarp; ++k) {
+    const int i = aux_row(k);
+    if (i >= seq.len_q) break;
+    const float* acc = head_accum + (i64)i * prm.accum_ld;  // 16-byte aligned: accum_ld % 32 == 0
+    u16* dq = static_cast<u16*>(p.grad_q.ptr) + row_offset(p.grad_q, varlen, b, seq.q_start, i, h);
+    if (prm.vec) {
+      for (int c = lane * 8; c < p.d; c += 32 * 8) {
+        float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int sl = 0; sl < prm.num_slices; ++sl) {
+          const U32x4 lo = ld_global_16(acc + sl * slice_stride + c),
+                      hi = ld_global_16(acc + sl * slice_stride + c + 4);
+          s[0] += u32_as_float(lo.x), s[1] += u32_as_float(lo.y), s[2] += u32_as_float(lo.z);
+          s[3] += u32_as_float(lo.w), s[4] += u32_as_float(hi.x), s[5] += u32_as_float(hi.y);
+          s[6] += u32_as_float(hi.z), s[7] += u32_as_float(hi.w);
+        }
+        const float sc = p.scale;
+        st_global_16(dq + c, U32x4{Elem::pack(s[0] * sc, s[1] * sc), Elem::pack(s[2] * sc, s[3] * sc),
+                                   Elem::pack(s[4] * sc, s[5] * sc), Elem::pack(s[6] * sc, s[7] * sc)});
+      }
+    } else {
+      for (int c = lane; c < p.d; c += 32) {
+        float s = 0.0f;
+        for (int sl = 0; sl < prm.num_slices; ++sl) s += acc[sl * slice_stride + c];
+        dq[c] = Elem::from_float(s * p.scale);
+      }
+    }
+  }
+}

@@ -1,0 +1,177 @@
+// Warp-level building blocks of the backward kernel: operand fragments from shared memory in both
+// storage orders, a warp tile GEMM, the warp grid chooser, Philox keep bits for one mma tile, and
+// the fp32 global accumulation of dQ.
+#pragma once
+
+#include "core/problem.h"
+#include "cuda/common/common.cuh"
+
+namespace flashport::cuda::bwd {
+
+// ---------------------------------------------------------------------------------------------
+// Fragments (layouts: cuda/common/mma.cuh). Shared tiles are row-major 16-bit with a compile-time
+// pitch (elements). Every 8x8 matrix read by ldmatrix is 8 rows of 16 contiguous bytes, so row starts
+// (pitch * 2 bytes, column offsets multiples of 8) are 16-byte aligned. A lane's ldmatrix address is
+// split into a per-lane base (computed once per stage) plus a compile-time offset per fragment, so
+// the unrolled loops do not keep one address register per fragment alive.
+//
+// Which 8x8 matrix lane L addresses (q = L / 8) and where its row starts, per operand kind:
+//   A, m as rows (e.g. Q for S = Q K^T):       q = 0 (m+0, k+0), 1 (m+8, k+0), 2 (m+0, k+8), 3 (m+8, k+8)
+//     = a0..a3 directly.
+//   A, k as rows (A = X^T, e.g. P^T from s_p):  .trans gives lane (g, t) X[k+2t..2t+1][m+g] = A[g][2t..];
+//     matrix q at stored (k, m) = 0 (k+0, m+0) -> a0, 1 (k+0, m+8) -> a1, 2 (k+8, m+0) -> a2, 3 (k+8, m+8).
+//   B, n as rows (e.g. K for S = Q K^T):       q = 0 (n+0, k+0), 1 (n+0, k+8), 2 (n+8, k+0), 3 (n+8, k+8):
+//     b[0..1] = n8 tile n0, b[2..3] = n8 tile n0 + 8.
+//   B, k as rows (e.g. dO for dV = P^T dO):    .trans gives lane (g, t) X[k+2t..2t+1][n+g] = b0;
+//     matrix q at stored (k, n) = 0 (k+0, n+0), 1 (k+8, n+0), 2 (k+0, n+8), 3 (k+8, n+8).
+
+/// Operand storage orders. kRowsM / kRowsN: the tile's rows run along the output's m / n index;
+/// kRowsK: the tile's rows run along the reduction index k (read with ldmatrix .trans).
+enum class Store { kRowsM, kRowsN, kRowsK };
+
+/// Byte offset of lane `lane`'s ldmatrix row for the fragment at (mn0, k0) = (0, 0), relative to the
+/// tile: add frag_offset for other fragments. `is_a`: A operand (else B).
+template <Store kStore, bool kIsA, int kPitch>
+FP_DEV u32 lane_offset(int mn0, int lane) {
+  const int l8 = lane & 7, q1 = (lane >> 3) & 1, q2 = lane >> 4;
+  int row, col;
+  if constexpr (kStore == Store::kRowsK) {
+    // A: matrices step m by 8 with q1, k by 8 with q2. B: k by 8 with q1, n by 8 with q2.
+    row = l8 + (kIsA ? q2 : q1) * 8;
+    col = mn0 + (kIsA ? q1 : q2) * 8;
+  } else {
+    // A (m rows): m by 8 with q1, k by 8 with q2. B (n rows): n by 8 with q2, k by 8 with q1.
+    row = mn0 + l8 + (kIsA ? q1 : q2) * 8;
+    col = (kIsA ? q2 : q1) * 8;
+  }
+  return (u32)(row * kPitch + col) * 2u;
+}
+
+/// Compile-time byte offset of the fragment whose m (A) or n (B) index starts at mn and k at k.
+template <Store kStore, int kPitch>
+FP_DEV constexpr u32 frag_offset(int mn, int k) {
+  return kStore == Store::kRowsK ? (u32)(k * kPitch + mn) * 2u : (u32)(mn * kPitch + k) * 2u;
+}
+
+/// acc (kMT m16 tiles x kNT n8 tiles: this warp's output tile) += A B over k in [0, kK); k-steps at
+/// or beyond `k_end` are skipped (their operands are zero-filled). `a_lane` / `b_lane`: shared
+/// address of the tile plus lane_offset for this warp's m0 / n0.
+/// kUnroll: k-steps unrolled (fewer keep fewer prefetched fragments alive).
+template <class Elem, int kMT, int kNT, int kK, Store kAStore, int kAPitch, Store kBStore, int kBPitch,
+          int kUnroll = kK / 16>
+FP_DEV void warp_mma(float (&acc)[kMT][kNT][4], u32 a_lane, u32 b_lane, int k_end) {
+  static_assert(kNT % 2 == 0 && kK % 16 == 0, "warp tiles are whole m16 x n16 x k16 steps");
+  static_assert(kAStore != Store::kRowsN && kBStore != Store::kRowsM, "operand order");
+#pragma unroll kUnroll
+  for (int k0 = 0; k0 < kK; k0 += 16) {
+    if (k0 >= k_end) break;
+    u32 a[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const u32 at = a_lane + frag_offset<kAStore, kAPitch>(16 * mt, k0);
+      if constexpr (kAStore == Store::kRowsK)
+        ldmatrix_x4_trans(a[mt], at);
+      else
+        ldmatrix_x4(a[mt], at);
+    }
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      u32 b[4];
+      const u32 at = b_lane + frag_offset<kBStore, kBPitch>(16 * np, k0);
+      if constexpr (kBStore == Store::kRowsK)
+        ldmatrix_x4_trans(b, at);
+      else
+        ldmatrix_x4(b, at);
+      const u32 b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        mma<Elem>(acc[mt][2 * np], a[mt], b_lo);
+        mma<Elem>(acc[mt][2 * np + 1], a[mt], b_hi);
+      }
+    }
+  }
+}
+
+template <int kMT, int kNT>
+FP_DEV void zero(float (&acc)[kMT][kNT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp grids.
+
+/// `rows` x `cols` warps tiling an (m, n) output: warp w owns rows [(w / cols) * m / rows, ...) and
+/// columns [(w % cols) * n / cols, ...).
+struct WarpGrid {
+  int rows, cols;
+};
+
+/// The split of `warps` warps over an (m, n) tile whose warp tiles are whole m16 x n16 steps and have
+/// the smallest perimeter (fewest fragment loads per mma). {0, 0} when none exists.
+FP_HD constexpr WarpGrid warp_grid(int m, int n, int warps) {
+  WarpGrid best{0, 0};
+  int best_cost = 1 << 30;
+  for (int r = 1; r <= warps; ++r) {
+    if (warps % r != 0) continue;
+    const int c = warps / r;
+    if (m % (16 * r) != 0 || n % (16 * c) != 0) continue;
+    const int cost = m / r + n / c;
+    if (cost < best_cost) best_cost = cost, best = WarpGrid{r, c};
+  }
+  return best;
+}
+
+/// The split with the most warps along m (16-row warp tiles where possible): for outputs done in
+/// column chunks, where a short warp tile makes each chunk's accumulators few.
+FP_HD constexpr WarpGrid warp_grid_tall(int m, int n, int warps) {
+  for (int r = warps; r >= 1; --r) {
+    if (warps % r != 0) continue;
+    const int c = warps / r;
+    if (m % (16 * r) == 0 && n % (16 * c) == 0) return WarpGrid{r, c};
+  }
+  return WarpGrid{0, 0};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory helpers.
+
+FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
+}
+
+/// Adds (x, y) to g[0], g[1] (8-byte aligned) in global memory, fire-and-forget atomics.
+FP_DEV void red_add_f32x2(float* g, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(g), "f"(x), "f"(y) : "memory");
+#else
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(g), "f"(x) : "memory");
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(g + 1), "f"(y) : "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout.
+
+/// Keep bits (bit e for accumulator element e) of one m16n8 C tile: rows r (e = 0, 1) and r + 8
+/// (e = 2, 3), keys j, j + 1 with j = (tile's first key) + 2 * (lane % 4), tile's first key a multiple
+/// of 8. Keys 4q..4q+3 of a row share one Philox call (SPEC: word j % 4 belongs to key j); the lanes
+/// t = 2u and 2u + 1 of a quad hold keys 4q..4q+1 and 4q+2..4q+3 of both rows, so the even lane draws
+/// row r, the odd lane row r + 8, and they swap the half the other needs: one call per 4 elements.
+/// Every lane of the warp must call this (shuffle).
+FP_DEV unsigned dropout_keep4(const AttnProblem& p, i64 b, i64 h, i64 row_r, i64 key_j, int lane) {
+  const bool odd = (lane & 1) != 0;
+  const sem::Philox4 w = sem::dropout_words(p.seed, p.offset, odd ? row_r + 8 : row_r, key_j, b, p.hq, h);
+  // Even lane: row r, words 0, 1 (own) and row r + 8, words 0, 1 (partner's).
+  // Odd lane:  row r, words 2, 3 (partner's) and row r + 8, words 2, 3 (own).
+  const u32 give0 = odd ? w.x[0] : w.x[2], give1 = odd ? w.x[1] : w.x[3];
+  const u32 got0 = __shfl_xor_sync(kFullMask, give0, 1), got1 = __shfl_xor_sync(kFullMask, give1, 1);
+  const u32 w0 = odd ? got0 : w.x[0], w1 = odd ? got1 : w.x[1];
+  const u32 w2 = odd ? w.x[2] : got0, w3 = odd ? w.x[3] : got1;
+  const u32 t = p.dropout_threshold;
+  return (unsigned)(w0 >= t) | (unsigned)(w1 >= t) << 1 | (unsigned)(w2 >= t) << 2 | (unsigned)(w3 >= t) << 3;
+}
+
+}  // namespace flashport::cuda::bwd
