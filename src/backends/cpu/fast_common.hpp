@@ -77,15 +77,31 @@ inline ScoreParams score_params(const AttnProblem& p, long long b, long long h) 
 inline long long scratch_floats(long long d, long long dv) {
   const long long dp = pad_to(d, kMaxVec), dvp = pad_to(dv, kMaxVec);
   const long long q = kBlockQ, k = kBlockK;
-  const long long fwd = dp * q + k * dp + k * dvp + k * q + q * dvp;
+  const long long fwd = 2 * dp * q + k * dp + k * dvp + k * q + q * dvp;
   const long long bwd = 2 * k * dp + 2 * k * dvp + 2 * q * dp + 2 * q * dvp + 4 * k * q;
   return std::max(fwd, bwd) + 16 * q + 32 * kMaxVec;
 }
 
+/// K and V rows of one (sequence, kv head) widened to fp32 once and shared by every query tile that
+/// reads them: key j at k + j * k_ld and v + j * v_ld, zero-padded to the row strides.
+struct PackedKV {
+  const float* k;
+  const float* v;
+  long long k_ld, v_ld;
+};
+
+/// Largest shared K/V pack the forward allocates; longer sequences pack per tile instead.
+inline constexpr long long kMaxPackedBytes = 256LL << 20;
+
 /// One ISA's kernels. `scratch` holds scratch_floats() floats, aligned to 64 bytes.
 struct Kernels {
   const char* isa;
-  void (*forward_block)(const AttnProblem& p, const QueryBlock& blk, float* scratch);
+  /// Widens keys [j0, j1) of kv head hk of sequence b into k/v, rows zero-padded to whole vectors
+  /// (row strides k_ld, v_ld at least pad_to(d or dv, kMaxVec)).
+  void (*pack_kv)(const AttnProblem& p, long long b, long long hk, long long j0, long long j1, float* k,
+                  long long k_ld, float* v, long long v_ld);
+  /// Query tile `blk`; `kv` is its (b, kv head)'s packed K/V, or null to pack tile by tile.
+  void (*forward_block)(const AttnProblem& p, const QueryBlock& blk, const PackedKV* kv, float* scratch);
   void (*backward_block)(const AttnProblem& p, const BackwardShared& shared, const KeyBlock& blk,
                          float* scratch, float* dq_acc);
 };

@@ -29,13 +29,27 @@ const Kernels& select_kernels() {
   return kernels_base();
 }
 
-/// A thread's scratch, 64-byte aligned.
-struct ThreadScratch {
-  std::vector<float> storage;
-  float* data;
-  explicit ThreadScratch(long long floats) : storage((size_t)(floats + kMaxVec)) {
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(storage.data());
-    data = storage.data() + (pad_to((long long)addr, 64) - (long long)addr) / (long long)sizeof(float);
+/// Buffers a thread keeps between calls (OpenMP's pool threads persist), so repeated calls do not
+/// page-fault fresh memory in; a buffer above kKeepBytes is released at the end of the call.
+enum Slot : int { kScratch, kPackedKV, kDqPart, kSlots };
+inline constexpr size_t kKeepBytes = 64u << 20;
+
+struct ThreadBuffers {
+  std::vector<float> slots[kSlots];
+
+  static ThreadBuffers& mine() {
+    thread_local ThreadBuffers buffers;
+    return buffers;
+  }
+  /// `floats` floats, 64-byte aligned; contents are whatever the last call left.
+  float* take(Slot slot, long long floats) {
+    std::vector<float>& v = slots[slot];
+    if ((long long)v.size() < floats + kMaxVec) v.resize((size_t)(floats + kMaxVec));
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(v.data());
+    return v.data() + (pad_to((long long)addr, 64) - (long long)addr) / (long long)sizeof(float);
+  }
+  void trim(Slot slot) {
+    if (slots[slot].size() * sizeof(float) > kKeepBytes) std::vector<float>().swap(slots[slot]);
   }
 };
 
@@ -99,22 +113,78 @@ std::string unsupported(const AttnProblem& p, bool backward) {
 
 void forward(const AttnProblem& p) {
   const Kernels& kernels = select_kernels();
-  // Later query tiles first: under a causal mask they see the most keys, so dynamic scheduling
-  // finishes with the cheap ones.
-  std::vector<QueryBlock> items;
+  const long long group = p.hq / p.hk, k_ld = pad_to(p.d, kMaxVec), v_ld = pad_to(p.dv, kMaxVec);
+  const long long row_floats = k_ld + v_ld;
+
+  // Each (sequence, kv head) whose K/V feed several query tiles gets them packed once into a shared
+  // buffer (contiguous rows also stay in L2, where head-strided rows thrash its sets). Groups are
+  // packed in rounds of at most kMaxPackedBytes; a round is one parallel packing loop, a barrier and
+  // one dynamic loop over the round's query tiles. The other groups (decode-like shapes, K/V too big
+  // to pack) pack tile by tile. Later query tiles first: under a causal mask they see the most keys,
+  // so the dynamic schedule ends with the cheap ones.
+  struct PackJob {
+    long long b, hk, j0, j1, dst_row;  // keys [j0, j1) go to packed rows from dst_row
+  };
+  struct Round {
+    std::vector<PackJob> packs;
+    std::vector<QueryBlock> tiles;
+    std::vector<long long> tile_kv;  // first packed row of each tile's K/V
+  };
+  std::vector<Round> rounds(1);
+  std::vector<QueryBlock> loose;
+  long long round_rows = 0, max_round_rows = 0;
+  const long long cap_rows = std::max(1LL, kMaxPackedBytes / (row_floats * 4));
   for (long long b = 0; b < p.batch; ++b) {
-    const long long n_tiles = (seqlen_q(p, b) + kBlockQ - 1) / kBlockQ;
-    for (long long t = n_tiles - 1; t >= 0; --t) {
-      for (long long h = 0; h < p.hq; ++h) items.push_back({b, h, t * kBlockQ});
+    const long long n_tiles = (seqlen_q(p, b) + kBlockQ - 1) / kBlockQ, sk = seqlen_k(p, b);
+    for (long long hk = 0; hk < p.hk; ++hk) {
+      if (n_tiles == 0) continue;
+      if (group * n_tiles < 2 || sk > cap_rows) {
+        for (long long t = n_tiles - 1; t >= 0; --t) {
+          for (long long h = hk * group; h < (hk + 1) * group; ++h) loose.push_back({b, h, t * kBlockQ});
+        }
+        continue;
+      }
+      if (round_rows + sk > cap_rows) {
+        rounds.emplace_back();
+        round_rows = 0;
+      }
+      Round& r = rounds.back();
+      for (long long j0 = 0; j0 < sk; j0 += kBlockK)
+        r.packs.push_back({b, hk, j0, std::min(sk, j0 + kBlockK), round_rows + j0});
+      for (long long t = n_tiles - 1; t >= 0; --t) {
+        for (long long h = hk * group; h < (hk + 1) * group; ++h) {
+          r.tiles.push_back({b, h, t * kBlockQ});
+          r.tile_kv.push_back(round_rows);
+        }
+      }
+      round_rows += sk;
+      max_round_rows = std::max(max_round_rows, round_rows);
     }
   }
-  const long long n_items = (long long)items.size(), scratch_n = scratch_floats(p.d, p.dv);
-#pragma omp parallel if (n_items > 1)
+  float* packed = ThreadBuffers::mine().take(kPackedKV, max_round_rows * row_floats);
+  const long long n_loose = (long long)loose.size(), scratch_n = scratch_floats(p.d, p.dv);
+#pragma omp parallel
   {
-    ThreadScratch scratch(scratch_n);
+    float* scratch = ThreadBuffers::mine().take(kScratch, scratch_n);
+    for (const Round& r : rounds) {
+      const long long n_packs = (long long)r.packs.size(), n_tiles = (long long)r.tiles.size();
+#pragma omp for schedule(dynamic, 4)
+      for (long long n = 0; n < n_packs; ++n) {
+        const PackJob& job = r.packs[(size_t)n];
+        float* dst = packed + job.dst_row * row_floats;
+        kernels.pack_kv(p, job.b, job.hk, job.j0, job.j1, dst, row_floats, dst + k_ld, row_floats);
+      }
 #pragma omp for schedule(dynamic, 1)
-    for (long long n = 0; n < n_items; ++n) kernels.forward_block(p, items[(size_t)n], scratch.data);
+      for (long long n = 0; n < n_tiles; ++n) {
+        const float* base = packed + r.tile_kv[(size_t)n] * row_floats;
+        const PackedKV kv{base, base + k_ld, row_floats, row_floats};
+        kernels.forward_block(p, r.tiles[(size_t)n], &kv, scratch);
+      }
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (long long n = 0; n < n_loose; ++n) kernels.forward_block(p, loose[(size_t)n], nullptr, scratch);
   }
+  ThreadBuffers::mine().trim(kPackedKV);
 }
 
 void backward(const AttnProblem& p) {
@@ -136,31 +206,32 @@ void backward(const AttnProblem& p) {
   // reproducible for a given thread count (deterministic or not).
   const long long n_items = (long long)items.size(), scratch_n = scratch_floats(p.d, p.dv);
   const long long dq_floats = rows * p.hq * dq_ld;
-  std::vector<std::vector<float>> dq_parts((size_t)omp_get_max_threads());
+  std::vector<float*> dq_parts((size_t)omp_get_max_threads(), nullptr);
 #pragma omp parallel if (n_items > 1)
   {
-    std::vector<float>& dq_part = dq_parts[(size_t)omp_get_thread_num()];
-    dq_part.assign((size_t)dq_floats, 0.0f);
-    ThreadScratch scratch(scratch_n);
+    float* dq_part = ThreadBuffers::mine().take(kDqPart, dq_floats);
+    std::fill(dq_part, dq_part + dq_floats, 0.0f);
+    dq_parts[(size_t)omp_get_thread_num()] = dq_part;
+    float* scratch = ThreadBuffers::mine().take(kScratch, scratch_n);
 #pragma omp for schedule(static, 1)
     for (long long n = 0; n < n_items; ++n) {
-      kernels.backward_block(p, shared, items[(size_t)n], scratch.data, dq_part.data());
+      kernels.backward_block(p, shared, items[(size_t)n], scratch, dq_part);
     }
-  }
-
-#pragma omp parallel for schedule(static)
-  for (long long row = 0; row < rows; ++row) {
-    const auto [b, i] = locate_row(p, row);
-    for (long long h = 0; h < p.hq; ++h) {
-      const long long src = (row * p.hq + h) * dq_ld, dst = q_offset(p, p.grad_q, b, i, h);
-      for (long long c = 0; c < p.d; ++c) {
-        float acc = 0.0f;
-        for (const std::vector<float>& part : dq_parts) {
-          if (!part.empty()) acc += part[(size_t)(src + c)];
+#pragma omp for schedule(static)
+    for (long long row = 0; row < rows; ++row) {
+      const auto [b, i] = locate_row(p, row);
+      for (long long h = 0; h < p.hq; ++h) {
+        const long long src = (row * p.hq + h) * dq_ld, dst = q_offset(p, p.grad_q, b, i, h);
+        for (long long c = 0; c < p.d; ++c) {
+          float acc = 0.0f;
+          for (const float* part : dq_parts) {
+            if (part) acc += part[src + c];
+          }
+          store(p.grad_q.ptr, p.in_type, dst + c, (double)(acc * p.scale));
         }
-        store(p.grad_q.ptr, p.in_type, dst + c, (double)(acc * p.scale));
       }
     }
+    ThreadBuffers::mine().trim(kDqPart);
   }
 
   // Keys past seqused_k get no gradient: zero their dK/dV rows.

@@ -31,8 +31,20 @@ inline void online_softmax(float* s, int nk, float* m, float* l, float* alpha) {
   for (int r = 0; r < kBlockQ; ++r) l[r] = madd(l[r], alpha[r], sum[r]);
 }
 
-/// Runs query tile `blk` to completion: writes its output rows and (when requested) their LSE.
-inline void forward_block(const AttnProblem& p, const QueryBlock& blk, float* scratch) {
+/// Widens keys [j0, j1) of kv head hk of sequence b to fp32 rows (through the block table when paged),
+/// zero-padded to whole vectors (row strides k_ld >= pad_to(d, W), v_ld >= pad_to(dv, W)).
+inline void pack_kv(const AttnProblem& p, long long b, long long hk, long long j0, long long j1, float* k,
+                    long long k_ld, float* v, long long v_ld) {
+  const int d = (int)p.d, dv = (int)p.dv, d_pad = (int)pad_to(d, W), dv_pad = (int)pad_to(dv, W);
+  for (long long j = j0; j < j1; ++j) {
+    load_row(p.k.ptr, p.in_type, k_offset(p, p.k, b, j, hk), d, d_pad, 1.0f, k + (j - j0) * k_ld);
+    load_row(p.v.ptr, p.in_type, k_offset(p, p.v, b, j, hk), dv, dv_pad, 1.0f, v + (j - j0) * v_ld);
+  }
+}
+
+/// Runs query tile `blk` to completion: writes its output rows and (when requested) their LSE. K/V
+/// come from `kv` (packed once per kv head) or, when null, are packed here tile by tile.
+inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const PackedKV* kv, float* scratch) {
   const long long b = blk.b, h = blk.h, i0 = blk.i0;
   const long long sq = seqlen_q(p, b), sk = seqlen_k(p, b), hk = kv_head(p, h);
   const int nq = (int)std::min<long long>(kBlockQ, sq - i0);
@@ -42,25 +54,25 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, float* sc
 
   Bump mem{scratch};
   float* q_t = mem.take((long long)d_pad * kBlockQ);       // (d_pad, kBlockQ): q_scale * Q^T
-  float* k_tile = mem.take((long long)kBlockK * d);        // (kBlockK, d)
-  float* v_tile = mem.take((long long)kBlockK * dv_pad);   // (kBlockK, dv_pad), zero-padded
+  float* k_tile = mem.take((long long)kBlockK * d_pad);    // (kBlockK, d_pad) when packing per tile
+  float* v_tile = mem.take((long long)kBlockK * dv_pad);   // (kBlockK, dv_pad)
   float* s_tile = mem.take((long long)kBlockK * kBlockQ);  // (kBlockK, kBlockQ): S^T, then P^T
   float* o_acc = mem.take((long long)kBlockQ * dv_pad);    // (kBlockQ, dv_pad): unnormalised O
-  float* row = mem.take(std::max(d_pad, dv_pad));
+  float* q_rows = mem.take((long long)kBlockQ * d);        // (kBlockQ, d)
   float* m = mem.take(kBlockQ);
   float* l = mem.take(kBlockQ);
   float* alpha = mem.take(kBlockQ);
   int* lo = mem.take_int(kBlockQ);
   int* hi = mem.take_int(kBlockQ);
 
-  // Load Q: transposed so a score column (one query) is a vector lane; padded rows are zero.
-  for (int r = 0; r < kBlockQ; ++r) {
-    if (r < nq) {
-      load_row(p.q.ptr, p.in_type, q_offset(p, p.q, b, i0 + r, h), d, d, sp.q_scale, row);
-    } else {
-      std::fill(row, row + d, 0.0f);
-    }
-    for (int c = 0; c < d; ++c) q_t[c * kBlockQ + r] = row[c];
+  // Load Q: all rows first (independent loads, so their cache misses overlap), then transposed so a
+  // score column (one query) is a vector lane; padded rows are zero.
+  for (int r = 0; r < nq; ++r) {
+    load_row(p.q.ptr, p.in_type, q_offset(p, p.q, b, i0 + r, h), d, d, sp.q_scale, q_rows + (long long)r * d);
+  }
+  std::fill(q_rows + (long long)nq * d, q_rows + (long long)kBlockQ * d, 0.0f);
+  for (int c = 0; c < d; ++c) {
+    for (int r = 0; r < kBlockQ; ++r) q_t[c * kBlockQ + r] = q_rows[(long long)r * d + c];
   }
 
   // Key span of the tile: union of the rows' visible ranges (contiguous: ranges shift by one per row).
@@ -79,20 +91,19 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, float* sc
 
   for (long long j0 = span_lo; j0 < span_hi; j0 += kBlockK) {
     const int nk = (int)std::min<long long>(kBlockK, span_hi - j0);
-    // Produce K/V: widen the tile's rows to fp32 (through the block table when paged).
-    for (int j = 0; j < nk; ++j) {
-      load_row(p.k.ptr, p.in_type, k_offset(p, p.k, b, j0 + j, hk), d, d, 1.0f, k_tile + j * d);
-      load_row(p.v.ptr, p.in_type, k_offset(p, p.v, b, j0 + j, hk), dv, dv_pad, 1.0f,
-               v_tile + (long long)j * dv_pad);
-    }
+    // Produce K/V: the shared pack's rows, or this tile widened now.
+    const float* k_rows = kv ? kv->k + j0 * kv->k_ld : k_tile;
+    const float* v_rows = kv ? kv->v + j0 * kv->v_ld : v_tile;
+    const long long k_ld = kv ? kv->k_ld : d_pad, v_ld = kv ? kv->v_ld : dv_pad;
+    if (!kv) pack_kv(p, b, hk, j0, j0 + nk, k_tile, d_pad, v_tile, dv_pad);
     // S^T = K Q^T (keys x queries).
-    gemm(s_tile, kBlockQ, nk, kBlockQ / W, k_tile, d, 1, q_t, kBlockQ, d, nullptr, Store::overwrite);
+    gemm(s_tile, kBlockQ, nk, kBlockQ / W, k_rows, k_ld, 1, q_t, kBlockQ, d, nullptr, Store::overwrite);
     if (sp.transform) transform_scores(sp, s_tile, nullptr, nk, j0, diag0);
     if (!tile_fully_visible(lo, hi, nq, j0, nk)) mask_scores(s_tile, nk, j0, lo, hi);
     online_softmax(s_tile, nk, m, l, alpha);
     if (p.dropout_p > 0.0f) dropout_scale(p, b, h, i0, nq, j0, nk, s_tile);
     // O = alpha * O + P V; A(r = query, k = key) = P^T[key][query].
-    gemm(o_acc, dv_pad, nq, dv_pad / W, s_tile, 1, kBlockQ, v_tile, dv_pad, nk, alpha, Store::rescale);
+    gemm(o_acc, dv_pad, nq, dv_pad / W, s_tile, 1, kBlockQ, v_rows, v_ld, nk, alpha, Store::rescale);
   }
 
   // Finalise: O / l and LSE = ln(2) * (m + log2 l); rows that saw no key get 0 and -inf.

@@ -1,0 +1,305 @@
+// flashport_bench: the CPU speed grid of shared/BENCH.md scaled to a small machine. Times the fast path
+// (median of repeats after a warm-up), checks each timed configuration once against the reference on a
+// slice, prints progress and writes one JSON line per row (peer fields null: bench/peer_torch.py fills them).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/elem.hpp"
+#include "flashport/flashport.hpp"
+
+namespace {
+
+using flashport::DType;
+using flashport::Impl;
+using flashport::TensorView;
+
+struct Options {
+  std::string out = "flashport_bench.jsonl";
+  int reps = 5;
+  int64_t tokens = 4096;  // batch * seqlen
+  int64_t hidden = 512;   // nheads * headdim
+  std::vector<int64_t> seqlens{512, 1024, 2048, 4096};
+  std::vector<int64_t> dims{64, 128};
+  std::vector<std::string> dtypes{"f32", "bf16"};
+  std::vector<std::string> modes{"fwd", "fwd+bwd"};
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> parts;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) parts.push_back(item);
+  return parts;
+}
+
+std::vector<int64_t> split_ints(const std::string& s) {
+  std::vector<int64_t> v;
+  for (const std::string& p : split(s)) v.push_back(std::stoll(p));
+  return v;
+}
+
+void usage() {
+  std::puts(
+      "usage: flashport_bench [--out PATH] [--reps N] [--tokens N] [--hidden N] [--seqlens a,b]\n"
+      "                       [--dims a,b] [--dtypes f32,bf16,f16] [--modes fwd,fwd+bwd] [--quick]\n"
+      "Times the CPU fast path on batch*seqlen = tokens, nheads*headdim = hidden; one JSON line per row.");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    auto value = [&]() -> std::string {
+      if (a + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++a];
+    };
+    if (arg == "--out") {
+      o.out = value();
+    } else if (arg == "--reps") {
+      o.reps = std::max(1, std::stoi(value()));
+    } else if (arg == "--tokens") {
+      o.tokens = std::stoll(value());
+    } else if (arg == "--hidden") {
+      o.hidden = std::stoll(value());
+    } else if (arg == "--seqlens") {
+      o.seqlens = split_ints(value());
+    } else if (arg == "--dims") {
+      o.dims = split_ints(value());
+    } else if (arg == "--dtypes") {
+      o.dtypes = split(value());
+    } else if (arg == "--modes") {
+      o.modes = split(value());
+    } else if (arg == "--quick") {
+      o.seqlens = {512, 1024};
+      o.reps = 3;
+      o.modes = {"fwd"};
+      o.dtypes = {"f32"};
+    } else {
+      usage();
+      std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
+    }
+  }
+  return o;
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  std::fprintf(stderr, "unknown dtype %s (f32, bf16, f16)\n", s.c_str());
+  std::exit(2);
+}
+
+/// An owned contiguous (b, s, h, d) buffer of fresh normal values.
+struct Buffer {
+  std::vector<unsigned char> bytes;
+  TensorView tv;
+  Buffer(DType dtype, int64_t b, int64_t s, int64_t h, int64_t d, std::mt19937_64* gen)
+      : bytes((size_t)(b * s * h * d * flashport::dtype_size(dtype))) {
+    tv = TensorView::contiguous(bytes.data(), dtype, {b, s, h, d});
+    if (!gen) return;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < b * s * h * d; ++i) flashport::cpu::store(bytes.data(), (int)dtype, i, nd(*gen));
+  }
+  /// Rows [r0, r0 + rows) and heads [0, heads) of batch 0, as a (1, rows, heads, d) view.
+  TensorView slice(int64_t r0, int64_t rows, int64_t heads) const {
+    TensorView v = tv;
+    v.data = (unsigned char*)tv.data + r0 * tv.stride[1] * flashport::dtype_size(tv.dtype);
+    v.shape = {1, rows, heads, tv.shape[3]};
+    return v;
+  }
+};
+
+/// max |a - b| over two views of the same shape (any strides).
+double max_diff(const TensorView& a, const TensorView& b) {
+  double m = 0.0;
+  for (int64_t i0 = 0; i0 < a.shape[0]; ++i0)
+    for (int64_t i1 = 0; i1 < a.shape[1]; ++i1)
+      for (int64_t i2 = 0; i2 < a.shape[2]; ++i2)
+        for (int64_t i3 = 0; i3 < a.shape[3]; ++i3) {
+          const int64_t oa = i0 * a.stride[0] + i1 * a.stride[1] + i2 * a.stride[2] + i3;
+          const int64_t ob = i0 * b.stride[0] + i1 * b.stride[1] + i2 * b.stride[2] + i3;
+          const double x = flashport::cpu::load_f64(a.data, (int)a.dtype, oa);
+          const double y = flashport::cpu::load_f64(b.data, (int)b.dtype, ob);
+          if (std::isnan(x) || std::isnan(y)) return INFINITY;
+          m = std::max(m, std::fabs(x - y));
+        }
+  return m;
+}
+
+double max_abs(const TensorView& a) {
+  double m = 0.0;
+  const int64_t n = a.shape[0] * a.shape[1] * a.shape[2] * a.shape[3];
+  for (int64_t i = 0; i < n; ++i)
+    m = std::max(m, std::fabs(flashport::cpu::load_f64(a.data, (int)a.dtype, i)));
+  return m;
+}
+
+template <class F>
+double median_ms(int reps, F&& body) {
+  body();  // warm-up: page faults, thread pool start
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+/// SPEC.md's FLOP model: 2 * visible pairs * (d + dv) * hq per sequence, times 2.5 for the backward.
+double forward_flops(int64_t b, int64_t h, int64_t s, int64_t d, bool causal) {
+  const double pairs = causal ? (double)s * (double)(s + 1) / 2.0 : (double)s * (double)s;
+  return 2.0 * pairs * (double)(2 * d) * (double)(h * b);
+}
+
+struct Row {
+  std::string mode, dtype;
+  int64_t b, h, d, s;
+  bool causal, pass;
+  double max_err, ms, gflops;
+};
+
+/// One timed configuration; correctness on the last `rows` query rows of heads 0-1 of batch 0 (the
+/// bottom-right alignment keeps those rows' masks identical to the full problem's).
+Row run_config(const Options& o, const std::string& mode, const std::string& dtype_name, int64_t d, int64_t s,
+               bool causal, std::mt19937_64& gen) {
+  const DType dtype = parse_dtype(dtype_name);
+  const int64_t h = std::max<int64_t>(1, o.hidden / d), b = std::max<int64_t>(1, o.tokens / s);
+  Buffer q(dtype, b, s, h, d, &gen), k(dtype, b, s, h, d, &gen), v(dtype, b, s, h, d, &gen);
+  Buffer out(dtype, b, s, h, d, nullptr);
+  std::vector<float> lse((size_t)(b * h * s));
+
+  flashport::ForwardArgs fa;
+  fa.q = q.tv, fa.k = k.tv, fa.v = v.tv, fa.out = out.tv;
+  fa.lse = TensorView::contiguous(lse.data(), DType::f32, {b, h, s});
+  fa.options.causal = causal;
+  fa.impl = Impl::fast;
+
+  const bool backward = mode == "fwd+bwd";
+  Buffer dout(dtype, b, s, h, d, backward ? &gen : nullptr), dq(dtype, b, s, h, d, nullptr),
+      dk(dtype, b, s, h, d, nullptr), dvg(dtype, b, s, h, d, nullptr);
+  flashport::BackwardArgs ba;
+  ba.dout = dout.tv, ba.q = q.tv, ba.k = k.tv, ba.v = v.tv, ba.out = out.tv, ba.lse = fa.lse.value();
+  ba.dq = dq.tv, ba.dk = dk.tv, ba.dv = dvg.tv;
+  ba.options.causal = causal;
+  ba.impl = Impl::fast;
+
+  Row row{mode, dtype_name, b, h, d, s, causal, false, 0.0, 0.0, 0.0};
+  row.ms = median_ms(o.reps, [&] {
+    flashport::forward(fa);
+    if (backward) flashport::backward(ba);
+  });
+  const double flops = forward_flops(b, h, s, d, causal) * (backward ? 3.5 : 1.0);
+  row.gflops = flops / row.ms / 1e6;
+
+  // Correctness of the timed configuration, once: the reference (and, for the accuracy rule, the
+  // baseline) on the slice. dQ rows depend only on their own query rows, so the slice's reference
+  // backward gives exactly the full problem's dQ there; dK/dV would need every row and are skipped.
+  const int64_t rows = std::min<int64_t>(s, 48), heads = std::min<int64_t>(h, 2), r0 = s - rows;
+  Buffer ref_out(dtype, 1, rows, heads, d, nullptr), base_out(dtype, 1, rows, heads, d, nullptr);
+  std::vector<float> ref_lse((size_t)(heads * rows));
+  flashport::ForwardArgs sa;
+  sa.q = q.slice(r0, rows, heads), sa.k = k.slice(0, s, heads), sa.v = v.slice(0, s, heads);
+  sa.options.causal = causal;
+  sa.out = ref_out.tv;
+  sa.lse = TensorView::contiguous(ref_lse.data(), DType::f32, {1, heads, rows});
+  sa.impl = Impl::reference;
+  flashport::forward(sa);
+  sa.out = base_out.tv;
+  sa.lse.reset();
+  sa.impl = Impl::baseline;
+  flashport::forward(sa);
+  const double err = max_diff(out.slice(r0, rows, heads), ref_out.tv);
+  const double base_err = max_diff(base_out.tv, ref_out.tv);
+  row.max_err = err;
+  row.pass = err <= 2.0 * base_err + 1e-5;
+  if (backward) {
+    Buffer ref_dq(dtype, 1, rows, heads, d, nullptr), ref_dk(dtype, 1, s, heads, d, nullptr),
+        ref_dv(dtype, 1, s, heads, d, nullptr);
+    flashport::BackwardArgs sb;
+    sb.dout = dout.slice(r0, rows, heads), sb.q = sa.q, sb.k = sa.k, sb.v = sa.v;
+    sb.out = out.slice(r0, rows, heads);
+    // The timed run's LSE rows of the slice, (b=0, h, r0 + i), copied contiguous.
+    std::vector<float> slice_lse((size_t)(heads * rows));
+    for (int64_t hh = 0; hh < heads; ++hh)
+      std::copy_n(lse.data() + hh * s + r0, rows, slice_lse.data() + hh * rows);
+    sb.lse = TensorView::contiguous(slice_lse.data(), DType::f32, {1, heads, rows});
+    sb.dq = ref_dq.tv, sb.dk = ref_dk.tv, sb.dv = ref_dv.tv;
+    sb.options.causal = causal;
+    sb.impl = Impl::reference;
+    flashport::backward(sb);
+    // Same bound as tests/cpu/test_fast_backward.cpp: 3 rounding steps of the dtype relative to max|dQ|.
+    const double step = dtype == DType::bf16 ? 0x1p-8 : dtype == DType::f16 ? 0x1p-11 : 0x1p-17;
+    const double dq_err = max_diff(dq.slice(r0, rows, heads), ref_dq.tv);
+    row.max_err = std::max(row.max_err, dq_err);
+    row.pass = row.pass && dq_err <= 3.0 * step * max_abs(ref_dq.tv) + 1e-5;
+  }
+  return row;
+}
+
+std::string json(const Row& r, int threads) {
+  char buf[512];
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"backend\": \"cpu\", \"impl\": \"fast\", \"peer\": null, \"mode\": \"%s\", \"dtype\": \"%s\", "
+      "\"b\": %lld, \"hq\": %lld, \"d\": %lld, \"sq\": %lld, \"sk\": %lld, \"causal\": %s, \"pass\": %s, "
+      "\"max_err\": %.3g, \"ms\": %.4f, \"tflops\": %.6f, \"peer_ms\": null, \"peer_tflops\": null, "
+      "\"threads\": %d}",
+      r.mode.c_str(), r.dtype.c_str(), (long long)r.b, (long long)r.h, (long long)r.d, (long long)r.s,
+      (long long)r.s, r.causal ? "true" : "false", r.pass ? "true" : "false", r.max_err, r.ms, r.gflops / 1e3,
+      threads);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  const int threads = omp_get_max_threads();
+  std::FILE* out = std::fopen(o.out.c_str(), "w");
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", o.out.c_str());
+    return 2;
+  }
+  std::mt19937_64 gen(std::random_device{}());
+  const int total = (int)(o.modes.size() * o.dtypes.size() * o.dims.size() * o.seqlens.size() * 2);
+  std::printf("flashport_bench: CPU fast path, %d threads, %lld tokens, nheads*d = %lld, median of %d\n",
+              threads, (long long)o.tokens, (long long)o.hidden, o.reps);
+  int n = 0, failures = 0;
+  for (const std::string& mode : o.modes) {
+    for (const std::string& dt : o.dtypes) {
+      for (int64_t d : o.dims) {
+        for (bool causal : {false, true}) {
+          for (int64_t s : o.seqlens) {
+            const Row r = run_config(o, mode, dt, d, s, causal, gen);
+            failures += r.pass ? 0 : 1;
+            std::printf(
+                "[%2d/%d] %-7s %-4s d=%-3lld s=%-5lld causal=%d  %9.2f ms  %7.1f GFLOPS  %s (err %.1e)\n",
+                ++n, total, mode.c_str(), dt.c_str(), (long long)d, (long long)s, causal ? 1 : 0, r.ms,
+                r.gflops, r.pass ? "pass" : "FAIL", r.max_err);
+            std::fflush(stdout);
+            std::fprintf(out, "%s\n", json(r, threads).c_str());
+            std::fflush(out);
+          }
+        }
+      }
+    }
+  }
+  std::fclose(out);
+  std::printf("results: %s\n", o.out.c_str());
+  return failures ? 1 : 0;
+}
