@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Peer timings for flashport_bench: PyTorch's CPU scaled_dot_product_attention on the same shapes.
+
+Reads the JSON lines flashport_bench wrote, times torch.nn.functional.scaled_dot_product_attention on
+the CPU for every row (layout (b, h, s, d), same dtype, is_causal, fresh random normal inputs, the
+row's thread count, warm-up then the median of --reps), fills peer / peer_ms / peer_tflops, prints a
+table with the flashport/torch ratio and writes the merged JSON lines to a file whose path it prints
+last. Without an importable torch it says so and leaves the peer fields null.
+
+Usage: python3 bench/peer_torch.py build/bench_flashport.jsonl [--out merged.jsonl] [--reps 5]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+PEER = "torch-sdpa-cpu"
+
+
+def load_rows(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def time_torch(torch, row, reps):
+    """Median milliseconds of one SDPA call (forward, or forward + backward) on the row's shape."""
+    import torch.nn.functional as F
+
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[row["dtype"]]
+    b, h, s, d = row["b"], row["hq"], row["sq"], row["d"]
+    backward = row.get("mode", "fwd") == "fwd+bwd"
+    torch.set_num_threads(int(row.get("threads") or torch.get_num_threads()))
+    q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=backward) for _ in range(3))
+    dout = torch.randn(b, h, s, d, dtype=dtype) if backward else None
+
+    def step():
+        if backward:
+            for t in (q, k, v):
+                t.grad = None
+            F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"]).backward(dout)
+        else:
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"])
+
+    step()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def print_table(rows):
+    print()
+    print("| mode | dtype | d | causal | seqlen | flashport GFLOPS | torch GFLOPS | flashport/torch | pass |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ours = r["tflops"] * 1e3
+        peer = r["peer_tflops"] * 1e3 if r.get("peer_tflops") else None
+        ratio = f"{ours / peer:.2f}" if peer else "-"
+        peer_s = f"{peer:.1f}" if peer else "missing"
+        print(f"| {r.get('mode', 'fwd')} | {r['dtype']} | {r['d']} | {int(r['causal'])} | {r['sq']} | {ours:.1f} | "
+              f"{peer_s} | {ratio} | {'yes' if r['pass'] else 'NO'} |")
+    print()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("jsonl", help="flashport_bench output (JSON lines)")
+    ap.add_argument("--out", help="merged JSON lines (default: <input stem>_vs_torch.jsonl)")
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args()
+
+    rows = load_rows(args.jsonl)
+    try:
+        import torch
+    except ImportError as e:
+        torch = None
+        print(f"peer_torch: torch is not importable ({e}); peer fields stay null", flush=True)
+
+    if torch is not None:
+        print(f"peer_torch: torch {torch.__version__}, CPU SDPA, {len(rows)} rows, median of {args.reps}", flush=True)
+        for n, r in enumerate(rows):
+            try:
+                ms = time_torch(torch, r, args.reps)
+            except Exception as e:  # a shape or dtype the peer cannot run is reported missing
+                print(f"[{n + 1}/{len(rows)}] torch could not run {r.get('mode')} {r['dtype']} d={r['d']} "
+                      f"s={r['sq']}: {type(e).__name__}: {e}", flush=True)
+                continue
+            r["peer"], r["peer_ms"] = PEER, ms
+            r["peer_tflops"] = r["tflops"] * r["ms"] / ms  # same FLOP count as the flashport row
+            print(f"[{n + 1}/{len(rows)}] {r.get('mode', 'fwd'):7s} {r['dtype']:4s} d={r['d']:<3d} s={r['sq']:<5d} "
+                  f"causal={int(r['causal'])}  torch {ms:9.2f} ms  flashport {r['ms']:9.2f} ms  "
+                  f"ratio {ms / r['ms']:.2f}", flush=True)
+
+    print_table(rows)
+    out = args.out or os.path.splitext(args.jsonl)[0] + "_vs_torch.jsonl"
+    with open(out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print(os.path.abspath(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
