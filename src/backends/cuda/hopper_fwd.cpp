@@ -1,0 +1,240 @@
+// The Hopper forward launcher: which problems the sm_90a kernel takes, its TMA tensor maps (encoded
+// with cuTensorMapEncodeTiled from a dlopen'ed libcuda), its kernel specs, and the launch.
+#include "backends/cuda/hopper_fwd.hpp"
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "flashport/error.hpp"
+#include "kernels/cuda/hopper/fwd_sm90_config.h"
+
+namespace flashport::cuda::hopper {
+namespace {
+
+constexpr const char* kSource = "cuda/hopper/attn_fwd_sm90.cu";
+constexpr const char* kEntry = "flashport_attn_fwd_sm90";
+constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
+constexpr long long kElemBytes = 2;  // fp16 / bf16
+constexpr long long kMaxGridYZ = 65535;
+
+static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc) && alignof(CUtensorMap) <= alignof(TmaDesc),
+              "TmaDesc must mirror CUtensorMap");
+
+constexpr bool tile_table_fits() {
+  for (int d : kHeadDims) {
+    const Tile t = tile_for(d);
+    if (t.block_m != kBlockM || t.block_n % 16 != 0 || t.block_n > 256 || t.stages < 2) return false;
+    if (smem_bytes(d, t) > kSmemLimit) return false;
+  }
+  return true;
+}
+static_assert(tile_table_fits(), "a tile of the Hopper table breaks the kernel's limits");
+
+bool supported_head_dim(long long d) {
+  return std::find(std::begin(kHeadDims), std::end(kHeadDims), d) != std::end(kHeadDims);
+}
+
+jit::KernelSpec make_spec(int elem_type, int d) {
+  const Tile t = tile_for(d);
+  jit::KernelSpec spec;
+  spec.source = kSource;
+  spec.entry = kEntry;
+  spec.arch = 90;
+  spec.defines = {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
+                  {"FP_HEADDIM", std::to_string(d)},
+                  {"FP_BLOCK_M", std::to_string(t.block_m)},
+                  {"FP_BLOCK_N", std::to_string(t.block_n)},
+                  {"FP_STAGES", std::to_string(t.stages)}};
+  return spec;
+}
+
+/// Rows of the varlen K/V tensors, the bound of their tensor maps. Needs AttnProblem::total_k
+/// (k.shape[0] for varlen K); until the core carries it, varlen K is left to the portable kernel.
+/// TODO(lead): drop this bridge once problem.h has `long long total_k`.
+template <class Problem>
+long long varlen_k_rows(const Problem& p) {
+  if constexpr (requires { p.total_k; })
+    return p.total_k;
+  else
+    return -1;
+}
+
+/// The tensor map of one (batch, row, head, d) operand: dimension 0 is the head dim (box 64 columns
+/// = 128 bytes, the 128B swizzle span); the head, row and batch dimensions follow ordered by stride,
+/// extent-1 dimensions last (their coordinate is always 0, so any stride serves). Box: 64 columns x
+/// `box_rows` rows x 1 head x 1 batch.
+struct MapPlan {
+  cuuint64_t dims[4];
+  cuuint64_t strides[3];  // bytes, of dimensions 1..3
+  cuuint32_t box[4];
+  TmaDims pos;
+  std::string error;  // empty when encodable
+};
+
+MapPlan plan_map(const char* name, const Operand& t, long long d, long long heads, long long rows,
+                 long long batch, int box_rows) {
+  MapPlan m{};
+  struct Outer {
+    long long size, stride;
+    int which;  // 0 head, 1 row, 2 batch
+  };
+  Outer outer[3] = {
+      {heads, t.head_stride, 0}, {std::max(rows, 1LL), t.row_stride, 1}, {batch, t.batch_stride, 2}};
+  std::stable_sort(outer, outer + 3, [](const Outer& a, const Outer& b) {
+    if ((a.size == 1) != (b.size == 1)) return b.size == 1;
+    return a.stride < b.stride;
+  });
+  m.dims[0] = (cuuint64_t)d;
+  m.box[0] = 64;
+  long long extent = d * kElemBytes;  // bytes spanned by the dimensions placed so far
+  for (int i = 0; i < 3; ++i) {
+    const Outer& o = outer[i];
+    long long stride = o.stride * kElemBytes;
+    if (o.size == 1) {
+      stride = (extent + 15) / 16 * 16;
+    } else if (o.stride <= 0 || stride % 16 != 0) {
+      m.error = std::string(name) + " needs positive strides that are multiples of 8 elements (16 bytes)";
+      return m;
+    }
+    if (stride >= (1LL << 40) || o.size >= (1LL << 31)) {
+      m.error = std::string(name) + " is too large for a TMA tensor map";
+      return m;
+    }
+    m.dims[1 + i] = (cuuint64_t)o.size;
+    m.strides[i] = (cuuint64_t)stride;
+    m.box[1 + i] = o.which == 1 ? (cuuint32_t)box_rows : 1u;
+    (o.which == 0 ? m.pos.head : o.which == 1 ? m.pos.row : m.pos.batch) = 1 + i;
+    extent = std::max(extent, stride * o.size);
+  }
+  return m;
+}
+
+struct Plans {
+  MapPlan q, k, v;
+};
+
+/// Tensor-map plans of q, k, v for `p` (varlen: one batch of total rows; coordinates start at
+/// cu_seqlens[b]). Sets `error` on the first failure.
+Plans plan_maps(const AttnProblem& p, std::string& error) {
+  const Tile tile = tile_for((int)p.d);
+  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  const long long q_rows = varlen_q ? p.total_q : p.sq;
+  const long long k_rows = varlen_k ? varlen_k_rows(p) : p.sk;
+  Plans plans;
+  plans.q = plan_map("q", p.q, p.d, p.hq, q_rows, varlen_q ? 1 : p.batch, tile.block_m);
+  plans.k = plan_map("k", p.k, p.d, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n);
+  plans.v = plan_map("v", p.v, p.dv, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n);
+  for (const MapPlan* m : {&plans.q, &plans.k, &plans.v}) {
+    if (error.empty() && !m->error.empty()) error = m->error;
+  }
+  return plans;
+}
+
+using EncodeTiled = decltype(&::cuTensorMapEncodeTiled);
+
+/// cuTensorMapEncodeTiled from the driver (the library never links libcuda).
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = []() -> EncodeTiled {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return nullptr;
+    return reinterpret_cast<EncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
+  }();
+  if (!fn)
+    throw Error("", "cuTensorMapEncodeTiled is not available (libcuda.so.1 missing or older than CUDA 12)");
+  return fn;
+}
+
+/// Encodes `plan` over `ptr` (128B swizzle, zero fill out of bounds). An operand without rows gets
+/// a zero map: the kernel issues no load for it (every query block then sees no key).
+TmaDesc encode(const char* name, const MapPlan& plan, int elem_type, void* ptr, long long rows) {
+  TmaDesc desc{};
+  if (rows <= 0) return desc;
+  CUtensorMap map;
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult rc = encode_tiled()(
+      &map, elem_type == kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr,
+      plan.dims, plan.strides, plan.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS) {
+    throw Error(name, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string((int)rc) + ") for dims (" +
+                          std::to_string(plan.dims[0]) + ", " + std::to_string(plan.dims[1]) + ", " +
+                          std::to_string(plan.dims[2]) + ", " + std::to_string(plan.dims[3]) + ")");
+  }
+  std::memcpy(&desc, &map, sizeof(desc));
+  return desc;
+}
+
+bool aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+}  // namespace
+
+std::string unsupported(const AttnProblem& p, int arch) {
+  if (arch != 90) return "the Hopper kernel needs compute capability 9.0, got " + std::to_string(arch);
+  if (p.in_type != kF16 && p.in_type != kBF16) return "the Hopper kernel takes fp16/bf16 inputs";
+  if (p.out_type != p.in_type) return "the Hopper kernel writes out in the input dtype";
+  if (p.d != p.dv) return "the Hopper kernel needs d == dv";
+  if (!supported_head_dim(p.d)) return "the Hopper kernel takes head dims 64, 96, 128, 192, 256";
+  if (p.dropout_p > 0.0f) return "dropout runs on the portable kernel";
+  if (p.block_table) return "paged K/V runs on the portable kernel";
+  if (p.leftpad_k || p.kv_batch_idx) return "kv-cache layouts run on the portable kernel";
+  if (p.s_dmask) return "s_dmask is produced by the CPU reference only";
+  if (!(p.scale > 0.0f)) return "the Hopper kernel needs a positive softmax scale";
+  if (p.hq > kMaxGridYZ || p.batch > kMaxGridYZ) return "more than 65535 heads or sequences";
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "varlen needs cu_seqlens_q and _k";
+  if (p.cu_seqlens_k && varlen_k_rows(p) < 0)
+    return "varlen K needs AttnProblem::total_k (not in the core yet)";
+  if (!aligned16(p.q.ptr) || !aligned16(p.k.ptr) || !aligned16(p.v.ptr) || !aligned16(p.o.ptr))
+    return "the Hopper kernel needs 16-byte aligned q, k, v, out";
+  if (p.o.row_stride % 8 != 0 || p.o.head_stride % 8 != 0 || p.o.batch_stride % 8 != 0)
+    return "the Hopper kernel needs out strides in multiples of 8 elements";
+  std::string error;
+  plan_maps(p, error);
+  return error;
+}
+
+void forward(const AttnProblem& p) {
+  if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
+  if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
+  const int d = (int)p.d;
+  const Tile tile = tile_for(d);
+  const int smem = smem_bytes(d, tile);
+  std::string error;
+  const Plans plans = plan_maps(p, error);
+  const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
+  const long long k_rows = p.cu_seqlens_k ? varlen_k_rows(p) : p.sk;
+  FwdSm90Params prm{};
+  prm.p = p;
+  prm.dims_q = plans.q.pos;
+  prm.dims_k = plans.k.pos;
+  prm.dims_v = plans.v.pos;
+  TmaDesc tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
+  TmaDesc tma_k = encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
+  TmaDesc tma_v = encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
+
+  const int device = jit::pointer_device(p.q.ptr);
+  if (device < 0) throw Error("q", "is not a CUDA device pointer");
+  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d), device, smem);
+  void* args[] = {&prm, &tma_q, &tma_k, &tma_v};
+  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
+  jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)p.batch, kThreads, smem, p.stream, args);
+}
+
+std::vector<jit::KernelSpec> variants(int arch) {
+  std::vector<jit::KernelSpec> specs;
+  if (arch != 90) return specs;
+  for (int elem_type : {(int)kF16, (int)kBF16})
+    for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d));
+  return specs;
+}
+
+bool is_main_kernel(const jit::KernelSpec& spec) {
+  return spec.source == kSource && spec.entry == kEntry;
+}
+
+}  // namespace flashport::cuda::hopper

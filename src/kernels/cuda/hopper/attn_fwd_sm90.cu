@@ -1,0 +1,318 @@
+// Hopper (sm_90a) FlashAttention forward: a producer warpgroup streams Q once and K/V tiles through a
+// TMA + mbarrier ring; two consumer warpgroups (64 query rows each) compute S = Q K^T and O += P V with
+// wgmma and the online softmax in registers, overlapping one tile's softmax with the next tile's
+// GEMMs (intra-warpgroup) and with the other warpgroup's GEMMs (ping-pong). Shape from -D FP_DTYPE,
+// FP_HEADDIM, FP_BLOCK_M, FP_BLOCK_N, FP_STAGES (tile_for in cuda/hopper/fwd_sm90_config.h).
+#include "cuda/common/rtc_compat.cuh"
+// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
+#include "core/problem.h"
+#include "cuda/common/common.cuh"
+#include "cuda/hopper/fwd_sm90_config.h"
+#include "cuda/hopper/sm90.cuh"
+#include "cuda/hopper/softmax_sm90.cuh"
+#include "cuda/hopper/wgmma.cuh"
+
+namespace flashport::cuda::hopper {
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory. Every tile is stored as 64-column chunks of rows x 128 bytes in the 128B-swizzle
+// layout TMA writes; each chunk starts 1024-byte aligned (block_m, block_n multiples of 8), so
+// wgmma descriptors need no base offset.
+
+struct alignas(1024) SharedStorage {
+  u16 q[kChunks][kBlockM][64];                    // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
+  u16 k[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
+  u16 v[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
+  u64 bar_q;                                      // Q landed (one phase per CTA)
+  u64 bar_k_full[kStages], bar_k_empty[kStages];  // full: TMA bytes landed; empty: 8 consumer warps done
+  u64 bar_v_full[kStages], bar_v_empty[kStages];
+};
+static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}),
+              "host and kernel disagree on the shared-memory size");
+static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}) <= kSmemLimit, "over 227 KB");
+
+// Named barriers: ping-pong turn of consumer c (both consumers, 256 threads) and the epilogue of
+// consumer c (its 128 threads). Id 0 is __syncthreads.
+constexpr u32 kBarTurn = 1;        // + c
+constexpr u32 kBarEpilogue = 3;    // + c
+constexpr int kConsumerWarps = 8;  // arrivals that release a K or V stage
+
+// Register budgets after reallocation: 128 x 24 + 256 x 240 = 64512 <= 65536, and the kernel
+// starts with 168 per thread (__launch_bounds__(384, 1)), so the pool covers the increase.
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+
+FP_DEV u32 bar_addr(const u64& bar) {
+  return smem_addr(&bar);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producer: one thread issues every TMA load.
+
+/// Loads one 64-column chunk box (`rows` x 64 elements) at (column, head, row, batch), placing the
+/// three outer coordinates in the tensor-map dimensions the host chose.
+FP_DEV void tma_load_chunk(u32 s_dst, const TmaDesc& desc, const TmaDims& dims, u32 bar, int column, int head,
+                           int row, int batch) {
+  const int c1 = dims.head == 1 ? head : dims.row == 1 ? row : batch;
+  const int c2 = dims.head == 2 ? head : dims.row == 2 ? row : batch;
+  const int c3 = dims.head == 3 ? head : dims.row == 3 ? row : batch;
+  sm90::tma_load_4d(s_dst, desc, bar, column, c1, c2, c3);
+}
+
+/// Q once, then K and V of every key tile from n_max - 1 down to n_min through the stage ring.
+/// Stage s is reused once all 8 consumer warps released it: the empty-barrier wait uses the
+/// opposite parity of the consumers' full-barrier wait, so the first pass does not block.
+FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
+                    const TmaDesc& tma_k, const TmaDesc& tma_v) {
+  sm90::tma_prefetch_desc(tma_q);
+  sm90::tma_prefetch_desc(tma_k);
+  sm90::tma_prefetch_desc(tma_v);
+  const u32 bar_q = bar_addr(s.bar_q);
+  sm90::mbar_arrive_expect_tx(bar_q, kChunks * kBlockM * kChunkRowBytes);
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch)
+    tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, 64 * ch, (int)blk.h, blk.q_row,
+                   blk.q_batch);
+
+  int stage = 0;
+  u32 phase = 0;
+  for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
+    const int row = blk.k_row + n * kBlockN;
+    const u32 k_full = bar_addr(s.bar_k_full[stage]), v_full = bar_addr(s.bar_v_full[stage]);
+    sm90::mbar_wait(bar_addr(s.bar_k_empty[stage]), phase ^ 1);
+    sm90::mbar_arrive_expect_tx(k_full, kKVTileBytes);
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch)
+      tma_load_chunk(smem_addr(&s.k[stage][ch][0][0]), tma_k, prm.dims_k, k_full, 64 * ch, (int)blk.hk, row,
+                     blk.k_batch);
+    sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
+    sm90::mbar_arrive_expect_tx(v_full, kKVTileBytes);
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch)
+      tma_load_chunk(smem_addr(&s.v[stage][ch][0][0]), tma_v, prm.dims_v, v_full, 64 * ch, (int)blk.hk, row,
+                     blk.k_batch);
+    if (++stage == kStages) stage = 0, phase ^= 1;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer GEMMs. Descriptors: see sm90.cuh. Q/K are K-major (k step: +32 bytes inside a chunk,
+// next chunk after 4 steps); V is the MN-major B of P V (k step of 16 keys: +2048 bytes; the N
+// extent crosses chunks through LBO = one chunk).
+
+/// S = Q K^T for this warpgroup's 64 rows: HEAD_DIM / 16 wgmmas, the first overwriting S.
+FP_DEV void gemm_qk(float (&r_s)[kBlockN / 2], u64 desc_q, u64 desc_k) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const u32 q_off = (kk / 4) * kBlockM * kChunkRowBytes + (kk % 4) * 32;
+    const u32 k_off = (kk / 4) * kKVChunkBytes + (kk % 4) * 32;
+    sm90::Wgmma<kBlockN>::ss(r_s, sm90::desc_advance(desc_q, q_off), sm90::desc_advance(desc_k, k_off),
+                             kk == 0 ? 0u : 1u);
+  }
+}
+
+/// O += P V: BLOCK_N / 16 wgmmas with P (bf16/f16 pairs in registers) as the A operand.
+FP_DEV void gemm_pv(float (&r_o)[kHeadDim / 2], const u32 (&r_p)[kBlockN / 4], u64 desc_v) {
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk)
+    sm90::Wgmma<kHeadDim>::rs(r_o, r_p[4 * kk], r_p[4 * kk + 1], r_p[4 * kk + 2], r_p[4 * kk + 3],
+                              sm90::desc_advance(desc_v, kk * 16 * kChunkRowBytes), 1u);
+}
+
+/// One arrival per warp on a stage's empty barrier, after this warp's wgmmas reading it completed.
+FP_DEV void release(const u64& bar, int lane) {
+  if (lane == 0) sm90::mbar_arrive(bar_addr(bar));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Epilogue.
+
+FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
+}
+
+/// Normalises O, writes the LSE, stages this warpgroup's 64 rows of O in its own rows of s.q (its
+/// QK^T wgmmas have all completed; the other consumer never reads them) in the same swizzled layout
+/// (conflict-free: the 8 rows g of a store land in 8 different 16-byte units), then copies rows
+/// inside the sequence to global memory with 16-byte stores. Rows past the sequence are never written.
+FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& s, float (&r_o)[kHeadDim / 2],
+                         const RowState& st, int c, int tid) {
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  float inv[2], lse[2];
+  finalize_rows(st, inv, lse);
+  if (p.lse && t4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = thread_row(blk, h);
+      if (i < blk.sq) p.lse[lse_offset(p, blk.b, blk.h, i)] = lse[h];
+    }
+  }
+  const u32 s_q = smem_addr(&s.q[0][0][0]);
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 64 * c + 16 * warp + g + 8 * h;  // row % 8 == g
+      const u32 addr =
+          s_q + (j / 8) * kBlockM * kChunkRowBytes + row * kChunkRowBytes + (((j % 8) ^ g) << 4) + 4 * t4;
+      st_shared_u32(addr, Elem::pack(r_o[4 * j + 2 * h] * inv[h], r_o[4 * j + 2 * h + 1] * inv[h]));
+    }
+  }
+  sm90::named_bar_sync(kBarEpilogue + c, 128);
+  constexpr int kUnits = kHeadDim / 8;  // 16-byte units per row
+  u16* g_o = static_cast<u16*>(p.o.ptr);
+#pragma unroll
+  for (int it = 0; it < 64 * kUnits / 128; ++it) {
+    const int idx = it * 128 + tid, row = 64 * c + idx / kUnits, u = idx % kUnits;
+    const i64 i = blk.m0 + row;
+    if (i >= blk.sq) continue;
+    const U32x4 v = ld_shared_16(s_q + (u / 8) * kBlockM * kChunkRowBytes + row * kChunkRowBytes +
+                                 (((u % 8) ^ (row % 8)) << 4));
+    st_global_16(g_o + q_offset(p, p.o, blk.b, i, blk.h) + 8 * u, v);
+  }
+}
+
+/// A query block that sees no key at all: O = 0 and LSE = -inf for its rows (all 384 threads).
+FP_DEV void store_empty(const AttnProblem& p, const Block& blk) {
+  constexpr int kUnits = kHeadDim / 8;
+  const i64 rows = blk.sq - blk.m0 < kBlockM ? blk.sq - blk.m0 : kBlockM;
+  u16* g_o = static_cast<u16*>(p.o.ptr);
+  for (i64 idx = threadIdx.x; idx < rows * kUnits; idx += kThreads) {
+    const i64 i = blk.m0 + idx / kUnits;
+    st_global_16(g_o + q_offset(p, p.o, blk.b, i, blk.h) + 8 * (idx % kUnits), U32x4{0, 0, 0, 0});
+  }
+  if (p.lse) {
+    for (i64 r = threadIdx.x; r < rows; r += kThreads)
+      p.lse[lse_offset(p, blk.b, blk.h, blk.m0 + r)] = sem::kNegInf;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer warpgroup c (0 or 1): rows 64c..64c+63 of the query block.
+//
+// Per key tile n (after the first): wait K(n); take the ping-pong turn; issue S(n) = Q K(n)^T, then
+// O += P(n+1) V(n+1) (the previous tile; tiles run downwards); hand the turn to the other consumer;
+// wait for S(n) only, release K(n), run the softmax of S(n) while P V still runs; wait for P V,
+// release V(n+1), convert P(n) and rescale O. The other consumer's softmax thus overlaps this one's
+// GEMMs. Turn bookkeeping: consumer 1 grants consumer 0 the first turn; each tile after the first
+// costs each consumer one sync on its own barrier and one arrival on the other's, so exactly one
+// grant (consumer 1's last) is left pending when the CTA exits.
+
+FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c) {
+  const int tid = (int)threadIdx.x - 128 * (c + 1);
+  const int lane = tid & 31;
+  const ThreadRows rows = thread_rows(p, blk);
+  const MaskBounds bounds = mask_bounds(p, blk, c);
+  const bool transform = p.softcap > 0.0f || p.alibi != nullptr;
+  const float to_log2 = transform ? kLog2e : p.scale * kLog2e;
+
+  const u64 desc_q = sm90::smem_desc(smem_addr(&s.q[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
+  const u64 desc_k = sm90::smem_desc(smem_addr(&s.k[0][0][0][0]), 16, 1024);
+  const u64 desc_v = sm90::smem_desc(smem_addr(&s.v[0][0][0][0]), kKVChunkBytes, 1024);
+
+  float r_o[kHeadDim / 2];  // (64, HEAD_DIM) accumulator fragment
+  float r_s[kBlockN / 2];   // (64, BLOCK_N) scores, then probabilities in fp32
+  u32 r_p[kBlockN / 4];     // (64, BLOCK_N) probabilities as the register A operand
+  float alpha[2];
+#pragma unroll
+  for (int e = 0; e < kHeadDim / 2; ++e) r_o[e] = 0.0f;
+  RowState st = row_state_init();
+
+  if (c == 1) sm90::named_bar_arrive(kBarTurn + 0, 256);
+  sm90::mbar_wait(bar_addr(s.bar_q), 0);
+
+  int n = blk.n_max - 1, stage = 0;
+  u32 phase = 0;
+  sm90::mbar_wait(bar_addr(s.bar_k_full[0]), 0);
+  sm90::wgmma_fence();
+  gemm_qk(r_s, desc_q, desc_k);
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::pin_registers(r_s);
+  release(s.bar_k_empty[0], lane);
+  prepare_scores(r_s, p, blk, rows, bounds, n, transform);
+  online_softmax(r_s, st, to_log2, alpha);  // O is still 0: nothing to rescale
+  convert_p<Elem>(r_s, r_p);
+
+  for (--n; n >= blk.n_min; --n) {
+    const int stage_v = stage;
+    const u32 phase_v = phase;
+    if (++stage == kStages) stage = 0, phase ^= 1;
+    // V(n+1) was issued before K(n), so waiting for both first costs nothing and keeps the two
+    // GEMM batches free of branches (ptxas would otherwise re-fence before the P V batch).
+    sm90::mbar_wait(bar_addr(s.bar_k_full[stage]), phase);
+    sm90::mbar_wait(bar_addr(s.bar_v_full[stage_v]), phase_v);
+    sm90::named_bar_sync(kBarTurn + c, 256);
+    sm90::wgmma_fence();
+    gemm_qk(r_s, desc_q, sm90::desc_advance(desc_k, stage * kKVTileBytes));
+    sm90::wgmma_commit();
+    gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage_v * kKVTileBytes));
+    sm90::wgmma_commit();
+    sm90::named_bar_arrive(kBarTurn + (1 - c), 256);
+    sm90::wgmma_wait<1>();
+    sm90::pin_registers(r_s);
+    release(s.bar_k_empty[stage], lane);
+    prepare_scores(r_s, p, blk, rows, bounds, n, transform);
+    const bool rescale = online_softmax(r_s, st, to_log2, alpha);
+    sm90::wgmma_wait<0>();
+    sm90::pin_registers(r_o);
+    sm90::pin_registers(r_p);
+    release(s.bar_v_empty[stage_v], lane);
+    convert_p<Elem>(r_s, r_p);
+    if (rescale) rescale_o(r_o, alpha);
+  }
+
+  sm90::mbar_wait(bar_addr(s.bar_v_full[stage]), phase);
+  sm90::wgmma_fence();
+  gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage * kKVTileBytes));
+  sm90::wgmma_commit();
+  sm90::wgmma_wait<0>();
+  sm90::pin_registers(r_o);
+  release(s.bar_v_empty[stage], lane);
+  store_output(p, blk, s, r_o, st, c, tid);
+}
+
+/// Barrier counts: full barriers complete on the producer's one arrive.expect_tx plus the bytes;
+/// empty barriers on one arrival per consumer warp; Q on one arrive.expect_tx plus its bytes.
+FP_DEV void init_barriers(SharedStorage& s) {
+  sm90::mbar_init(bar_addr(s.bar_q), 1);
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) {
+    sm90::mbar_init(bar_addr(s.bar_k_full[st]), 1);
+    sm90::mbar_init(bar_addr(s.bar_v_full[st]), 1);
+    sm90::mbar_init(bar_addr(s.bar_k_empty[st]), kConsumerWarps);
+    sm90::mbar_init(bar_addr(s.bar_v_empty[st]), kConsumerWarps);
+  }
+  sm90::fence_barrier_init();
+}
+
+}  // namespace flashport::cuda::hopper
+
+/// Grid (query blocks, hq, batch), 384 threads, smem_bytes(d, tile) of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 1)
+    flashport_attn_fwd_sm90(const __grid_constant__ flashport::cuda::hopper::FwdSm90Params prm,
+                            const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_q,
+                            const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_k,
+                            const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_v) {
+  using namespace flashport::cuda;
+  using namespace flashport::cuda::hopper;
+  Block blk;
+  if (!make_block(prm.p, blk)) return;  // query block past this sequence's end
+  if (blk.n_max <= blk.n_min) {
+    store_empty(prm.p, blk);
+    return;
+  }
+  extern __shared__ unsigned char smem_raw[];
+  const u32 misalign = smem_addr(smem_raw) & 1023u;
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
+  const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
+  if (threadIdx.x == 0) init_barriers(s);
+  __syncthreads();
+  if (warpgroup == 0) {
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) produce(prm, s, blk, tma_q, tma_k, tma_v);
+  } else {
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    consume(prm.p, s, blk, warpgroup - 1);
+  }
+}

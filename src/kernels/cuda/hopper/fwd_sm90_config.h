@@ -1,0 +1,86 @@
+// The Hopper forward kernel's contract with its host launcher: tile table, shared-memory budget and the
+// kernel parameter block. Plain C++ (no standard or toolkit header): compiled by g++ and by NVRTC.
+#pragma once
+
+#include "core/problem.h"
+
+namespace flashport::cuda::hopper {
+
+/// Threads per CTA: warpgroup 0 produces (TMA), warpgroups 1 and 2 consume (wgmma + softmax).
+inline constexpr int kThreads = 384;
+/// Query rows per CTA: 64 per consumer warpgroup (the M of one wgmma).
+inline constexpr int kBlockM = 128;
+/// Largest dynamic shared memory a block may opt into on sm_90 (227 KB).
+inline constexpr int kSmemLimit = 232448;
+/// Bytes of one 64-column row of a 128B-swizzled tile chunk (64 two-byte elements).
+inline constexpr int kChunkRowBytes = 128;
+
+/// One forward tile shape. Only these and the element type / head dim specialise the kernel.
+struct Tile {
+  int block_m, block_n, stages;
+};
+
+/// 64-column chunks a head dim occupies in shared memory (d = 96 pads its second chunk with
+/// TMA's zero fill).
+FP_HD constexpr int head_dim_chunks(int d) {
+  return (d + 63) / 64;
+}
+
+/// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
+/// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:
+/// Q (block_m rows) + stages x (K, V) (block_n rows each), each row d/64 chunks of 128 bytes, then
+/// 1 + 4 x stages mbarriers of 8 bytes, the struct padded to 1024.
+FP_HD constexpr int smem_bytes(int d, Tile t) {
+  const int chunks = head_dim_chunks(d);
+  const int tiles = chunks * kChunkRowBytes * (t.block_m + 2 * t.stages * t.block_n);
+  const int barriers = 8 * (1 + 4 * t.stages);
+  return (tiles + barriers + 1023) / 1024 * 1024 + 1024;
+}
+
+/// The tile table: one row per supported head dim. Registers per consumer thread are about
+/// d/2 (O) + block_n/2 (S) + block_n/4 (P as bf16 pairs) + ~30 (addresses, row state), under the
+/// 240 that setmaxnreg grants; shared memory must stay <= 227 KB.
+///   d   tile        tiles: Q + stages x (K + V)  smem_bytes   registers (O + S + P)
+///   64  128 x 128   16K + 2 x 32K  =  80K        83968        32 + 64 + 32 = 128
+///   96  128 x 128   32K + 2 x 64K  = 160K       165888        48 + 64 + 32 = 144
+///   128 128 x 128   32K + 2 x 64K  = 160K       165888        64 + 64 + 32 = 160
+///   192 128 x 112   48K + 2 x 84K  = 216K       223232        96 + 56 + 28 = 180
+///   256 128 x 80    64K + 2 x 80K  = 224K       231424       128 + 40 + 20 = 188
+/// Block_n 128 at d <= 128 keeps the first version spill-free with margin; FA3 runs 128 x 176 at
+/// d = 128 (non-causal), a tuning step to measure. Returns {0, 0, 0} for other head dims.
+FP_HD constexpr Tile tile_for(int d) {
+  switch (d) {
+    case 64:
+      return {kBlockM, 128, 2};
+    case 96:
+      return {kBlockM, 128, 2};
+    case 128:
+      return {kBlockM, 128, 2};
+    case 192:
+      return {kBlockM, 112, 2};
+    case 256:
+      return {kBlockM, 80, 2};
+    default:
+      return {0, 0, 0};
+  }
+}
+
+/// A CUtensorMap (128 bytes; CUDA 13 aligns it to 128, TMA needs at least 64), opaque to the kernel;
+/// passed as a __grid_constant__ parameter so its address is a parameter-space address TMA reads.
+struct alignas(128) TmaDesc {
+  unsigned long long data[16];
+};
+
+/// Which tensor-map dimension (1..3) carries the head, row (token) and batch coordinate: the host
+/// orders the three outer dimensions by stride, so any (b, s, h, d) stride order works.
+struct TmaDims {
+  int head, row, batch;
+};
+
+/// Kernel parameters besides the three tensor maps.
+struct FwdSm90Params {
+  AttnProblem p;
+  TmaDims dims_q, dims_k, dims_v;
+};
+
+}  // namespace flashport::cuda::hopper

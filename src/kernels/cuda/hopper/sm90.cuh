@@ -1,0 +1,160 @@
+// Hopper (sm_90a) primitives as inline PTX: mbarriers, TMA tensor loads, proxy fences, named barriers,
+// register reallocation, wgmma fences and shared-memory matrix descriptors. NVRTC-safe.
+#pragma once
+
+#include "cuda/common/types.cuh"
+#include "cuda/hopper/fwd_sm90_config.h"
+
+namespace flashport::cuda::sm90 {
+
+// ---------------------------------------------------------------------------------------------
+// mbarrier (shared::cta, 64-bit). Phase parity: a fresh barrier is in phase 0; try_wait.parity(P)
+// succeeds once the phase with parity P has completed, so waiting on parity 1 of a fresh barrier
+// returns at once (the producer's first pass over the empty barriers relies on this).
+
+/// Initialises the barrier at shared address `bar` to expect `count` arrivals per phase.
+FP_DEV void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+/// Makes initialised barriers visible to the async proxy (TMA) and other threads; a CTA barrier
+/// must follow before anyone uses them.
+FP_DEV void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+/// Arrives once and adds `bytes` to the transaction count the current phase waits for.
+FP_DEV void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+/// Arrives once (release semantics: this thread's prior shared-memory reads are ordered before).
+FP_DEV void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+/// True once the phase of parity `parity` has completed (the hardware may suspend briefly).
+FP_DEV bool mbar_try_wait(u32 bar, u32 parity) {
+  u32 done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+/// Blocks until the phase of parity `parity` has completed (acquire: the data it guards is visible).
+FP_DEV void mbar_wait(u32 bar, u32 parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TMA (cp.async.bulk.tensor): one elected thread issues; completion is counted in bytes on `bar`.
+
+/// Loads the box at coordinates (c0 innermost .. c3) of the 4-D tensor map `desc` (a
+/// __grid_constant__ kernel parameter) into shared address `dst`, completing on mbarrier `bar`.
+/// Out-of-bounds elements are zero-filled and still counted in the transaction bytes.
+FP_DEV void tma_load_4d(u32 dst, const hopper::TmaDesc& desc, u32 bar, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+      "%6}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<u64>(&desc)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+/// Fetches the tensor map into the TMA unit's descriptor cache ahead of the first load.
+FP_DEV void tma_prefetch_desc(const hopper::TmaDesc& desc) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(&desc)) : "memory");
+}
+
+/// Orders this thread's generic-proxy shared-memory writes before later async-proxy accesses
+/// (wgmma operand reads, TMA); each writing thread issues it before the barrier that publishes.
+FP_DEV void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Named barriers (ids 1..15; 0 is __syncthreads). `count` = threads taking part, a multiple of 32.
+
+FP_DEV void named_bar_sync(u32 id, u32 count) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+FP_DEV void named_bar_arrive(u32 id, u32 count) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Register reallocation between warpgroups (all threads of a warpgroup execute the same one).
+
+template <int kRegs>
+FP_DEV void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+FP_DEV void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma bookkeeping. A batch is: wgmma_fence, mma_async..., wgmma_commit; wgmma_wait<N> returns
+// when at most N committed batches of this warpgroup are still running.
+
+/// Orders earlier register writes (accumulators, register A operands) before the next wgmma.
+FP_DEV void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+FP_DEV void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int kPending>
+FP_DEV void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+/// Pins registers in place: the compiler may not move their reads or writes across this point.
+/// Placed after wgmma_wait on accumulators (their values are only final there) and on register A
+/// operands (they must stay untouched until the wgmma that reads them has completed).
+template <int kN>
+FP_DEV void pin_registers(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int kN>
+FP_DEV void pin_registers(u32 (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory matrix descriptors (PTX ISA "Matrix Descriptor Format"), 128-byte swizzle only:
+//   bits  0-13  start address >> 4       bits 16-29  leading-dimension byte offset >> 4
+//   bits 32-45  stride-dimension byte offset >> 4
+//   bits 49-51  base offset (0: every swizzle atom starts 1024-byte aligned)
+//   bits 62-63  swizzle mode (1 = 128B)
+// The 128B swizzle atom is 8 rows x 128 bytes (1024 B); the 16-byte unit u of row r is stored at
+// unit u ^ (r % 8), exactly what TMA's CU_TENSOR_MAP_SWIZZLE_128B writes into a 1024-aligned box.
+//   K-major (Q, K; rows of 64 elements along K): SBO = 1024 (next 8 rows); LBO unused (set to 16);
+//     the k-th 16-element step inside a 64-wide chunk starts 32 * k bytes further (the hardware
+//     applies the XOR on the final address bits, so the offset composes with the swizzle).
+//   MN-major (V as the B operand of P V; rows = keys, 64 columns along N): LBO = byte distance
+//     between 64-column chunks along N, SBO = 1024 (next 8 keys); step k of 16 keys = 2048 bytes.
+
+/// Descriptor of the 128B-swizzled operand at shared address `addr` (1024-aligned atom + k offset).
+FP_DEV u64 smem_desc(u32 addr, u32 lbo_bytes, u32 sbo_bytes) {
+  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         ((u64)((sbo_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+
+/// A descriptor advanced by `bytes` (a multiple of 16; the 14-bit address field cannot carry out
+/// because shared addresses stay below 256 KB).
+FP_DEV u64 desc_advance(u64 desc, u32 bytes) {
+  return desc + (u64)(bytes >> 4);
+}
+
+}  // namespace flashport::cuda::sm90

@@ -1,0 +1,222 @@
+// The Hopper forward's compile-time shape, its per-CTA work (query block, head, sequence, key-tile
+// range), the score transform and mask, and the online softmax on wgmma accumulator fragments.
+#pragma once
+
+#include "core/problem.h"
+#include "cuda/common/common.cuh"
+#include "cuda/hopper/fwd_sm90_config.h"
+
+#if !defined(FP_DTYPE) || !defined(FP_HEADDIM) || !defined(FP_BLOCK_M) || !defined(FP_BLOCK_N) || \
+    !defined(FP_STAGES)
+#error "attn_fwd_sm90 needs -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_M, FP_BLOCK_N, FP_STAGES"
+#endif
+
+namespace flashport::cuda::hopper {
+
+using Elem = FP_DTYPE;
+constexpr int kHeadDim = FP_HEADDIM;  // d == dv, one of 64, 96, 128, 192, 256
+constexpr int kBlockN = FP_BLOCK_N;   // keys per tile (the N of S = Q K^T)
+constexpr int kStages = FP_STAGES;    // K/V ring depth
+constexpr int kChunks = head_dim_chunks(kHeadDim);
+constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk of a K or V tile
+constexpr int kKVTileBytes = kChunks * kKVChunkBytes;    // TMA bytes of a tile (OOB fill included)
+static_assert(FP_BLOCK_M == kBlockM, "two consumer warpgroups of 64 rows: BLOCK_M must be 128");
+static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kHeadDim <= 256, "wgmma N = HEAD_DIM");
+static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "wgmma N = BLOCK_N, K steps of 16");
+static_assert(kStages >= 2, "the intra-warpgroup overlap holds K(n) and V(n+1) at once");
+
+/// Exponent growth allowed before O is rescaled: P = exp2(score * to_log2 - m) with the running
+/// maximum m updated only when a row's new maximum exceeds it by more than this, so P <= 2^8 = 256
+/// (exact in bf16/f16 up to their usual relative rounding), row sums <= 256 * sk and |O| <= 256 * sk *
+/// max|V| stay far inside fp32, and O/l and the LSE are unchanged (both carry the same stale m).
+constexpr float kRescaleSlack = 8.0f;
+
+// ---------------------------------------------------------------------------------------------
+// Work of one CTA.
+
+struct Block {
+  int b, h, hk;                        // sequence, query head, kv head
+  int m0;                              // first query row of the block (within the sequence)
+  int sq, sk;                          // this sequence's lengths (< 2^31: the host checks the bounds)
+  int n_min, n_max;                    // key tiles [n_min, n_max) intersect some row's visible keys
+  int q_row, q_batch, k_row, k_batch;  // TMA coordinates of query row m0 and of key 0
+};
+
+/// Fills `blk` for this CTA (grid: query blocks, hq, batch; the last query blocks, which see the most
+/// keys under a causal mask, launch first). False when the block lies past its sequence's end.
+/// Sequence lengths from device memory are clamped to the host's bounds p.sq / p.sk.
+FP_DEV bool make_block(const AttnProblem& p, Block& blk) {
+  blk.b = (int)blockIdx.z;
+  blk.h = (int)blockIdx.y;
+  blk.m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * kBlockM;
+  blk.sq = (int)clamp_i64(seqlen_q(p, blk.b), 0, p.sq);
+  blk.sk = (int)clamp_i64(seqlen_k(p, blk.b), 0, p.sk);
+  if (blk.m0 >= blk.sq) return false;
+  blk.hk = (int)kv_head(p, blk.h);
+  blk.q_row = (p.cu_seqlens_q ? p.cu_seqlens_q[blk.b] : 0) + blk.m0;
+  blk.q_batch = p.cu_seqlens_q ? 0 : blk.b;
+  blk.k_row = p.cu_seqlens_k ? p.cu_seqlens_k[blk.b] : 0;
+  blk.k_batch = p.cu_seqlens_k ? 0 : blk.b;
+  // Visible ranges [lo, hi) are non-decreasing in the row, so the block's keys lie in
+  // [lo(first row), hi(last row)); empty when that is empty.
+  const int last = (blk.m0 + kBlockM < blk.sq ? blk.m0 + kBlockM : blk.sq) - 1;
+  const sem::KeyRange first_keys = sem::visible_keys(blk.m0, blk.sq, blk.sk, p.window_left, p.window_right);
+  const sem::KeyRange last_keys = sem::visible_keys(last, blk.sq, blk.sk, p.window_left, p.window_right);
+  if (last_keys.hi <= first_keys.lo) {
+    blk.n_min = blk.n_max = 0;
+  } else {
+    blk.n_min = (int)(first_keys.lo / kBlockN);
+    blk.n_max = (int)ceil_div(last_keys.hi, kBlockN);
+  }
+  return true;
+}
+
+/// Query row (within the sequence) of a consumer thread's half h: rows g and g + 8 of its warp's 16.
+/// Recomputed where needed rather than kept live across the main loop (registers are short at d = 256).
+FP_DEV int thread_row(const Block& blk, int h) {
+  const int tid = (int)threadIdx.x - 128;  // consumer threads 0..255: warpgroup c owns 64c..64c+63
+  return blk.m0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2) + 8 * h;
+}
+
+/// The visible keys [lo, hi) of a consumer thread's two rows (32-bit: every register counts).
+struct ThreadRows {
+  int lo[2], hi[2];
+};
+
+FP_DEV ThreadRows thread_rows(const AttnProblem& p, const Block& blk) {
+  ThreadRows r;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const sem::KeyRange keys =
+        sem::visible_keys(thread_row(blk, h), blk.sq, blk.sk, p.window_left, p.window_right);
+    r.lo[h] = (int)keys.lo;
+    r.hi[h] = (int)keys.hi;
+  }
+  return r;
+}
+
+/// A key tile [j0, j0 + BLOCK_N) needs no mask for consumer c's 64 rows iff lo_max <= j0 and
+/// j0 + BLOCK_N <= hi_min (monotone ranges: the last row bounds lo, the first row bounds hi; hi is
+/// clamped to sk, so a tile reaching past the sequence is always masked).
+struct MaskBounds {
+  int lo_max, hi_min;
+};
+
+FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk, int c) {
+  const int first = blk.m0 + 64 * c, last = first + 63;
+  return {(int)sem::visible_keys(last, blk.sq, blk.sk, p.window_left, p.window_right).lo,
+          (int)sem::visible_keys(first, blk.sq, blk.sk, p.window_left, p.window_right).hi};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scores. Fragment element e = 4j + 2h + x is row thread_row(h), column 8j + 2 (lane % 4) + x of the tile.
+
+/// SPEC steps 1-4 on the raw dots of key tile n: softcap and ALiBi through the shared policy when
+/// on (the caller then converts with log2(e) instead of scale * log2(e)), and -inf outside each
+/// row's visible keys when the tile is not entirely visible.
+FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk,
+                           const ThreadRows& rows, const MaskBounds& bounds, int n, bool transform) {
+  const int j0 = n * kBlockN, col0 = 2 * (threadIdx.x & 3);
+  if (transform) {
+    const float slope = alibi_slope(p, blk.b, blk.h);
+    const int i[2] = {thread_row(blk, 0), thread_row(blk, 1)};
+#pragma unroll
+    for (int e = 0; e < kBlockN / 2; ++e) {
+      const int j = j0 + 8 * (e / 4) + col0 + (e & 1);
+      r_s[e] = score<float>(p, r_s[e], p.scale, slope, i[(e >> 1) & 1], j, blk.sq, blk.sk);
+    }
+  }
+  if (bounds.lo_max <= j0 && j0 + kBlockN <= bounds.hi_min) return;
+  int lo[2], hi[2];  // visible columns [lo, hi) of the tile per row, shifted by this thread's column
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    lo[h] = rows.lo[h] - j0 - col0;
+    hi[h] = rows.hi[h] - j0 - col0;
+  }
+#pragma unroll
+  for (int e = 0; e < kBlockN / 2; ++e) {
+    const int col = 8 * (e / 4) + (e & 1), h = (e >> 1) & 1;
+    if (col < lo[h] || col >= hi[h]) r_s[e] = sem::kNegInf;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Online softmax (log2 domain).
+
+/// Per thread: running maximum m (of score * to_log2; -inf before any visible key) and this
+/// thread's partial sum l of its rows (the 4 threads of a quad share a row; summed at the end).
+struct RowState {
+  float m[2], l[2];
+};
+
+FP_DEV RowState row_state_init() {
+  return {{sem::kNegInf, sem::kNegInf}, {0.0f, 0.0f}};
+}
+
+/// Turns the scores of one tile into probabilities exp2(score * to_log2 - m) in place and updates
+/// m and l. Returns whether this warp moved m (then O must be multiplied by alpha[h] per row);
+/// the decision is warp-uniform so warps never diverge in the rescale. -inf rows stay NaN-free:
+/// their exponent base is 0, so exp2(-inf) = 0.
+FP_DEV bool online_softmax(float (&r_s)[kBlockN / 2], RowState& st, float to_log2, float (&alpha)[2]) {
+  float tile_max[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = sem::kNegInf;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(r_s[4 * j + 2 * h], r_s[4 * j + 2 * h + 1]));
+    tile_max[h] = quad_max(mx) * to_log2;
+  }
+  const bool grow = tile_max[0] > st.m[0] + kRescaleSlack || tile_max[1] > st.m[1] + kRescaleSlack;
+  const bool rescale = __any_sync(kFullMask, grow);
+  alpha[0] = alpha[1] = 1.0f;
+  if (rescale) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(st.m[h], tile_max[h]);
+      alpha[h] = m_new == sem::kNegInf ? 1.0f : fast_exp2(st.m[h] - m_new);
+      st.m[h] = m_new;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float base = st.m[h] == sem::kNegInf ? 0.0f : st.m[h];
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        float& v = r_s[4 * j + 2 * h + x];
+        v = fast_exp2(fmaf(v, to_log2, -base));
+        sum += v;
+      }
+    }
+    st.l[h] = st.l[h] * alpha[h] + sum;
+  }
+  return rescale;
+}
+
+/// P (fp32 fragment) -> register A operand: pair (e, e + 1) becomes register e / 2, low half first.
+template <class E>
+FP_DEV void convert_p(const float (&r_s)[kBlockN / 2], u32 (&r_p)[kBlockN / 4]) {
+#pragma unroll
+  for (int q = 0; q < kBlockN / 4; ++q) r_p[q] = E::pack(r_s[2 * q], r_s[2 * q + 1]);
+}
+
+/// O rows times alpha (O has the accumulator layout of S with N = HEAD_DIM).
+FP_DEV void rescale_o(float (&r_o)[kHeadDim / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int e = 0; e < kHeadDim / 2; ++e) r_o[e] *= alpha[(e >> 1) & 1];
+}
+
+/// Row totals: 1 / l (0 for a row without visible keys, whose O is 0) and the natural-log LSE
+/// (m + log2 l) * ln 2 (-inf without visible keys).
+FP_DEV void finalize_rows(const RowState& st, float (&inv)[2], float (&lse)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = quad_sum(st.l[h]);
+    inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
+    lse[h] = l > 0.0f ? (st.m[h] + fast_log2(l)) * kLn2 : sem::kNegInf;
+  }
+}
+
+}  // namespace flashport::cuda::hopper

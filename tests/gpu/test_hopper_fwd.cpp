@@ -1,0 +1,250 @@
+// The Hopper (sm_90a) forward called directly (hopper::forward on an AttnProblem built from device
+// tensors) against the CPU oracle by SPEC's accuracy rule: every supported head dim, seqlen 1,
+// 113 x 203, multi-tile pipelines, causal / window / softcap / ALiBi, GQA 4 and 7, varlen with empty
+// sequences, seqused_k, strided layouts, the LSE, and every output element written exactly once.
+#include <string>
+
+#include "backends/cuda/hopper_fwd.hpp"
+#include "core/attn_validate.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace flashport::test::gpu {
+namespace {
+
+namespace hopper = cuda::hopper;
+
+/// An sm_90 device, or cpu_mode() (FLASHPORT_GPU_TESTS_ON_CPU=1: host "device" tensors, the support
+/// check still runs, the CPU reference stands in for the kernel: a dry run of this harness).
+bool have_sm90() {
+  static const bool ok = [] {
+    if (cpu_mode()) return true;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+    return prop.major == 9 && prop.minor == 0;
+  }();
+  return ok;
+}
+
+#define FP_SKIP_WITHOUT_SM90() \
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 (Hopper) GPU"
+
+/// hopper::forward on device copies of `in`, out and LSE poisoned (0xFF bytes = NaN). False (with a
+/// test failure) when the kernel declines the case.
+bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r) {
+  const DeviceTensor q = DeviceTensor::from_view(in.q.storage, in.q.view);
+  const DeviceTensor k = DeviceTensor::from_view(in.k.storage, in.k.view);
+  const DeviceTensor v = DeviceTensor::from_view(in.v.storage, in.v.view);
+  HostOperand out_host =
+      make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, false);
+  const DeviceTensor out = DeviceTensor::from_view(out_host.storage, out_host.view);
+  fill_bytes(out.mem.get(), 0xFF, out.bytes);
+  HostTensor lse_host(DType::f32, lse_shape(c));
+  const DeviceTensor lse = DeviceTensor::poisoned(lse_host);
+  ForwardArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view();
+  a.lse = lse.view();
+  a.options = options(c);
+  std::vector<DeviceTensor> keep;
+  auto dev = [&](const HostTensor& h) {
+    keep.push_back(DeviceTensor::from(h));
+    return keep.back().view();
+  };
+  if (c.alibi) a.options.alibi_slopes = dev(in.alibi);
+  if (c.layout == Layout::varlen) {
+    a.layout.cu_seqlens_q = dev(in.cu_q), a.layout.cu_seqlens_k = dev(in.cu_k);
+    a.layout.max_seqlen_q = c.max_q(), a.layout.max_seqlen_k = c.max_k();
+  }
+  if (!c.used_k.empty()) a.layout.seqused_k = dev(in.used_k);
+  AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, nullptr);
+  core::attach_lse(p, *a.lse, a.q.device);
+  const std::string why = hopper::unsupported(p, 90);
+  if (!why.empty()) {
+    ADD_FAILURE() << "the Hopper kernel declines this case: " << why;
+    return false;
+  }
+  if (cpu_mode()) {
+    a.impl = Impl::reference;
+    forward(a);
+  } else {
+    hopper::forward(p);
+  }
+  out_host.storage = out.to_host(out_host.storage);
+  out_host.view.data = out_host.storage.tv.data;
+  r.out = gather(out_host);
+  r.lse = lse.to_host(lse_host);
+  r.out_nan = count_nan(r.out), r.lse_nan = count_nan(r.lse);
+  if (c.pad > 0) {  // padding channels must stay poisoned
+    const int64_t row = c.dv + c.pad, rows = out_host.storage.numel() / row;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t ch = c.dv; ch < row; ++ch)
+        if (!std::isnan(out_host.storage.get(i * row + ch))) ++r.out_nan;
+  }
+  return true;
+}
+
+/// The Hopper result vs the oracle for out and LSE (accuracy rule), with no element left unwritten.
+void expect_hopper_accurate(const FwdCase& c, const FwdInputs& in) {
+  SCOPED_TRACE(c.describe());
+  GpuResult gpu;
+  if (!run_hopper(c, in, gpu)) return;
+  const FwdResult ref = run_cpu(c, in, Impl::reference);
+  const FwdResult base = run_cpu(c, in, Impl::baseline);
+  EXPECT_EQ(gpu.out_nan, 0) << "output elements unwritten (or padding overwritten)";
+  EXPECT_EQ(gpu.lse_nan, 0) << "LSE elements unwritten";
+  EXPECT_TRUE(accuracy_rule(gpu.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(gpu.lse, base.lse, ref.lse)) << "lse";
+}
+void expect_hopper_accurate(const FwdCase& c) {
+  expect_hopper_accurate(c, make_inputs(c));
+}
+
+constexpr Features kPlain{"plain", false, -1, -1, 0.0, 0, 0.0};
+constexpr Features kCausal{"causal", true, -1, -1, 0.0, 0, 0.0};
+
+TEST(HopperFwd, SmallSupportAndVariants) {
+  AttnProblem p{};
+  p.batch = 2, p.hq = 4, p.hk = 2, p.d = 128, p.dv = 128, p.sq = 100, p.sk = 300;
+  p.in_type = p.out_type = kBF16;
+  void* aligned = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  p.q = {aligned, p.sq * p.hq * p.d, p.hq * p.d, p.d};
+  p.k = {aligned, p.sk * p.hk * p.d, p.hk * p.d, p.d};
+  p.v = p.k;
+  p.o = p.q;
+  p.scale = 0.1f;
+  p.window_left = p.window_right = -1;
+  EXPECT_EQ(hopper::unsupported(p, 90), "");
+  EXPECT_NE(hopper::unsupported(p, 80), "");
+  auto declines = [&](auto change) {
+    AttnProblem x = p;
+    change(x);
+    return !hopper::unsupported(x, 90).empty();
+  };
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 80; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 64; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF32; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.block_table = reinterpret_cast<const int*>(16); }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 4; }));  // rows not 16-byte aligned
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.o.ptr = static_cast<char*>(x.o.ptr) + 8; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.k.batch_stride = 0; }));  // broadcast batch
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
+  for (const auto& spec : hopper::variants(90)) EXPECT_TRUE(hopper::is_main_kernel(spec)) << spec.key();
+  EXPECT_EQ(hopper::variants(90).size(), 10u);
+  EXPECT_TRUE(hopper::variants(80).empty());
+}
+
+TEST(HopperFwd, SmallHeadDims) {
+  FP_SKIP_WITHOUT_SM90();
+  int n = 0;
+  for (int64_t d : {64, 96, 128, 192, 256}) {
+    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_hopper_accurate(dense(dt, 2, 113, 203, 2, 1, d));
+    expect_hopper_accurate(with(dense(dt, 1, 203, 113, 3, 3, d), kCausal));
+  }
+}
+
+TEST(HopperFwd, SmallSeqlenOne) {
+  FP_SKIP_WITHOUT_SM90();
+  for (int64_t d : {64, 128}) {
+    expect_hopper_accurate(dense(DType::bf16, 2, 1, 1, 2, 2, d));
+    expect_hopper_accurate(dense(DType::bf16, 3, 1, 203, 4, 1, d));
+    expect_hopper_accurate(with(dense(DType::f16, 1, 1, 203, 4, 4, d), kCausal));
+    expect_hopper_accurate(with(dense(DType::bf16, 1, 203, 1, 2, 1, d), kCausal));  // most rows see nothing
+  }
+}
+
+// Eight key tiles per query block: every stage of the ring is reused and both mbarrier phases occur;
+// causal blocks run different tile counts.
+TEST(HopperFwd, LongCausalAndFull) {
+  FP_SKIP_WITHOUT_SM90();
+  expect_hopper_accurate(dense(DType::bf16, 1, 1024, 1024, 2, 1, 128));
+  for (int64_t d : {64, 128, 256})
+    expect_hopper_accurate(with(dense(DType::bf16, 1, 1024, 1024, 2, 2, d), kCausal));
+}
+
+TEST(HopperFwd, SmallMasks) {
+  FP_SKIP_WITHOUT_SM90();
+  const Features masks[] = {
+      {"window", false, 37, 5, 0.0, 0, 0.0},
+      {"left-window", true, 20, -1, 0.0, 0, 0.0},
+      {"window-left-only", false, 64, -1, 0.0, 0, 0.0},  // the lowest key tiles are skipped
+      {"window-right-only", false, -1, 0, 0.0, 0, 0.0},
+  };
+  for (const Features& f : masks) {
+    SCOPED_TRACE(f.name);
+    expect_hopper_accurate(with(dense(DType::bf16, 2, 300, 400, 2, 1, 64), f));
+    expect_hopper_accurate(with(dense(DType::f16, 1, 400, 300, 2, 2, 128), f));
+  }
+  // sq > sk, causal: the first query block sees no key at all (O = 0, LSE = -inf without a load).
+  expect_hopper_accurate(with(dense(DType::bf16, 1, 300, 50, 2, 1, 128), kCausal));
+  expect_hopper_accurate(with(dense(DType::bf16, 1, 50, 300, 2, 1, 128), kCausal));
+}
+
+TEST(HopperFwd, SmallSoftcapAlibi) {
+  FP_SKIP_WITHOUT_SM90();
+  const Features features[] = {
+      {"softcap", false, -1, -1, 3.0, 0, 0.0},
+      {"alibi", true, -1, -1, 0.0, 1, 0.0},
+      {"alibi-b", false, 50, 50, 0.0, 2, 0.0},
+      {"all", true, 70, -1, 5.0, 2, 0.0},
+  };
+  for (const Features& f : features) {
+    SCOPED_TRACE(f.name);
+    expect_hopper_accurate(with(dense(DType::bf16, 2, 113, 203, 2, 1, 128), f));
+    expect_hopper_accurate(with(dense(DType::f16, 1, 200, 200, 2, 2, 64), f));
+  }
+}
+
+TEST(HopperFwd, SmallGqa) {
+  FP_SKIP_WITHOUT_SM90();
+  expect_hopper_accurate(dense(DType::bf16, 2, 113, 203, 8, 2, 128));                // 4:1
+  expect_hopper_accurate(with(dense(DType::bf16, 1, 150, 150, 7, 1, 64), kCausal));  // 7:1
+  expect_hopper_accurate(with(dense(DType::f16, 1, 129, 257, 7, 1, 256), kPlain));   // 7:1, d 256
+}
+
+TEST(HopperFwd, SmallVarlen) {
+  FP_SKIP_WITHOUT_SM90();
+  for (const Features& f : {kPlain, kCausal}) {
+    SCOPED_TRACE(f.name);
+    FwdCase c = with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f);
+    c.layout = Layout::varlen;
+    c.q_lens = {37, 0, 200, 129, 1};
+    c.k_lens = {50, 10, 0, 300, 1};  // an empty query sequence and an empty key sequence
+    expect_hopper_accurate(c);
+    c.d = c.dv = 64;
+    c.used_k = {20, 10, 0, 250, 0};
+    expect_hopper_accurate(c);
+  }
+}
+
+TEST(HopperFwd, SmallDenseSequsedK) {
+  FP_SKIP_WITHOUT_SM90();
+  FwdCase c = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
+  c.used_k = {260, 0, 131};
+  expect_hopper_accurate(c);
+  expect_hopper_accurate(with(c, kCausal));
+}
+
+TEST(HopperFwd, SmallStridedLayouts) {
+  FP_SKIP_WITHOUT_SM90();
+  FwdCase padded = dense(DType::bf16, 2, 113, 203, 2, 1, 64);
+  padded.pad = 8;  // rows of 72 elements: still 16-byte aligned, tensor maps with odd strides
+  expect_hopper_accurate(padded);
+
+  // (b, h, s, d) storage viewed as (b, s, h, d): the head stride exceeds the row stride.
+  FwdCase c = with(dense(DType::f16, 2, 130, 190, 4, 2, 128), kCausal);
+  FwdInputs in = make_inputs(c);
+  auto transposed = [&](HostOperand& o, int64_t s, int64_t h, int64_t d) {
+    o.storage = randn(c.dtype, {c.batch(), h, s, d});
+    o.view = TensorView::strided(o.storage.tv.data, c.dtype, {c.batch(), s, h, d}, {h * s * d, d, s * d, 1});
+  };
+  transposed(in.q, 130, 4, 128);
+  transposed(in.k, 190, 2, 128);
+  transposed(in.v, 190, 2, 128);
+  expect_hopper_accurate(c, in);
+}
+
+}  // namespace
+}  // namespace flashport::test::gpu
