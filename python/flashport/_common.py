@@ -61,6 +61,12 @@ def padded(head_dim: int) -> int:
 
 
 def check_int(value, name: str, lo: int | None = None) -> int:
+    """An int argument; 0-d integer tensors/arrays are read (max_seqlen is often one), and torch.SymInt
+    (dynamic shapes under torch.compile) passes through."""
+    if type(value).__name__ == "SymInt":
+        return value
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise error(name, f"expected an int, got {type(value).__name__}")
     value = int(value)

@@ -4,7 +4,6 @@ the input dtype. Backward differentiates through the dequantised values (straigh
 rounding) with flashport's backward in the input dtype.
 """
 
-from __future__ import annotations
 
 from typing import Optional, Tuple
 

