@@ -112,11 +112,11 @@ FP_DEV void gemm_qk(float (&r_s)[kBlockN / 2], u64 desc_q, u64 desc_k) {
 }
 
 /// O += P V: BLOCK_N / 16 wgmmas with P (bf16/f16 pairs in registers) as the A operand.
-FP_DEV void gemm_pv(float (&r_o)[kHeadDim / 2], const u32 (&r_p)[kBlockN / 4], u64 desc_v) {
+FP_DEV void gemm_pv(float (&r_o)[kPvN / 2], const u32 (&r_p)[kBlockN / 4], u64 desc_v) {
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk)
-    sm90::Wgmma<kHeadDim>::rs(r_o, r_p[4 * kk], r_p[4 * kk + 1], r_p[4 * kk + 2], r_p[4 * kk + 3],
-                              sm90::desc_advance(desc_v, kk * 16 * kChunkRowBytes), 1u);
+    sm90::Wgmma<kPvN>::rs(r_o, r_p[4 * kk], r_p[4 * kk + 1], r_p[4 * kk + 2], r_p[4 * kk + 3],
+                          sm90::desc_advance(desc_v, kk * 16 * kChunkRowBytes), 1u);
 }
 
 /// One arrival per warp on a stage's empty barrier, after this warp's wgmmas reading it completed.
@@ -135,7 +135,7 @@ FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
 /// QK^T wgmmas have all completed; the other consumer never reads them) in the same swizzled layout
 /// (conflict-free: the 8 rows g of a store land in 8 different 16-byte units), then copies rows
 /// inside the sequence to global memory with 16-byte stores. Rows past the sequence are never written.
-FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& s, float (&r_o)[kHeadDim / 2],
+FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& s, float (&r_o)[kPvN / 2],
                          const RowState& st, int c, int tid) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   float inv[2], lse[2];
@@ -210,12 +210,12 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   const u64 desc_k = sm90::smem_desc(smem_addr(&s.k[0][0][0][0]), 16, 1024);
   const u64 desc_v = sm90::smem_desc(smem_addr(&s.v[0][0][0][0]), kKVChunkBytes, 1024);
 
-  float r_o[kHeadDim / 2];  // (64, HEAD_DIM) accumulator fragment
-  float r_s[kBlockN / 2];   // (64, BLOCK_N) scores, then probabilities in fp32
-  u32 r_p[kBlockN / 4];     // (64, BLOCK_N) probabilities as the register A operand
+  float r_o[kPvN / 2];     // (64, kPvN) accumulator fragment: O, columns >= HEAD_DIM stay 0
+  float r_s[kBlockN / 2];  // (64, BLOCK_N) scores, then probabilities in fp32
+  u32 r_p[kBlockN / 4];    // (64, BLOCK_N) probabilities as the register A operand
   float alpha[2];
 #pragma unroll
-  for (int e = 0; e < kHeadDim / 2; ++e) r_o[e] = 0.0f;
+  for (int e = 0; e < kPvN / 2; ++e) r_o[e] = 0.0f;
   RowState st = row_state_init();
 
   if (c == 1) sm90::named_bar_arrive(kBarTurn + 0, 256);

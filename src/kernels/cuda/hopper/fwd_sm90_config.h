@@ -42,7 +42,7 @@ FP_HD constexpr int smem_bytes(int d, Tile t) {
 /// 240 that setmaxnreg grants; shared memory must stay <= 227 KB.
 ///   d   tile        tiles: Q + stages x (K + V)  smem_bytes   registers (O + S + P)
 ///   64  128 x 128   16K + 2 x 32K  =  80K        83968        32 + 64 + 32 = 128
-///   96  128 x 128   32K + 2 x 64K  = 160K       165888        48 + 64 + 32 = 144
+///   96  128 x 128   32K + 2 x 64K  = 160K       165888        64 + 64 + 32 = 160 (O padded to 128)
 ///   128 128 x 128   32K + 2 x 64K  = 160K       165888        64 + 64 + 32 = 160
 ///   192 128 x 112   48K + 2 x 84K  = 216K       223232        96 + 56 + 28 = 180
 ///   256 128 x 80    64K + 2 x 80K  = 224K       231424       128 + 40 + 20 = 188

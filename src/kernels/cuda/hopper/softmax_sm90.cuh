@@ -18,10 +18,14 @@ constexpr int kHeadDim = FP_HEADDIM;  // d == dv, one of 64, 96, 128, 192, 256
 constexpr int kBlockN = FP_BLOCK_N;   // keys per tile (the N of S = Q K^T)
 constexpr int kStages = FP_STAGES;    // K/V ring depth
 constexpr int kChunks = head_dim_chunks(kHeadDim);
+// Columns of the O accumulator = N of the P V wgmma: whole 64-column chunks. At d = 96 the second V
+// chunk's columns 96..127 are TMA zero fill, so O gains 32 zero columns that are never stored;
+// this keeps the MN-major (transposed) B operand made of whole 128B-swizzle atoms (64 columns).
+constexpr int kPvN = kChunks * 64;
 constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk of a K or V tile
 constexpr int kKVTileBytes = kChunks * kKVChunkBytes;    // TMA bytes of a tile (OOB fill included)
 static_assert(FP_BLOCK_M == kBlockM, "two consumer warpgroups of 64 rows: BLOCK_M must be 128");
-static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kHeadDim <= 256, "wgmma N = HEAD_DIM");
+static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kPvN <= 256, "wgmma K steps of 16, N = kPvN <= 256");
 static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "wgmma N = BLOCK_N, K steps of 16");
 static_assert(kStages >= 2, "the intra-warpgroup overlap holds K(n) and V(n+1) at once");
 
@@ -202,10 +206,10 @@ FP_DEV void convert_p(const float (&r_s)[kBlockN / 2], u32 (&r_p)[kBlockN / 4]) 
   for (int q = 0; q < kBlockN / 4; ++q) r_p[q] = E::pack(r_s[2 * q], r_s[2 * q + 1]);
 }
 
-/// O rows times alpha (O has the accumulator layout of S with N = HEAD_DIM).
-FP_DEV void rescale_o(float (&r_o)[kHeadDim / 2], const float (&alpha)[2]) {
+/// O rows times alpha (O has the accumulator layout of S with N = kPvN).
+FP_DEV void rescale_o(float (&r_o)[kPvN / 2], const float (&alpha)[2]) {
 #pragma unroll
-  for (int e = 0; e < kHeadDim / 2; ++e) r_o[e] *= alpha[(e >> 1) & 1];
+  for (int e = 0; e < kPvN / 2; ++e) r_o[e] *= alpha[(e >> 1) & 1];
 }
 
 /// Row totals: 1 / l (0 for a row without visible keys, whose O is 0) and the natural-log LSE
