@@ -37,15 +37,39 @@ struct QueryBlock {
 };
 
 /// A backward work item: keys [j0, j0 + kBlockK) of kv head hk of sequence b. It owns those rows of
-/// dK/dV and adds its dQ contributions into the calling thread's fp32 dQ accumulator.
+/// dK/dV and adds its dQ contributions into the calling thread's fp32 dQ accumulator. Its (sequence,
+/// kv head)'s packed query tiles start `tiles` floats into BackwardShared::tiles.
 struct KeyBlock {
-  long long b, hk, j0;
+  long long b, hk, j0, tiles;
 };
 
-/// Per-call data the backward items share (computed once by the dispatcher).
+/// Layout of one packed backward query tile (kBlockQ rows of one head), offsets in floats: Q rows,
+/// q_scale * Q^T, dO rows, dO^T, the LSE in log2 units (+inf for rows that saw no key, so P = 0)
+/// and D = rowsum(dO * O). Row widths are padded to kMaxVec (zeros), so every ISA reads whole vectors.
+struct QueryTileLayout {
+  long long q_ld, do_ld;                              // row strides of q_rows / do_rows
+  long long q_rows, q_t, do_rows, do_t, lse2, delta;  // (kBlockQ, q_ld) (d, kBlockQ) ... (kBlockQ,)
+  long long floats;                                   // size of one tile
+};
+inline QueryTileLayout query_tile_layout(long long d, long long dv) {
+  QueryTileLayout t{};
+  t.q_ld = pad_to(d, kMaxVec);
+  t.do_ld = pad_to(dv, kMaxVec);
+  t.q_rows = 0;
+  t.q_t = t.q_rows + kBlockQ * t.q_ld;
+  t.do_rows = t.q_t + t.q_ld * kBlockQ;
+  t.do_t = t.do_rows + kBlockQ * t.do_ld;
+  t.lse2 = t.do_t + t.do_ld * kBlockQ;
+  t.delta = t.lse2 + kBlockQ;
+  t.floats = t.delta + kBlockQ;
+  return t;
+}
+
+/// Per-call data the backward items share.
 struct BackwardShared {
-  const float* delta;  // D = rowsum(dO * O), fp32 at [row * hq + h]
-  long long dq_ld;     // dQ accumulator: fp32 at [(row * hq + h) * dq_ld + c]
+  const float* tiles;  // packed query tiles: [(sequence, kv head) group][head in group][tile]
+  long long rows;      // flattened query rows (see query_row)
+  long long dq_ld;     // dQ accumulator: fp32 at [(h * rows + row) * dq_ld + c]
 };
 
 /// Row of (sequence b, query i) in the flattened query index space: cu_seqlens_q[b] + i for varlen,
@@ -78,7 +102,7 @@ inline long long scratch_floats(long long d, long long dv) {
   const long long dp = pad_to(d, kMaxVec), dvp = pad_to(dv, kMaxVec);
   const long long q = kBlockQ, k = kBlockK;
   const long long fwd = 2 * dp * q + k * dp + k * dvp + k * q + q * dvp;
-  const long long bwd = 2 * k * dp + 2 * k * dvp + 2 * q * dp + 2 * q * dvp + 4 * k * q;
+  const long long bwd = 2 * k * dp + 2 * k * dvp + 4 * k * q;
   return std::max(fwd, bwd) + 16 * q + 32 * kMaxVec;
 }
 
@@ -102,6 +126,9 @@ struct Kernels {
                   long long k_ld, float* v, long long v_ld);
   /// Query tile `blk`; `kv` is its (b, kv head)'s packed K/V, or null to pack tile by tile.
   void (*forward_block)(const AttnProblem& p, const QueryBlock& blk, const PackedKV* kv, float* scratch);
+  /// Packs query rows [i0, i0 + kBlockQ) of head h of sequence b (QueryTileLayout) into `dst`.
+  void (*pack_query_tile)(const AttnProblem& p, long long b, long long h, long long i0, float* dst);
+  /// Key block `blk`: writes its dK/dV rows, adds dQ into `dq_acc` (BackwardShared::dq_ld layout).
   void (*backward_block)(const AttnProblem& p, const BackwardShared& shared, const KeyBlock& blk,
                          float* scratch, float* dq_acc);
 };

@@ -31,7 +31,7 @@ const Kernels& select_kernels() {
 
 /// Buffers a thread keeps between calls (OpenMP's pool threads persist), so repeated calls do not
 /// page-fault fresh memory in; a buffer above kKeepBytes is released at the end of the call.
-enum Slot : int { kScratch, kPackedKV, kDqPart, kSlots };
+enum Slot : int { kScratch, kPacked, kDqPart, kSlots };
 inline constexpr size_t kKeepBytes = 64u << 20;
 
 struct ThreadBuffers {
@@ -70,26 +70,6 @@ std::pair<long long, long long> locate_row(const AttnProblem& p, long long row) 
 
 long long query_rows(const AttnProblem& p) {
   return p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
-}
-
-/// D = rowsum(dO * O) for every (row, head), fp32 at [row * hq + h].
-std::vector<float> rowsum_dout_out(const AttnProblem& p) {
-  const long long rows = query_rows(p);
-  std::vector<float> delta((size_t)(rows * p.hq));
-#pragma omp parallel for schedule(static)
-  for (long long row = 0; row < rows; ++row) {
-    const auto [b, i] = locate_row(p, row);
-    for (long long h = 0; h < p.hq; ++h) {
-      const long long o_off = q_offset(p, p.o, b, i, h), do_off = q_offset(p, p.dout, b, i, h);
-      double acc = 0.0;
-      for (long long c = 0; c < p.dv; ++c) {
-        acc +=
-            (double)load_f32(p.o.ptr, p.out_type, o_off + c) * load_f32(p.dout.ptr, p.out_type, do_off + c);
-      }
-      delta[(size_t)(row * p.hq + h)] = (float)acc;
-    }
-  }
-  return delta;
 }
 
 /// Key rows sequence b occupies in memory (more than seqlen_k when seqused_k trims it).
@@ -161,7 +141,7 @@ void forward(const AttnProblem& p) {
       max_round_rows = std::max(max_round_rows, round_rows);
     }
   }
-  float* packed = ThreadBuffers::mine().take(kPackedKV, max_round_rows * row_floats);
+  float* packed = ThreadBuffers::mine().take(kPacked, max_round_rows * row_floats);
   const long long n_loose = (long long)loose.size(), scratch_n = scratch_floats(p.d, p.dv);
 #pragma omp parallel
   {
@@ -184,44 +164,76 @@ void forward(const AttnProblem& p) {
 #pragma omp for schedule(dynamic, 1)
     for (long long n = 0; n < n_loose; ++n) kernels.forward_block(p, loose[(size_t)n], nullptr, scratch);
   }
-  ThreadBuffers::mine().trim(kPackedKV);
+  ThreadBuffers::mine().trim(kPacked);
 }
 
 void backward(const AttnProblem& p) {
   const Kernels& kernels = select_kernels();
-  const std::vector<float> delta = rowsum_dout_out(p);
-  const long long rows = query_rows(p), dq_ld = pad_to(p.d, kMaxVec);
-  const BackwardShared shared{delta.data(), dq_ld};
+  const long long rows = query_rows(p), dq_ld = pad_to(p.d, kMaxVec), group = p.hq / p.hk;
+  const QueryTileLayout qt = query_tile_layout(p.d, p.dv);
 
-  std::vector<KeyBlock> items;
+  // Rounds of (sequence, kv head) groups whose packed query tiles fit kMaxPackedBytes (a group
+  // larger than that gets a round of its own). A round packs its query tiles (Q, dO, LSE, D) once,
+  // in parallel, then runs its key blocks.
+  struct TileJob {
+    long long b, h, i0, dst;  // query tile and its offset in the packed buffer
+  };
+  struct Round {
+    std::vector<TileJob> tiles;
+    std::vector<KeyBlock> blocks;
+    long long floats = 0;
+  };
+  std::vector<Round> rounds(1);
+  long long max_floats = 0;
   for (long long b = 0; b < p.batch; ++b) {
-    const long long sk = seqlen_k(p, b);
+    const long long n_tiles = (seqlen_q(p, b) + kBlockQ - 1) / kBlockQ, sk = seqlen_k(p, b);
+    const long long group_floats = group * n_tiles * qt.floats;
     for (long long hk = 0; hk < p.hk; ++hk) {
-      for (long long j0 = 0; j0 < sk; j0 += kBlockK) items.push_back({b, hk, j0});
+      if (rounds.back().floats > 0 && (rounds.back().floats + group_floats) * 4 > kMaxPackedBytes) {
+        rounds.emplace_back();
+      }
+      Round& r = rounds.back();
+      for (long long hl = 0; hl < group; ++hl) {
+        for (long long t = 0; t < n_tiles; ++t) {
+          r.tiles.push_back({b, hk * group + hl, t * kBlockQ, r.floats + (hl * n_tiles + t) * qt.floats});
+        }
+      }
+      for (long long j0 = 0; j0 < sk; j0 += kBlockK) r.blocks.push_back({b, hk, j0, r.floats});
+      r.floats += group_floats;
+      max_floats = std::max(max_floats, r.floats);
     }
   }
+  float* tiles = ThreadBuffers::mine().take(kPacked, max_floats);
+  const BackwardShared shared{tiles, rows, dq_ld};
 
   // Each thread adds dQ into its own fp32 buffer. The static round-robin schedule fixes which
   // thread runs which key block, and the buffers are summed in thread order, so dQ is bitwise
   // reproducible for a given thread count (deterministic or not).
-  const long long n_items = (long long)items.size(), scratch_n = scratch_floats(p.d, p.dv);
-  const long long dq_floats = rows * p.hq * dq_ld;
+  const long long scratch_n = scratch_floats(p.d, p.dv), dq_floats = p.hq * rows * dq_ld;
   std::vector<float*> dq_parts((size_t)omp_get_max_threads(), nullptr);
-#pragma omp parallel if (n_items > 1)
+#pragma omp parallel
   {
     float* dq_part = ThreadBuffers::mine().take(kDqPart, dq_floats);
     std::fill(dq_part, dq_part + dq_floats, 0.0f);
     dq_parts[(size_t)omp_get_thread_num()] = dq_part;
     float* scratch = ThreadBuffers::mine().take(kScratch, scratch_n);
+    for (const Round& r : rounds) {
+      const long long n_tiles = (long long)r.tiles.size(), n_blocks = (long long)r.blocks.size();
+#pragma omp for schedule(dynamic, 1)
+      for (long long n = 0; n < n_tiles; ++n) {
+        const TileJob& job = r.tiles[(size_t)n];
+        kernels.pack_query_tile(p, job.b, job.h, job.i0, tiles + job.dst);
+      }
 #pragma omp for schedule(static, 1)
-    for (long long n = 0; n < n_items; ++n) {
-      kernels.backward_block(p, shared, items[(size_t)n], scratch, dq_part);
+      for (long long n = 0; n < n_blocks; ++n) {
+        kernels.backward_block(p, shared, r.blocks[(size_t)n], scratch, dq_part);
+      }
     }
 #pragma omp for schedule(static)
     for (long long row = 0; row < rows; ++row) {
       const auto [b, i] = locate_row(p, row);
       for (long long h = 0; h < p.hq; ++h) {
-        const long long src = (row * p.hq + h) * dq_ld, dst = q_offset(p, p.grad_q, b, i, h);
+        const long long src = (h * rows + row) * dq_ld, dst = q_offset(p, p.grad_q, b, i, h);
         for (long long c = 0; c < p.d; ++c) {
           float acc = 0.0f;
           for (const float* part : dq_parts) {
@@ -233,6 +245,7 @@ void backward(const AttnProblem& p) {
     }
     ThreadBuffers::mine().trim(kDqPart);
   }
+  ThreadBuffers::mine().trim(kPacked);
 
   // Keys past seqused_k get no gradient: zero their dK/dV rows.
   for (long long b = 0; b < p.batch; ++b) {
