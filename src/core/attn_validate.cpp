@@ -225,6 +225,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
   p.out_type = (int)out.dtype;
   p.q = operand(q), p.k = operand(k), p.v = operand(v), p.o = operand(out);
   p.total_q = total_q;
+  p.total_k = (varlen && !paged) ? k.shape[0] : 0;
   p.cu_seqlens_q = varlen ? static_cast<const int*>(lay.cu_seqlens_q->data) : nullptr;
   p.cu_seqlens_k = lay.cu_seqlens_k ? static_cast<const int*>(lay.cu_seqlens_k->data) : nullptr;
   p.seqused_k = lay.seqused_k ? static_cast<const int*>(lay.seqused_k->data) : nullptr;

@@ -32,6 +32,7 @@ struct AttnProblem {
   // varlen (hq, total_q) at h * total_q + cu_seqlens_q[b] + i. May be null in forward.
   float* lse;
   long long total_q;
+  long long total_k;  // varlen (non-paged) K/V rows: the bound of whole-tensor copies (TMA maps)
 
   // Sequences. Null pointers mean dense.
   const int* cu_seqlens_q;
