@@ -64,9 +64,10 @@ void launch_chunked(const jit::Kernel& kernel, BwdParams& prm, unsigned grid_x, 
 
 // Registers: dK and dV stay in registers for the whole CTA, 2 * block_n * bucket / (32 * warps) per
 // thread; stage A holds S and dP, 2 * block_m * block_n / (32 * warps). ptxas -v (CUDA 13, sm_80 and
-// sm_90a, bf16/f16) with these rows: 185-223 registers at d32/d64, 252-255 at d96, 191-194 at d128,
-// 206-255 at d160..256, 186-248 for the 4-warp rows; no spills anywhere. Rejected: (64, 128) at d128
-// (80-232 bytes of spills: dK/dV 128 + S/dP 64 registers).
+// sm_90a, bf16/f16) with these rows: 185-233 registers at d32/d64, 252-255 at d96, 253-254 at d128
+// (191-195 with the 99 KB row), 206-255 at d160..256, 186-248 for the 4-warp rows; no spills
+// anywhere. Rejected: (64, 128) at d128 (80-232 bytes of spills: dK/dV 128 + S/dP 64 registers).
+// Untuned: rows chosen for no spills and for bytes moved per mma, not by measurement.
 BwdTile backward_tile(int arch, int bucket) {
   const BwdTile forced = tile_override();
   if (forced.warps) return forced;
@@ -76,7 +77,10 @@ BwdTile backward_tile(int arch, int bucket) {
   if (bucket <= 96)
     return big_smem ? BwdTile{64, 128, 8}  // 112 KB; 255 registers
                     : BwdTile{64, 64, 8};  // 70 KB
-  if (bucket <= 128) return {64, 64, 8};   // 86 KB
+  if (bucket <= 128)
+    return big_smem ? BwdTile{32, 128, 8}  // 102 KB; 254 registers: same smem traffic per mma as
+                                           // (64, 64), half the dQ atomics and Q/dO reloads
+                    : BwdTile{64, 64, 8};  // 86 KB; 191 registers
   if (big_smem) return {64, 64, 8};        // 102 KB (d160) .. 150 KB (d256)
   return {32, 32, 4};                      // 47 KB (d160) .. 71 KB (d256): dK/dV 80..128 registers
 }
