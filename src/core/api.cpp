@@ -11,7 +11,9 @@ namespace {
 
 using core::require;
 
-std::string num(int64_t v) { return std::to_string(v); }
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
 
 const core::Backend& backend_or_throw(const TensorView& q) {
   const core::Backend* be = core::backend_for(q.device.type);
@@ -23,7 +25,8 @@ const core::Backend& backend_or_throw(const TensorView& q) {
 
 void check_supported(const core::Backend& be, const AttnProblem& p, Impl impl, bool backward) {
   const std::string why = be.unsupported(p, impl, backward);
-  if (!why.empty()) throw Error(impl == Impl::automatic ? "q" : "impl", std::string(be.name()) + " backend: " + why);
+  if (!why.empty())
+    throw Error(impl == Impl::automatic ? "q" : "impl", std::string(be.name()) + " backend: " + why);
 }
 
 Operand operand(const TensorView& t) {
@@ -68,7 +71,8 @@ void backward(const BackwardArgs& a) {
     const TensorView& in = *ins[i].first;
     const TensorView& g = *grads[i].first;
     if (in.ndim == 4)
-      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2], in.shape[3]}, {in.dtype}, dev);
+      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2], in.shape[3]}, {in.dtype},
+                         dev);
     else
       core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2]}, {in.dtype}, dev);
     for (const auto& [other, name] : ins) core::check_no_overlap(g, grads[i].second, *other, name);
@@ -87,25 +91,33 @@ void backward(const BackwardArgs& a) {
 void forward_kvcache(const KvCacheArgs& a) {
   const Device dev = a.q.device;
   const bool paged = a.block_table.has_value();
-  require(a.q.ndim == 4, "q", "expected shape (batch, seqlen_q, nheads, headdim), got " + a.q.describe());
+  require(a.q.ndim == 4, "q",
+          [&] { return "expected shape (batch, seqlen_q, nheads, headdim), got " + a.q.describe(); });
   const int64_t batch = a.q.shape[0], sq = a.q.shape[1];
-  require(a.k_cache.ndim == 4, "k_cache", "expected 4 dimensions, got " + a.k_cache.describe());
-  require(a.k_new.has_value() == a.v_new.has_value(), a.k_new ? "v_new" : "k_new", "k and v must be given together");
-  require(a.options.dropout_p == 0.0, "dropout_p", "must be 0 with a kv cache, got " + std::to_string(a.options.dropout_p));
-  require(a.num_splits >= 0, "num_splits", "must be >= 0 (0 = heuristic), got " + num(a.num_splits));
-  require(!(paged && a.cache_batch_idx), "cache_batch_idx", "cannot be combined with a paged cache (block_table)");
+  require(a.k_cache.ndim == 4, "k_cache",
+          [&] { return "expected 4 dimensions, got " + a.k_cache.describe(); });
+  require(a.k_new.has_value() == a.v_new.has_value(), a.k_new ? "v_new" : "k_new",
+          "k and v must be given together");
+  require(a.options.dropout_p == 0.0, "dropout_p",
+          [&] { return "must be 0 with a kv cache, got " + std::to_string(a.options.dropout_p); });
+  require(a.num_splits >= 0, "num_splits",
+          [&] { return "must be >= 0 (0 = heuristic), got " + num(a.num_splits); });
+  require(!(paged && a.cache_batch_idx), "cache_batch_idx",
+          "cannot be combined with a paged cache (block_table)");
   if (a.k_new) require(a.cache_seqlens.has_value(), "cache_seqlens", "is required when appending k/v");
 
   // The cache as the attention's keys: dense per batch row (through cache_batch_idx) or paged.
   SequenceLayout lay;
   if (paged) lay.block_table = a.block_table;
   const int64_t cache_rows = a.k_cache.shape[0];
-  const int64_t capacity = paged ? (a.block_table->ndim == 2 ? a.block_table->shape[1] : 0) * a.k_cache.shape[1]
-                                 : a.k_cache.shape[1];
+  const int64_t capacity = paged
+                               ? (a.block_table->ndim == 2 ? a.block_table->shape[1] : 0) * a.k_cache.shape[1]
+                               : a.k_cache.shape[1];
   TensorView k_cache = a.k_cache, v_cache = a.v_cache;
   if (!paged && !a.cache_batch_idx) {
-    require(cache_rows == batch, "k_cache",
-            "expected batch " + num(batch) + " rows (or pass cache_batch_idx), got " + a.k_cache.describe());
+    require(cache_rows == batch, "k_cache", [&] {
+      return "expected batch " + num(batch) + " rows (or pass cache_batch_idx), got " + a.k_cache.describe();
+    });
   }
   if (!paged && a.cache_batch_idx) {
     // Validate against a view with q's batch so build_attention's dense shape checks apply unchanged.
@@ -138,16 +150,18 @@ void forward_kvcache(const KvCacheArgs& a) {
     kp.cache_seqlens = p.seqused_k;
     seqlens = core::host_ints(*a.cache_seqlens);
     for (int64_t b = 0; seqlens && b < batch; ++b)
-      require(seqlens[b] >= 0 && seqlens[b] + s_new <= capacity, "cache_seqlens",
-              "entry " + num(b) + " = " + num(seqlens[b]) + " plus " + num(s_new) +
-                  " new tokens exceeds the cache capacity " + num(capacity));
+      require(seqlens[b] >= 0 && seqlens[b] + s_new <= capacity, "cache_seqlens", [&] {
+        return "entry " + num(b) + " = " + num(seqlens[b]) + " plus " + num(s_new) +
+               " new tokens exceeds the cache capacity " + num(capacity);
+      });
   }
   if (a.cache_batch_idx) {
     core::check_index_tensor(*a.cache_batch_idx, "cache_batch_idx", {batch}, dev);
     if (const int32_t* idx = core::host_ints(*a.cache_batch_idx))
       for (int64_t b = 0; b < batch; ++b)
-        require(idx[b] >= 0 && idx[b] < cache_rows, "cache_batch_idx",
-                "entry " + num(b) + " = " + num(idx[b]) + " is outside [0, " + num(cache_rows) + ")");
+        require(idx[b] >= 0 && idx[b] < cache_rows, "cache_batch_idx", [&] {
+          return "entry " + num(b) + " = " + num(idx[b]) + " is outside [0, " + num(cache_rows) + ")";
+        });
     p.kv_batch_idx = static_cast<const int*>(a.cache_batch_idx->data);
   }
   if (a.cache_leftpad) {
@@ -156,23 +170,29 @@ void forward_kvcache(const KvCacheArgs& a) {
       for (int64_t b = 0; b < batch; ++b) {
         const int64_t end = seqlens ? seqlens[b] + s_new : capacity;
         require(lp[b] >= 0 && lp[b] <= end, "cache_leftpad",
-                "entry " + num(b) + " = " + num(lp[b]) + " is outside [0, " + num(end) + "]");
+                [&] { return "entry " + num(b) + " = " + num(lp[b]) + " is outside [0, " + num(end) + "]"; });
       }
     p.leftpad_k = static_cast<const int*>(a.cache_leftpad->data);
   }
   require(a.rotary_cos.has_value() == a.rotary_sin.has_value(), a.rotary_cos ? "rotary_sin" : "rotary_cos",
           "rotary_cos and rotary_sin must be given together");
   if (a.rotary_cos) {
-    require(a.cache_seqlens.has_value(), "cache_seqlens", "is required with rotary_cos/rotary_sin (positions)");
+    require(a.cache_seqlens.has_value(), "cache_seqlens",
+            "is required with rotary_cos/rotary_sin (positions)");
     const TensorView& c = *a.rotary_cos;
-    require(c.ndim == 2, "rotary_cos", "expected shape (max_pos, rotary_dim / 2), got " + c.describe());
+    require(c.ndim == 2, "rotary_cos",
+            [&] { return "expected shape (max_pos, rotary_dim / 2), got " + c.describe(); });
     const int64_t rot = c.shape[1] * 2;
-    require(rot >= 2 && rot <= p.d, "rotary_cos", "rotary_dim = 2 * " + num(c.shape[1]) + " must be in [2, head dim " + num(p.d) + "]");
+    require(rot >= 2 && rot <= p.d, "rotary_cos", [&] {
+      return "rotary_dim = 2 * " + num(c.shape[1]) + " must be in [2, head dim " + num(p.d) + "]";
+    });
     core::check_tensor(c, "rotary_cos", {-1, rot / 2}, {a.q.dtype}, dev);
     core::check_tensor(*a.rotary_sin, "rotary_sin", {c.shape[0], rot / 2}, {a.q.dtype}, dev);
     for (int64_t b = 0; seqlens && b < batch; ++b)
-      require(seqlens[b] + std::max<int64_t>(s_new, sq) <= c.shape[0], "rotary_cos",
-              "has " + num(c.shape[0]) + " positions, sequence " + num(b) + " needs " + num(seqlens[b] + std::max<int64_t>(s_new, sq)));
+      require(seqlens[b] + std::max<int64_t>(s_new, sq) <= c.shape[0], "rotary_cos", [&] {
+        return "has " + num(c.shape[0]) + " positions, sequence " + num(b) + " needs " +
+               num(seqlens[b] + std::max<int64_t>(s_new, sq));
+      });
     kp.rotary_cos = c.data;
     kp.rotary_sin = a.rotary_sin->data;
     kp.rotary_row_stride = c.stride[0];
@@ -206,9 +226,18 @@ void merge_states(const MergeArgs& a) {
   core::check_no_overlap(a.out, "out", a.out_b, "out_b", true);
   core::check_no_overlap(a.out, "out", a.lse_a, "lse_a");
   core::check_no_overlap(a.out, "out", a.lse_b, "lse_b");
-  core::MergeProblem mp{b, s, h, d, (int)t.dtype, operand(a.out_a), operand(a.out_b), operand(a.out),
-                        static_cast<const float*>(a.lse_a.data), static_cast<const float*>(a.lse_b.data),
-                        nullptr, a.stream};
+  core::MergeProblem mp{b,
+                        s,
+                        h,
+                        d,
+                        (int)t.dtype,
+                        operand(a.out_a),
+                        operand(a.out_b),
+                        operand(a.out),
+                        static_cast<const float*>(a.lse_a.data),
+                        static_cast<const float*>(a.lse_b.data),
+                        nullptr,
+                        a.stream};
   if (a.lse) {
     core::check_tensor(*a.lse, "lse", {b, h, s}, {DType::f32}, dev);
     require(a.lse->is_contiguous(), "lse", "must be contiguous");
@@ -220,7 +249,9 @@ void merge_states(const MergeArgs& a) {
   backend_or_throw(a.out_a).merge_states(mp);
 }
 
-const char* version() { return FLASHPORT_VERSION; }
+const char* version() {
+  return FLASHPORT_VERSION;
+}
 
 const char* available_backends() {
   static const std::string names = [] {

@@ -12,7 +12,9 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-std::string num(int64_t v) { return std::to_string(v); }
+std::string num(int64_t v) {
+  return std::to_string(v);
+}
 
 Operand operand(const TensorView& t) {
   // 4-D (batch|block, token, head, channel) or 3-D varlen (token, head, channel).
@@ -23,14 +25,16 @@ Operand operand(const TensorView& t) {
 void check_options(const AttentionOptions& o, const TensorView& q, int64_t batch, int64_t hq, int64_t hk) {
   if (o.softmax_scale) {
     require(std::isfinite(*o.softmax_scale), "softmax_scale",
-            "must be finite, got " + std::to_string(*o.softmax_scale));
+            [&] { return "must be finite, got " + std::to_string(*o.softmax_scale); });
   }
-  require(o.window_left >= -1, "window_left", "must be >= -1 (-1 = unbounded), got " + num(o.window_left));
-  require(o.window_right >= -1, "window_right", "must be >= -1 (-1 = unbounded), got " + num(o.window_right));
+  require(o.window_left >= -1, "window_left",
+          [&] { return "must be >= -1 (-1 = unbounded), got " + num(o.window_left); });
+  require(o.window_right >= -1, "window_right",
+          [&] { return "must be >= -1 (-1 = unbounded), got " + num(o.window_right); });
   require(std::isfinite(o.softcap) && o.softcap >= 0.0, "softcap",
-          "must be >= 0 (0 = off), got " + std::to_string(o.softcap));
+          [&] { return "must be >= 0 (0 = off), got " + std::to_string(o.softcap); });
   require(o.dropout_p >= 0.0 && o.dropout_p < 1.0, "dropout_p",
-          "must be in [0, 1), got " + std::to_string(o.dropout_p));
+          [&] { return "must be in [0, 1), got " + std::to_string(o.dropout_p); });
   if (o.alibi_slopes) {
     const TensorView& a = *o.alibi_slopes;
     if (a.ndim == 1)
@@ -42,7 +46,8 @@ void check_options(const AttentionOptions& o, const TensorView& q, int64_t batch
   const char* names[3] = {"q_descale", "k_descale", "v_descale"};
   for (int i = 0; i < 3; ++i) {
     if (!*ds[i]) continue;
-    require(is_fp8(q.dtype), names[i], std::string("descales apply to fp8 inputs only, q is ") + dtype_name(q.dtype));
+    require(is_fp8(q.dtype), names[i],
+            [&] { return std::string("descales apply to fp8 inputs only, q is ") + dtype_name(q.dtype); });
     check_tensor(**ds[i], names[i], {batch, hk}, {DType::f32}, q.device, false);
   }
 }
@@ -77,16 +82,18 @@ void check_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int
   const int32_t* v = host_ints(cu);
   if (!v) return;
   const int64_t n = cu.shape[0];
-  require(v[0] == 0, name, "must start at 0, got " + num(v[0]));
+  require(v[0] == 0, name, [&] { return "must start at 0, got " + num(v[0]); });
   for (int64_t i = 1; i < n; ++i) {
-    require(v[i] >= v[i - 1], name,
-            "must be non-decreasing, got " + num(v[i - 1]) + " then " + num(v[i]) + " at index " + num(i));
-    require(v[i] - v[i - 1] <= max_len, max_name,
-            "is an upper bound of the lengths, but sequence " + num(i - 1) + " has length " +
-                num(v[i] - v[i - 1]) + " > " + num(max_len));
+    require(v[i] >= v[i - 1], name, [&] {
+      return "must be non-decreasing, got " + num(v[i - 1]) + " then " + num(v[i]) + " at index " + num(i);
+    });
+    require(v[i] - v[i - 1] <= max_len, max_name, [&] {
+      return "is an upper bound of the lengths, but sequence " + num(i - 1) + " has length " +
+             num(v[i] - v[i - 1]) + " > " + num(max_len);
+    });
   }
   require(v[n - 1] == total, name,
-          "must end at the total token count " + num(total) + ", got " + num(v[n - 1]));
+          [&] { return "must end at the total token count " + num(total) + ", got " + num(v[n - 1]); });
 }
 
 /// Block-table entries covering `len(b)` tokens of every sequence lie in [0, num_blocks) (host only).
@@ -98,9 +105,10 @@ void check_block_table(const TensorView& bt, int64_t num_blocks, int64_t page, L
     const int64_t used = (len(b) + page - 1) / page;
     for (int64_t j = 0; j < used; ++j) {
       const int32_t e = v[b * bt.stride[0] + j];
-      require(e >= 0 && e < num_blocks, "block_table",
-              "entry [" + num(b) + ", " + num(j) + "] = " + num(e) + " is outside [0, num_blocks = " +
-                  num(num_blocks) + ")");
+      require(e >= 0 && e < num_blocks, "block_table", [&] {
+        return "entry [" + num(b) + ", " + num(j) + "] = " + num(e) +
+               " is outside [0, num_blocks = " + num(num_blocks) + ")";
+      });
     }
   }
 }
@@ -114,9 +122,9 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
   const Device dev = q.device;
   const bool varlen = lay.cu_seqlens_q.has_value();
   const bool paged = lay.block_table.has_value();
-  require(varlen == lay.cu_seqlens_k.has_value() || (varlen && paged), varlen ? "cu_seqlens_k" : "cu_seqlens_q",
-          "varlen needs both cu_seqlens_q and cu_seqlens_k");
-  const std::initializer_list<DType> in_types = {DType::f16, DType::bf16, DType::f32, DType::f64,
+  require(varlen == lay.cu_seqlens_k.has_value() || (varlen && paged),
+          varlen ? "cu_seqlens_k" : "cu_seqlens_q", "varlen needs both cu_seqlens_q and cu_seqlens_k");
+  const std::initializer_list<DType> in_types = {DType::f16,  DType::bf16,     DType::f32, DType::f64,
                                                  DType::e4m3, DType::e4m3fnuz, DType::e5m2};
 
   // q and the sizes it defines.
@@ -124,9 +132,10 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
   if (varlen) {
     check_tensor(q, "q", {-1, -1, -1}, in_types, dev);
     require(lay.cu_seqlens_q->ndim == 1 && lay.cu_seqlens_q->shape[0] >= 1, "cu_seqlens_q",
-            "expected shape (batch + 1,), got " + lay.cu_seqlens_q->describe());
+            [&] { return "expected shape (batch + 1,), got " + lay.cu_seqlens_q->describe(); });
     batch = lay.cu_seqlens_q->shape[0] - 1;
-    require(lay.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0, got " + num(lay.max_seqlen_q));
+    require(lay.max_seqlen_q >= 0, "max_seqlen_q",
+            [&] { return "must be >= 0, got " + num(lay.max_seqlen_q); });
     sq = lay.max_seqlen_q;
     total_q = q.shape[0];
   } else {
@@ -135,8 +144,9 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     sq = q.shape[1];
   }
   const int64_t hq = q.shape[q.ndim - 2], d = q.shape[q.ndim - 1];
-  require(d >= 1 && d <= kMaxHeadDim, "q", "head dim must be in [1, " + num(kMaxHeadDim) + "], got " + num(d));
-  require(hq >= 1, "q", "needs at least one head, got " + q.describe());
+  require(d >= 1 && d <= kMaxHeadDim, "q",
+          [&] { return "head dim must be in [1, " + num(kMaxHeadDim) + "], got " + num(d); });
+  require(hq >= 1, "q", [&] { return "needs at least one head, got " + q.describe(); });
 
   // k and v: dense, varlen, or paged.
   int64_t hk, dv, sk, num_blocks = 0, page = 0;
@@ -146,19 +156,22 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     page = k.shape[1];
     hk = k.shape[2];
     check_tensor(v, "v", {num_blocks, page, hk, -1}, {q.dtype}, dev);
-    require(page >= 1, "k", "page size must be >= 1, got " + k.describe());
+    require(page >= 1, "k", [&] { return "page size must be >= 1, got " + k.describe(); });
     check_index_tensor(*lay.block_table, "block_table", {batch, -1}, dev);
     sk = lay.block_table->shape[1] * page;
     if (varlen) {
-      require(lay.max_seqlen_k >= 0 && lay.max_seqlen_k <= sk, "max_seqlen_k",
-              "must be in [0, max_blocks_per_seq * page_size = " + num(sk) + "], got " + num(lay.max_seqlen_k));
+      require(lay.max_seqlen_k >= 0 && lay.max_seqlen_k <= sk, "max_seqlen_k", [&] {
+        return "must be in [0, max_blocks_per_seq * page_size = " + num(sk) + "], got " +
+               num(lay.max_seqlen_k);
+      });
       sk = lay.max_seqlen_k;
     }
   } else if (varlen) {
     check_tensor(k, "k", {-1, -1, d}, {q.dtype}, dev);
     hk = k.shape[1];
     check_tensor(v, "v", {k.shape[0], hk, -1}, {q.dtype}, dev);
-    require(lay.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0, got " + num(lay.max_seqlen_k));
+    require(lay.max_seqlen_k >= 0, "max_seqlen_k",
+            [&] { return "must be >= 0, got " + num(lay.max_seqlen_k); });
     sk = lay.max_seqlen_k;
   } else {
     check_tensor(k, "k", {batch, -1, -1, d}, {q.dtype}, dev);
@@ -167,9 +180,12 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     check_tensor(v, "v", {batch, sk, hk, -1}, {q.dtype}, dev);
   }
   dv = v.shape[v.ndim - 1];
-  require(dv >= 1 && dv <= kMaxHeadDim, "v", "head dim must be in [1, " + num(kMaxHeadDim) + "], got " + num(dv));
-  require(hk >= 1 && hq % hk == 0, "k",
-          "number of kv heads must divide the number of query heads (GQA/MQA): hq = " + num(hq) + ", hk = " + num(hk));
+  require(dv >= 1 && dv <= kMaxHeadDim, "v",
+          [&] { return "head dim must be in [1, " + num(kMaxHeadDim) + "], got " + num(dv); });
+  require(hk >= 1 && hq % hk == 0, "k", [&] {
+    return "number of kv heads must divide the number of query heads (GQA/MQA): hq = " + num(hq) +
+           ", hk = " + num(hk);
+  });
 
   // Sequence index tensors.
   if (varlen) {
@@ -177,7 +193,8 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     check_cu_seqlens(*lay.cu_seqlens_q, "cu_seqlens_q", total_q, lay.max_seqlen_q, "max_seqlen_q");
     if (lay.cu_seqlens_k) {
       check_index_tensor(*lay.cu_seqlens_k, "cu_seqlens_k", {batch + 1}, dev);
-      if (!paged) check_cu_seqlens(*lay.cu_seqlens_k, "cu_seqlens_k", k.shape[0], lay.max_seqlen_k, "max_seqlen_k");
+      if (!paged)
+        check_cu_seqlens(*lay.cu_seqlens_k, "cu_seqlens_k", k.shape[0], lay.max_seqlen_k, "max_seqlen_k");
     }
   }
   if (lay.seqused_k) {
@@ -187,7 +204,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
         const int32_t* cu = lay.cu_seqlens_k ? host_ints(*lay.cu_seqlens_k) : nullptr;
         const int64_t cap = cu ? cu[b + 1] - cu[b] : sk;
         require(u[b] >= 0 && u[b] <= cap, "seqused_k",
-                "entry " + num(b) + " = " + num(u[b]) + " is outside [0, " + num(cap) + "]");
+                [&] { return "entry " + num(b) + " = " + num(u[b]) + " is outside [0, " + num(cap) + "]"; });
       }
     }
   }
@@ -197,7 +214,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     if (cu) {
       for (int64_t b = 0; b < batch; ++b)
         require(cu[b + 1] - cu[b] <= lay.block_table->shape[1] * page, "cu_seqlens_k",
-                "sequence " + num(b) + " is longer than its block table holds");
+                [&] { return "sequence " + num(b) + " is longer than its block table holds"; });
     }
     check_block_table(*lay.block_table, num_blocks, page, [&](int64_t b) -> int64_t {
       if (used) return used[b];
@@ -244,7 +261,7 @@ void attach_lse(AttnProblem& p, const TensorView& lse, const Device& dev) {
     check_tensor(lse, "lse", {p.hq, p.total_q}, {DType::f32}, dev);
   else
     check_tensor(lse, "lse", {p.batch, p.hq, p.sq}, {DType::f32}, dev);
-  require(lse.is_contiguous(), "lse", "must be contiguous, got " + lse.describe());
+  require(lse.is_contiguous(), "lse", [&] { return "must be contiguous, got " + lse.describe(); });
   p.lse = static_cast<float*>(lse.data);
 }
 

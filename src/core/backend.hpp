@@ -28,7 +28,7 @@ struct KvCacheProblem {
 /// merge_states: (b, s, h, d) partial outputs and fp32 (b, h, s) LSEs.
 struct MergeProblem {
   long long batch, seqlen, heads, d;
-  int type;  // ElemType of out_a, out_b, out
+  int type;           // ElemType of out_a, out_b, out
   Operand a, b, out;  // (batch, token, head, channel)
   const float* lse_a;
   const float* lse_b;

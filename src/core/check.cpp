@@ -2,24 +2,15 @@
 #include "check.hpp"
 
 #include <algorithm>
-#include <sstream>
 
 namespace flashport::core {
 
 std::string shape_text(std::initializer_list<int64_t> dims) {
-  std::ostringstream os;
-  os << "(";
+  std::string s = "(";
   int i = 0;
-  for (int64_t d : dims) {
-    os << (i++ ? ", " : "");
-    if (d < 0)
-      os << "*";
-    else
-      os << d;
-  }
-  if (dims.size() == 1) os << ",";
-  os << ")";
-  return os.str();
+  for (int64_t d : dims) s += (i++ ? ", " : "") + (d < 0 ? std::string("*") : std::to_string(d));
+  if (dims.size() == 1) s += ",";
+  return s + ")";
 }
 
 void check_tensor(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
@@ -30,27 +21,31 @@ void check_tensor(const TensorView& t, const char* name, std::initializer_list<i
     if (shape_ok && want >= 0 && t.shape[d] != want) shape_ok = false;
     ++d;
   }
-  require(shape_ok, name, "expected shape " + shape_text(shape) + ", got " + t.describe());
+  require(shape_ok, name, [&] { return "expected shape " + shape_text(shape) + ", got " + t.describe(); });
   for (int i = 0; i < t.ndim; ++i)
-    require(t.shape[i] >= 0 && t.stride[i] >= 0, name, "negative extents or strides are not supported, got " + t.describe());
+    require(t.shape[i] >= 0 && t.stride[i] >= 0, name,
+            [&] { return "negative extents or strides are not supported, got " + t.describe(); });
   if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
     std::string want;
     for (DType dt : dtypes) want += (want.empty() ? "" : " or ") + std::string(dtype_name(dt));
     throw Error(name, std::string("expected dtype ") + want + ", got " + dtype_name(t.dtype));
   }
-  require(t.device == device, name,
-          std::string("expected device ") + device_type_name(device.type) + ":" + std::to_string(device.index) +
-              " (the device of q), got " + t.describe());
+  require(t.device == device, name, [&] {
+    return std::string("expected device ") + device_type_name(device.type) + ":" +
+           std::to_string(device.index) + " (the device of q), got " + t.describe();
+  });
   require(t.data != nullptr || t.numel() == 0, name, "data pointer is null");
   if (last_contiguous && t.ndim > 0 && t.shape[t.ndim - 1] > 1)
-    require(t.stride[t.ndim - 1] == 1, name,
-            "last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[t.ndim - 1]));
+    require(t.stride[t.ndim - 1] == 1, name, [&] {
+      return "last dimension must be contiguous (stride 1), got stride " +
+             std::to_string(t.stride[t.ndim - 1]);
+    });
 }
 
 void check_index_tensor(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
                         const Device& device) {
   check_tensor(t, name, shape, {DType::i32}, device);
-  require(t.is_contiguous(), name, "must be contiguous, got " + t.describe());
+  require(t.is_contiguous(), name, [&] { return "must be contiguous, got " + t.describe(); });
 }
 
 void check_no_overlap(const TensorView& out, const char* out_name, const TensorView& other,
@@ -61,7 +56,7 @@ void check_no_overlap(const TensorView& out, const char* out_name, const TensorV
     return;
   const auto a = out.byte_span(), b = other.byte_span();
   require(a[1] <= b[0] || b[1] <= a[0], out_name,
-          std::string("memory overlaps ") + other_name + " (outputs must not alias inputs)");
+          [&] { return std::string("memory overlaps ") + other_name + " (outputs must not alias inputs)"; });
 }
 
 }  // namespace flashport::core

@@ -5,15 +5,22 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "flashport/error.hpp"
 #include "flashport/tensor.hpp"
 
 namespace flashport::core {
 
-/// Throws Error(arg, message) unless `ok`.
-inline void require(bool ok, const char* arg, const std::string& message) {
-  if (!ok) throw Error(arg, message);
+/// Throws Error(arg, message) unless `ok`. `message` may be a callable returning the text, so the
+/// string is only built on failure (validation runs on every call, decode calls included).
+template <class Message>
+inline void require(bool ok, const char* arg, Message&& message) {
+  if (ok) return;
+  if constexpr (std::is_invocable_v<Message>)
+    throw Error(arg, std::string(message()));
+  else
+    throw Error(arg, std::string(message));
 }
 
 /// Shape pattern: -1 matches any extent.

@@ -1,5 +1,5 @@
 // TensorView helpers and the names used in error messages.
-#include <sstream>
+#include <string>
 
 #include "flashport/error.hpp"
 #include "flashport/tensor.hpp"
@@ -8,24 +8,36 @@ namespace flashport {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f64: return "float64";
-    case DType::f32: return "float32";
-    case DType::f16: return "float16";
-    case DType::bf16: return "bfloat16";
-    case DType::e4m3: return "float8_e4m3fn";
-    case DType::e4m3fnuz: return "float8_e4m3fnuz";
-    case DType::e5m2: return "float8_e5m2";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
+    case DType::f64:
+      return "float64";
+    case DType::f32:
+      return "float32";
+    case DType::f16:
+      return "float16";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::e4m3:
+      return "float8_e4m3fn";
+    case DType::e4m3fnuz:
+      return "float8_e4m3fnuz";
+    case DType::e5m2:
+      return "float8_e5m2";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
   }
   return "unknown";
 }
 
 const char* device_type_name(DeviceType t) {
   switch (t) {
-    case DeviceType::cpu: return "cpu";
-    case DeviceType::cuda: return "cuda";
-    case DeviceType::hip: return "hip";
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::cuda:
+      return "cuda";
+    case DeviceType::hip:
+      return "hip";
   }
   return "unknown";
 }
@@ -92,13 +104,13 @@ std::array<uintptr_t, 2> TensorView::byte_span() const {
 }
 
 std::string TensorView::describe() const {
-  std::ostringstream os;
-  os << "(";
-  for (int d = 0; d < ndim; ++d) os << (d ? ", " : "") << shape[d];
-  if (ndim == 1) os << ",";
-  os << ") " << dtype_name(dtype) << " " << device_type_name(device.type);
-  if (device.type != DeviceType::cpu) os << ":" << device.index;
-  return os.str();
+  // No iostreams in the library: a host process with another libstdc++ (Python + torch) crashed in them.
+  std::string s = "(";
+  for (int d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  if (ndim == 1) s += ",";
+  s += std::string(") ") + dtype_name(dtype) + " " + device_type_name(device.type);
+  if (device.type != DeviceType::cpu) s += ":" + std::to_string(device.index);
+  return s;
 }
 
 }  // namespace flashport

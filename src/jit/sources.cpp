@@ -1,7 +1,6 @@
 // The embedded kernel sources: assembled from the generated chunk table once, with relative
 // includes resolved, and hashed for the cache key.
 #include <cstdio>
-#include <sstream>
 
 #include "flashport/error.hpp"
 #include "jit/detail.hpp"
@@ -13,8 +12,13 @@ namespace {
 /// Collapses "." and ".." segments of a '/'-separated relative path.
 std::string normalize_path(const std::string& path) {
   std::vector<std::string> parts;
-  std::stringstream in(path);
-  for (std::string part; std::getline(in, part, '/');) {
+  // Plain string splitting: the library uses no iostreams (a libstdc++ mismatch in a host process such as
+  // Python crashes inside locale code).
+  for (size_t begin = 0; begin <= path.size();) {
+    size_t end = path.find('/', begin);
+    if (end == std::string::npos) end = path.size();
+    const std::string part = path.substr(begin, end - begin);
+    begin = end + 1;
     if (part.empty() || part == ".") continue;
     if (part == ".." && !parts.empty() && parts.back() != "..") {
       parts.pop_back();
