@@ -52,17 +52,6 @@ jit::KernelSpec make_spec(int elem_type, int d) {
   return spec;
 }
 
-/// Rows of the varlen K/V tensors, the bound of their tensor maps. Needs AttnProblem::total_k
-/// (k.shape[0] for varlen K); until the core carries it, varlen K is left to the portable kernel.
-/// TODO(lead): drop this bridge once problem.h has `long long total_k`.
-template <class Problem>
-long long varlen_k_rows(const Problem& p) {
-  if constexpr (requires { p.total_k; })
-    return p.total_k;
-  else
-    return -1;
-}
-
 /// The tensor map of one (batch, row, head, d) operand: dimension 0 is the head dim (box 64 columns
 /// = 128 bytes, the 128B swizzle span); the head, row and batch dimensions follow ordered by stride,
 /// extent-1 dimensions last (their coordinate is always 0, so any stride serves). Box: 64 columns x
@@ -123,7 +112,7 @@ Plans plan_maps(const AttnProblem& p, std::string& error) {
   const Tile tile = tile_for((int)p.d);
   const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
   const long long q_rows = varlen_q ? p.total_q : p.sq;
-  const long long k_rows = varlen_k ? varlen_k_rows(p) : p.sk;
+  const long long k_rows = varlen_k ? p.total_k : p.sk;
   Plans plans;
   plans.q = plan_map("q", p.q, p.d, p.hq, q_rows, varlen_q ? 1 : p.batch, tile.block_m);
   plans.k = plan_map("k", p.k, p.d, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n);
@@ -187,8 +176,6 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (!(p.scale > 0.0f)) return "the Hopper kernel needs a positive softmax scale";
   if (p.hq > kMaxGridYZ || p.batch > kMaxGridYZ) return "more than 65535 heads or sequences";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "varlen needs cu_seqlens_q and _k";
-  if (p.cu_seqlens_k && varlen_k_rows(p) < 0)
-    return "varlen K needs AttnProblem::total_k (not in the core yet)";
   if (!aligned16(p.q.ptr) || !aligned16(p.k.ptr) || !aligned16(p.v.ptr) || !aligned16(p.o.ptr))
     return "the Hopper kernel needs 16-byte aligned q, k, v, out";
   if (p.o.row_stride % 8 != 0 || p.o.head_stride % 8 != 0 || p.o.batch_stride % 8 != 0)
@@ -207,7 +194,7 @@ void forward(const AttnProblem& p) {
   std::string error;
   const Plans plans = plan_maps(p, error);
   const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
-  const long long k_rows = p.cu_seqlens_k ? varlen_k_rows(p) : p.sk;
+  const long long k_rows = p.cu_seqlens_k ? p.total_k : p.sk;
   FwdSm90Params prm{};
   prm.p = p;
   prm.dims_q = plans.q.pos;

@@ -201,8 +201,6 @@ FP_DEV void store_empty(const AttnProblem& p, const Block& blk) {
 FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c) {
   const int tid = (int)threadIdx.x - 128 * (c + 1);
   const int lane = tid & 31;
-  const ThreadRows rows = thread_rows(p, blk);
-  const MaskBounds bounds = mask_bounds(p, blk, c);
   const bool transform = p.softcap > 0.0f || p.alibi != nullptr;
   const float to_log2 = transform ? kLog2e : p.scale * kLog2e;
 
@@ -230,7 +228,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   sm90::wgmma_wait<0>();
   sm90::pin_registers(r_s);
   release(s.bar_k_empty[0], lane);
-  prepare_scores(r_s, p, blk, rows, bounds, n, transform);
+  prepare_scores(r_s, p, blk, n, transform);
   online_softmax(r_s, st, to_log2, alpha);  // O is still 0: nothing to rescale
   convert_p<Elem>(r_s, r_p);
 
@@ -252,8 +250,18 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     sm90::wgmma_wait<1>();
     sm90::pin_registers(r_s);
     release(s.bar_k_empty[stage], lane);
-    prepare_scores(r_s, p, blk, rows, bounds, n, transform);
+    prepare_scores(r_s, p, blk, n, transform);
     const bool rescale = online_softmax(r_s, st, to_log2, alpha);
+    sm90::pin_registers(r_s);
+    // ptxas schedules WARPGROUP.DEPBAR (wgmma_wait) as early as its basic block allows, which
+    // would put the whole softmax behind the P V GEMM. Waiting here for the next tile's K (needed
+    // next anyway, normally landed long ago) is a loop, hence a block boundary the wait cannot
+    // cross. The row-sum test is always true (l >= 0); it makes every exponential an input of the
+    // branch, so ptxas cannot sink any of them below it either.
+    if (n > blk.n_min && st.l[0] + st.l[1] >= 0.0f) {
+      const int next = stage + 1 == kStages ? 0 : stage + 1;
+      sm90::mbar_wait(bar_addr(s.bar_k_full[next]), next == 0 ? phase ^ 1 : phase);
+    }
     sm90::wgmma_wait<0>();
     sm90::pin_registers(r_o);
     sm90::pin_registers(r_p);

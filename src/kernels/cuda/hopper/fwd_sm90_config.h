@@ -45,9 +45,11 @@ FP_HD constexpr int smem_bytes(int d, Tile t) {
 ///   96  128 x 128   32K + 2 x 64K  = 160K       165888        64 + 64 + 32 = 160 (O padded to 128)
 ///   128 128 x 128   32K + 2 x 64K  = 160K       165888        64 + 64 + 32 = 160
 ///   192 128 x 112   48K + 2 x 84K  = 216K       223232        96 + 56 + 28 = 180
-///   256 128 x 80    64K + 2 x 80K  = 224K       231424       128 + 40 + 20 = 188
-/// Block_n 128 at d <= 128 keeps the first version spill-free with margin; FA3 runs 128 x 176 at
-/// d = 128 (non-causal), a tuning step to measure. Returns {0, 0, 0} for other head dims.
+///   256 128 x 64    64K + 2 x 64K  = 192K       198656       128 + 32 + 16 = 176
+/// d = 256 takes block_n 64: at 80 (FA3's choice, 231424 bytes) ptxas spills ~20 bytes in the main
+/// loop (peak R233 of 240). Block_n 128 at d <= 128 keeps the first version spill-free with margin;
+/// FA3 runs 128 x 176 at d = 128 (non-causal), a tuning step to measure. Returns {0, 0, 0} for
+/// other head dims.
 FP_HD constexpr Tile tile_for(int d) {
   switch (d) {
     case 64:
@@ -59,7 +61,7 @@ FP_HD constexpr Tile tile_for(int d) {
     case 192:
       return {kBlockM, 112, 2};
     case 256:
-      return {kBlockM, 80, 2};
+      return {kBlockM, 64, 2};
     default:
       return {0, 0, 0};
   }

@@ -106,8 +106,8 @@ struct MaskBounds {
   int lo_max, hi_min;
 };
 
-FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk, int c) {
-  const int first = blk.m0 + 64 * c, last = first + 63;
+FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk) {
+  const int first = blk.m0 + 64 * (((int)threadIdx.x - 128) >> 7), last = first + 63;
   return {(int)sem::visible_keys(last, blk.sq, blk.sk, p.window_left, p.window_right).lo,
           (int)sem::visible_keys(first, blk.sq, blk.sk, p.window_left, p.window_right).hi};
 }
@@ -117,9 +117,10 @@ FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk, int c) {
 
 /// SPEC steps 1-4 on the raw dots of key tile n: softcap and ALiBi through the shared policy when
 /// on (the caller then converts with log2(e) instead of scale * log2(e)), and -inf outside each
-/// row's visible keys when the tile is not entirely visible.
-FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk,
-                           const ThreadRows& rows, const MaskBounds& bounds, int n, bool transform) {
+/// row's visible keys when the tile is not entirely visible. Row ranges are recomputed per tile
+/// (a few integer operations) rather than held in registers across the loop.
+FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk, int n,
+                           bool transform) {
   const int j0 = n * kBlockN, col0 = 2 * (threadIdx.x & 3);
   if (transform) {
     const float slope = alibi_slope(p, blk.b, blk.h);
@@ -130,7 +131,9 @@ FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, cons
       r_s[e] = score<float>(p, r_s[e], p.scale, slope, i[(e >> 1) & 1], j, blk.sq, blk.sk);
     }
   }
+  const MaskBounds bounds = mask_bounds(p, blk);
   if (bounds.lo_max <= j0 && j0 + kBlockN <= bounds.hi_min) return;
+  const ThreadRows rows = thread_rows(p, blk);
   int lo[2], hi[2];  // visible columns [lo, hi) of the tile per row, shifted by this thread's column
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
