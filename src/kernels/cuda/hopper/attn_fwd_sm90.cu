@@ -190,13 +190,14 @@ FP_DEV void store_empty(const AttnProblem& p, const Block& blk) {
 // ---------------------------------------------------------------------------------------------
 // Consumer warpgroup c (0 or 1): rows 64c..64c+63 of the query block.
 //
-// Per key tile n (after the first): wait K(n); take the ping-pong turn; issue S(n) = Q K(n)^T, then
-// O += P(n+1) V(n+1) (the previous tile; tiles run downwards); hand the turn to the other consumer;
-// wait for S(n) only, release K(n), run the softmax of S(n) while P V still runs; wait for P V,
-// release V(n+1), convert P(n) and rescale O. The other consumer's softmax thus overlaps this one's
-// GEMMs. Turn bookkeeping: consumer 1 grants consumer 0 the first turn; each tile after the first
-// costs each consumer one sync on its own barrier and one arrival on the other's, so exactly one
-// grant (consumer 1's last) is left pending when the CTA exits.
+// Per key tile n (after the first): wait K(n) and V(n+1); take the ping-pong turn; issue S(n) =
+// Q K(n)^T, then O += P(n+1) V(n+1) (the previous tile; tiles run downwards); hand the turn to the
+// other consumer; wait for S(n) only, release K(n), run the softmax of S(n) while P V still runs;
+// wait for K(n-1) (a block boundary for ptxas, see below), then for P V; release V(n+1), pack P(n)
+// and rescale O. The other consumer's softmax thus overlaps this one's GEMMs. Turn bookkeeping:
+// consumer 1 grants consumer 0 the first turn; each tile after the first costs each consumer one
+// sync on its own barrier and one arrival on the other's, so exactly one grant (consumer 1's last)
+// is left pending when the CTA exits.
 
 FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c) {
   const int tid = (int)threadIdx.x - 128 * (c + 1);
