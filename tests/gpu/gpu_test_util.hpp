@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -16,9 +17,33 @@
 
 namespace flashport::test::gpu {
 
-/// True when a CUDA device is visible and flashport built its CUDA backend.
+/// FLASHPORT_GPU_TESTS_ON_CPU=1 runs this suite with "device" tensors in host memory on the CPU
+/// backend: a dry run of the harness itself (shapes, validation, poison checks) without a GPU.
+inline bool cpu_mode() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHPORT_GPU_TESTS_ON_CPU");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+/// Built into the kernel emulator (tests/gpu/emu): "device" memory is host memory tagged cuda:0, and
+/// the CUDA backend runs the emulated kernels.
+#ifdef FLASHPORT_GPU_EMU
+inline constexpr bool kEmulated = true;
+#else
+inline constexpr bool kEmulated = false;
+#endif
+
+/// Device tensors live in host memory (cpu_mode() or the emulator).
+inline bool host_memory() {
+  return cpu_mode() || kEmulated;
+}
+
+/// True when a CUDA device is visible and flashport built its CUDA backend (or in cpu_mode()).
 inline bool have_gpu() {
   static const bool ok = [] {
+    if (host_memory()) return true;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
     return std::string(available_backends()).find("cuda") != std::string::npos;
@@ -33,10 +58,36 @@ inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-/// Device memory owned by a unique_ptr (freed with cudaFree).
+/// Device memory owned by a unique_ptr (freed with cudaFree; host memory in cpu_mode()).
 struct CudaFree {
-  void operator()(void* p) const { cudaFree(p); }
+  void operator()(void* p) const {
+    if (host_memory())
+      std::free(p);
+    else
+      cudaFree(p);
+  }
 };
+
+inline void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (host_memory()) return std::malloc(std::max<size_t>(bytes, 1));
+  check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+inline void copy_bytes(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (host_memory()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  check_cuda(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy");
+}
+inline void fill_bytes(void* dst, int value, size_t bytes) {
+  if (host_memory()) {
+    std::memset(dst, value, bytes);
+    return;
+  }
+  check_cuda(cudaMemset(dst, value, bytes), "cudaMemset");
+}
 using DevicePtr = std::unique_ptr<void, CudaFree>;
 
 /// A device copy of a host tensor: same dtype, shape and strides on cuda:0.
@@ -51,26 +102,25 @@ struct DeviceTensor {
   static DeviceTensor from_view(const HostTensor& h, const TensorView& view) {
     DeviceTensor d;
     d.bytes = h.bytes.size();
-    void* p = nullptr;
-    check_cuda(cudaMalloc(&p, d.bytes), "cudaMalloc");
+    void* p = device_alloc(d.bytes);
     d.mem.reset(p);
-    check_cuda(cudaMemcpy(p, h.bytes.data(), d.bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    copy_bytes(p, h.bytes.data(), d.bytes, cudaMemcpyHostToDevice);
     d.tv = view;
     d.tv.data = static_cast<char*>(p) + (static_cast<const char*>(view.data) - (const char*)h.bytes.data());
-    d.tv.device = Device{DeviceType::cuda, 0};
+    d.tv.device = cpu_mode() ? Device{} : Device{DeviceType::cuda, 0};
     return d;
   }
   /// A device tensor filled with 0xFF bytes: NaN in f16, bf16 and f32, so unwritten elements show.
   static DeviceTensor poisoned(const HostTensor& like) {
     DeviceTensor d = from(like);
-    check_cuda(cudaMemset(d.mem.get(), 0xFF, d.bytes), "cudaMemset");
+    fill_bytes(d.mem.get(), 0xFF, d.bytes);
     return d;
   }
   /// The device bytes copied back into a host tensor laid out like `like`.
   HostTensor to_host(const HostTensor& like) const {
     HostTensor h = like;
-    check_cuda(cudaDeviceSynchronize(), "kernel execution");
-    check_cuda(cudaMemcpy(h.bytes.data(), mem.get(), bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    if (!host_memory()) check_cuda(cudaDeviceSynchronize(), "kernel execution");
+    copy_bytes(h.bytes.data(), mem.get(), bytes, cudaMemcpyDeviceToHost);
     return h;
   }
   TensorView view() const { return tv; }
@@ -301,7 +351,7 @@ inline GpuResult run_gpu(const FwdCase& c, const FwdInputs& in) {
   HostOperand out_host =
       make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, false);
   const DeviceTensor out = DeviceTensor::from_view(out_host.storage, out_host.view);
-  check_cuda(cudaMemset(out.mem.get(), 0xFF, out.bytes), "cudaMemset");
+  fill_bytes(out.mem.get(), 0xFF, out.bytes);
   HostTensor lse_host(DType::f32, lse_shape(c));
   const DeviceTensor lse = DeviceTensor::poisoned(lse_host);
   ForwardArgs a;

@@ -91,8 +91,7 @@ using namespace flashport::cuda::fwd;
 /// z = batch * num_splits. Block: kThreads. Dynamic smem: kSmemBytes.
 extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_constant__ FwdParams prm) {
   const AttnProblem& p = prm.p;
-  extern __shared__ __align__(16) u16 smem[];
-  u16* s_q = smem;                     // (kBlockM, kPitch)
+  u16* s_q = dynamic_smem<u16>();      // (kBlockM, kPitch)
   u16* s_k = s_q + kSmemQ;             // kStages x (kBlockN, kPitch)
   u16* s_v = s_k + kStages * kSmemKV;  // kStages x (kBlockN, kPitch)
 
@@ -111,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const sem::KeyRange first = sem::visible_keys(m0, seq.len_q, seq.len_k, p.window_left, p.window_right);
   const sem::KeyRange last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right);
   const i64 key_lo = first.lo, key_hi = last.hi > first.lo ? last.hi : first.lo;
-  i64 tile_begin = key_lo / kBlockN, tile_end = ceil_div(key_hi, kBlockN);
+  i64 tile_begin = key_lo / kBlockN, tile_end = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : tile_begin;
   if (prm.num_splits > 1) {
     const i64 per = ceil_div(tile_end - tile_begin, prm.num_splits);
     const i64 lo = tile_begin + split * per, hi = lo + per;

@@ -10,6 +10,13 @@ struct alignas(16) U32x4 {
   u32 x, y, z, w;
 };
 
+/// The block's dynamic shared memory (the launch's dynamic size), 16-byte aligned, viewed as T.
+template <class T>
+FP_DEV T* dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char fp_dynamic_smem[];
+  return reinterpret_cast<T*>(fp_dynamic_smem);
+}
+
 /// The 32-bit shared-state-space address of a generic pointer into shared memory.
 FP_DEV u32 smem_addr(const void* p) {
   u32 r;

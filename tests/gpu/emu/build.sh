@@ -1,0 +1,40 @@
+#!/bin/bash
+# Builds the CUDA-kernel emulator test binary: the GPU suite (tests/gpu/test_*.cpp) linked against
+# libflashport.a with jit:: replaced by emulated kernels (emu_runtime.cpp). No GPU needed.
+# Usage: tests/gpu/emu/build.sh <cmake build dir with the CUDA backend ON> [arch (default 90)]
+# Then:  FLASHPORT_EMU_LAZY_COPIES=0|1 <build>/emu/flashport_tests_emu --gtest_filter=...
+set -euo pipefail
+build=$(realpath "$1")
+arch=${2:-90}
+root=$(realpath "$(dirname "$0")/../../..")
+emu=$root/tests/gpu/emu
+out=$build/emu
+mkdir -p "$out"
+rm -f "$out"/*.o
+ninja -C "$build" flashport >/dev/null
+cxx="ccache g++"
+command -v ccache >/dev/null || cxx=g++
+common="-std=c++20 -O1 -g -Wall -Wno-unused-function -Wno-unused-variable -I$root/include -I$root/src"
+kernel_flags="$common -x c++ -include $emu/emu_cuda.hpp -I$emu -I$root/src/kernels"
+
+$cxx $common -o "$out/list_variants" "$emu/list_variants.cpp" "$build/libflashport.a" -fopenmp -ldl -lpthread
+jobs=()
+i=0
+while read -r flags; do
+  jobs+=("$kernel_flags $flags -c $emu/emu_attn_fwd.cpp -o $out/attn_fwd_$i.o")
+  i=$((i + 1))
+done < <("$out/list_variants" "$arch")
+for k in split_combine kvcache merge; do
+  jobs+=("$kernel_flags -c $emu/emu_$k.cpp -o $out/$k.o")
+done
+for f in emu_runtime emu_registry; do
+  jobs+=("$common -I$emu -I/usr/local/cuda/include -c $emu/$f.cpp -o $out/$f.o")
+done
+for t in "$root"/tests/gpu/test_*.cpp; do
+  case $(basename "$t") in test_fwd_*|test_merge_*) ;; *) continue ;; esac  # the kernels emulated here
+  jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I/usr/local/cuda/include -c $t -o $out/$(basename "$t" .cpp).o")
+done
+printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} sh -c "$cxx {}"
+$cxx -o "$out/flashport_tests_emu" "$out"/*.o "$build/libflashport.a" -lgtest -lgtest_main -fopenmp -ldl -lpthread \
+  -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,/usr/local/cuda/lib64
+echo "built $out/flashport_tests_emu"

@@ -1,0 +1,47 @@
+// Emulator stand-in for cuda/common/math.cuh: shuffles as warp collectives of emu_runtime.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/common/types.cuh"
+
+namespace flashport::emu {
+unsigned shfl_xor_bits(unsigned v, int mask);  // value of lane ^ mask (all 32 lanes take part)
+}
+
+namespace flashport::cuda {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+inline float fast_exp2(float x) {
+  return std::exp2(x);
+}
+inline float fast_log2(float x) {
+  return std::log2(x);
+}
+inline float shfl_xor(float v, int mask) {
+  return u32_as_float(emu::shfl_xor_bits(float_as_u32(v), mask));
+}
+inline u32 shfl_xor(u32 v, int mask) {
+  return emu::shfl_xor_bits(v, mask);
+}
+inline float quad_max(float v) {
+  v = std::fmax(v, shfl_xor(v, 1));
+  return std::fmax(v, shfl_xor(v, 2));
+}
+inline float quad_sum(float v) {
+  v += shfl_xor(v, 1);
+  return v + shfl_xor(v, 2);
+}
+inline float warp_max(float v) {
+  for (int m = 16; m > 0; m >>= 1) v = std::fmax(v, shfl_xor(v, m));
+  return v;
+}
+inline float warp_sum(float v) {
+  for (int m = 16; m > 0; m >>= 1) v += shfl_xor(v, m);
+  return v;
+}
+
+}  // namespace flashport::cuda

@@ -1,0 +1,2 @@
+// Emulator stand-in: nothing to patch for a host compiler.
+#pragma once

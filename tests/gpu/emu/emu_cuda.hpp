@@ -1,0 +1,50 @@
+// Prelude force-included (-include) before a CUDA kernel source compiled as host C++ for the
+// emulator: CUDA keywords and builtins mapped onto emu_runtime's cooperative threads.
+#pragma once
+
+#include <math.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/problem.h"
+
+namespace flashport::emu {
+
+struct Dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+/// The emulated thread running now (thread index within its block).
+const Dim3& thread_index();
+extern Dim3 g_block_index, g_grid_dim, g_block_dim;
+
+void sync_block();  // __syncthreads: every live thread of the block
+void sync_warp();   // __syncwarp: every live lane of the calling warp
+/// The block's dynamic shared memory.
+unsigned char* dynamic_shared();
+
+}  // namespace flashport::emu
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __grid_constant__
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __shared__ static
+#define threadIdx (::flashport::emu::thread_index())
+#define blockIdx (::flashport::emu::g_block_index)
+#define gridDim (::flashport::emu::g_grid_dim)
+#define blockDim (::flashport::emu::g_block_dim)
+#define __syncthreads() ::flashport::emu::sync_block()
+#define __syncwarp(...) ::flashport::emu::sync_warp()
+
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+// fmaxf / logf come from <math.h> (through <cmath>) in the global namespace.

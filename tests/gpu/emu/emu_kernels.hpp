@@ -1,0 +1,33 @@
+// The emulator's kernel table: each emulated kernel translation unit registers its entry point
+// under the jit::KernelSpec (entry + defines) that would select it on a GPU.
+#pragma once
+
+#include <string>
+
+#include "emu_cuda.hpp"
+#include "jit/jit.hpp"
+
+namespace flashport::emu {
+
+using KernelFn = void (*)(const void* params);
+struct KernelLaunch {
+  KernelFn fn;
+  const void* params;
+};
+
+/// "entry|K=V,K=V" in KernelSpec define order.
+std::string kernel_name(const jit::KernelSpec& spec);
+/// The registered kernel for `spec`, or null.
+KernelFn find_kernel(const jit::KernelSpec& spec);
+
+struct Registrar {
+  Registrar(const char* name, KernelFn fn);
+};
+
+/// Runs `launch` over `grid` blocks of `threads` fibers each.
+void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem);
+
+}  // namespace flashport::emu
+
+#define FP_EMU_STR2(x) #x
+#define FP_EMU_STR(x) FP_EMU_STR2(x)

@@ -1,0 +1,10 @@
+// The emulated merge_states kernel.
+#include "cuda/merge_states.cu"
+#include "emu_kernels.hpp"
+
+namespace {
+void trampoline(const void* p) {
+  ::merge_states(*static_cast<const flashport::cuda::MergeParams*>(p));
+}
+const flashport::emu::Registrar reg("merge_states|", trampoline);
+}  // namespace

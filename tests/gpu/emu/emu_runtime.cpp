@@ -1,0 +1,383 @@
+// A CPU emulator for the CUDA kernels: every GPU thread of a block is a cooperative fiber
+// (ucontext), barriers and warp collectives (shuffles, ldmatrix, mma.sync) follow the PTX ISA, and
+// the jit:: driver API is replaced so the real CUDA backend launches the emulated kernels. Slow
+// (seconds per small case); it exists to find layout, pipeline and bounds bugs without a GPU.
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/numeric.h"
+#include "emu_cuda.hpp"
+#include "emu_kernels.hpp"
+#include "flashport/error.hpp"
+#include "jit/jit.hpp"
+
+namespace flashport::emu {
+
+Dim3 g_block_index, g_grid_dim, g_block_dim;
+
+namespace {
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "emu: %s (block %u,%u,%u)\n", msg.c_str(), g_block_index.x, g_block_index.y,
+               g_block_index.z);
+  std::abort();
+}
+
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr size_t kSharedBytes = 232448;  // sm_90's per-block maximum (227 KB)
+
+struct Copy {
+  unsigned char* dst;
+  const unsigned char* src;
+  bool pred;
+};
+
+struct Fiber {
+  ucontext_t ctx;
+  std::unique_ptr<char[]> stack;
+  Dim3 tid;
+  bool done = false;
+  std::vector<std::vector<Copy>> groups{{}};  // committed groups, then the open one (last)
+};
+
+struct WarpState {
+  int live = 0, arrived = 0;
+  unsigned gen = 0;
+  alignas(16) unsigned char slots[32][64];
+};
+
+struct BlockState {
+  std::vector<Fiber> fibers;
+  ucontext_t main;
+  int current = -1;
+  int live = 0, arrived = 0;
+  unsigned gen = 0;
+  std::vector<WarpState> warps;
+  long long releases = 0;  // progress counter for deadlock detection
+};
+
+BlockState* g_block = nullptr;
+alignas(128) unsigned char g_shared[kSharedBytes];
+size_t g_shared_limit = 0;
+bool g_lazy_copies = false;
+std::mt19937 g_sched_rng(12345);
+
+Fiber& me() {
+  return g_block->fibers[(size_t)g_block->current];
+}
+
+void yield() {
+  swapcontext(&me().ctx, &g_block->main);
+}
+
+void perform(const Copy& c) {
+  if (c.pred)
+    std::memcpy(c.dst, c.src, 16);
+  else
+    std::memset(c.dst, 0, 16);
+}
+
+}  // namespace
+
+const Dim3& thread_index() {
+  return me().tid;
+}
+unsigned char* dynamic_shared() {
+  return g_shared;
+}
+
+void sync_block() {
+  BlockState& b = *g_block;
+  const unsigned gen = b.gen;
+  if (++b.arrived == b.live) {
+    b.arrived = 0, ++b.gen, ++b.releases;
+    return;
+  }
+  while (b.gen == gen) yield();
+}
+
+void sync_warp() {
+  WarpState& w = g_block->warps[me().tid.x / 32];
+  const unsigned gen = w.gen;
+  if (++w.arrived == w.live) {
+    w.arrived = 0, ++w.gen, ++g_block->releases;
+    return;
+  }
+  while (w.gen == gen) yield();
+}
+
+namespace {
+
+/// Deposits `in` in this lane's slot, waits for the warp, runs `body(slots)`, waits again.
+template <class In, class Body>
+void collective(const In& in, Body body) {
+  static_assert(sizeof(In) <= 64, "slot size");
+  WarpState& w = g_block->warps[me().tid.x / 32];
+  if (w.live != 32) die("warp collective with " + std::to_string(w.live) + " live lanes");
+  std::memcpy(w.slots[me().tid.x % 32], &in, sizeof(In));
+  sync_warp();
+  body(w.slots);
+  sync_warp();
+}
+
+template <class T>
+T slot(const unsigned char (*slots)[64], int lane) {
+  T v;
+  std::memcpy(&v, slots[lane], sizeof(T));
+  return v;
+}
+
+float elem(bool bf16, unsigned short h) {
+  return bf16 ? num::bf16_to_f32(h) : num::f16_to_f32(h);
+}
+
+}  // namespace
+
+unsigned shfl_xor_bits(unsigned v, int mask) {
+  unsigned out = 0;
+  const int lane = (int)(me().tid.x % 32);
+  collective(v, [&](const unsigned char(*s)[64]) { out = slot<unsigned>(s, lane ^ mask); });
+  return out;
+}
+
+void mma_16816(bool bf16, float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  struct In {
+    unsigned a[4], b[2];
+    float c[4];
+  } in;
+  std::memcpy(in.a, a, sizeof(in.a));
+  std::memcpy(in.b, b, sizeof(in.b));
+  std::memcpy(in.c, c, sizeof(in.c));
+  const int lane = (int)(me().tid.x % 32);
+  collective(in, [&](const unsigned char(*s)[64]) {
+    // PTX ISA fragment layouts for mma.m16n8k16 with 16-bit A/B and fp32 C/D:
+    // A: a0,a1 (g, 2t+i), a2,a3 (g+8, 2t+i), a4,a5 (g, 2t+8+i), a6,a7 (g+8, 2t+8+i);
+    // B: b0,b1 (k 2t+i, n g), b2,b3 (k 2t+8+i, n g); C: c0,c1 (g, 2t+i), c2,c3 (g+8, 2t+i).
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; ++l) {
+      const In x = slot<In>(s, l);
+      const int g = l / 4, t = l % 4;
+      for (int i = 0; i < 2; ++i) {
+        auto half = [&](unsigned r) { return elem(bf16, (unsigned short)(i ? r >> 16 : r & 0xffffu)); };
+        A[g][2 * t + i] = half(x.a[0]);
+        A[g + 8][2 * t + i] = half(x.a[1]);
+        A[g][2 * t + 8 + i] = half(x.a[2]);
+        A[g + 8][2 * t + 8 + i] = half(x.a[3]);
+        B[2 * t + i][g] = half(x.b[0]);
+        B[2 * t + 8 + i][g] = half(x.b[1]);
+        C[g][2 * t + i] = x.c[i];
+        C[g + 8][2 * t + i] = x.c[2 + i];
+      }
+    }
+    const int g = lane / 4, t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+      float acc = C[row][col];
+      for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+      c[e] = acc;
+    }
+  });
+}
+
+void ldmatrix(unsigned* r, int count, bool trans, unsigned smem_row) {
+  const int lane = (int)(me().tid.x % 32);
+  if (lane < 8 * count && (smem_row % 16 != 0 || smem_row + 16 > g_shared_limit))
+    die("ldmatrix row address " + std::to_string(smem_row) + " unaligned or beyond the dynamic smem (" +
+        std::to_string(g_shared_limit) + " bytes)");
+  collective(smem_row, [&](const unsigned char(*s)[64]) {
+    // Lanes 8i..8i+7 address the rows of matrix i. Without .trans thread `lane` gets row lane/4,
+    // columns 2(lane%4), +1; with .trans it gets column lane/4 of rows 2(lane%4), +1.
+    for (int i = 0; i < count; ++i) {
+      unsigned short v[2];
+      for (int e = 0; e < 2; ++e) {
+        const int row = trans ? 2 * (lane % 4) + e : lane / 4;
+        const int col = trans ? lane / 4 : 2 * (lane % 4) + e;
+        const unsigned addr = slot<unsigned>(s, 8 * i + row) + 2 * col;
+        std::memcpy(&v[e], g_shared + addr, 2);
+      }
+      r[i] = (unsigned)v[0] | (unsigned)v[1] << 16;
+    }
+  });
+}
+
+void cp_async(void* smem_dst, const void* src, bool pred) {
+  auto* dst = static_cast<unsigned char*>(smem_dst);
+  if ((dst - g_shared) % 16 != 0 || dst < g_shared || dst + 16 > g_shared + g_shared_limit)
+    die("cp.async shared destination unaligned or outside the dynamic smem");
+  if (pred && reinterpret_cast<uintptr_t>(src) % 16 != 0) die("cp.async global source not 16-byte aligned");
+  const Copy c{dst, static_cast<const unsigned char*>(src), pred};
+  if (g_lazy_copies)
+    me().groups.back().push_back(c);
+  else
+    perform(c);
+}
+
+void cp_async_commit() {
+  me().groups.emplace_back();
+}
+
+void cp_async_wait(int pending) {
+  auto& groups = me().groups;  // committed groups are all but the last (open) one
+  while ((int)groups.size() - 1 > pending) {
+    for (const Copy& c : groups.front()) perform(c);
+    groups.erase(groups.begin());
+  }
+}
+
+namespace {
+
+void fiber_entry(unsigned lo, unsigned hi) {
+  auto* launch = reinterpret_cast<const KernelLaunch*>((uintptr_t)lo | (uintptr_t)hi << 32);
+  launch->fn(launch->params);
+  Fiber& f = me();
+  // Outstanding lazy copies land when the thread exits (the hardware finishes them too).
+  for (auto& g : f.groups)
+    for (const Copy& c : g) perform(c);
+  f.done = true;
+  --g_block->live;
+  WarpState& w = g_block->warps[f.tid.x / 32];
+  --w.live;
+  // A thread that exits lets barriers complete without it.
+  if (g_block->live > 0 && g_block->arrived == g_block->live) g_block->arrived = 0, ++g_block->gen;
+  if (w.live > 0 && w.arrived == w.live) w.arrived = 0, ++w.gen;
+  ++g_block->releases;
+}
+
+void run_block(const KernelLaunch& launch, unsigned threads) {
+  BlockState b;
+  b.fibers.resize(threads);
+  b.live = (int)threads;
+  b.warps.resize((threads + 31) / 32);
+  for (unsigned t = 0; t < threads; ++t) b.warps[t / 32].live++;
+  std::memset(g_shared, 0xFF, g_shared_limit);  // NaN everywhere a kernel reads unwritten smem
+  g_block = &b;
+  const uintptr_t ptr = reinterpret_cast<uintptr_t>(&launch);
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = b.fibers[t];
+    f.tid = {t, 0, 0};
+    f.stack.reset(new char[kStackBytes]);
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = &b.main;
+    makecontext(&f.ctx, (void (*)())fiber_entry, 2, (unsigned)(ptr & 0xffffffffu), (unsigned)(ptr >> 32));
+  }
+  std::vector<int> order(threads);
+  for (unsigned t = 0; t < threads; ++t) order[t] = (int)t;
+  int idle_rounds = 0;
+  while (b.live > 0) {
+    std::shuffle(order.begin(), order.end(), g_sched_rng);  // varied interleavings expose races
+    const long long before = b.releases;
+    for (int t : order) {
+      if (b.fibers[(size_t)t].done) continue;
+      b.current = t;
+      swapcontext(&b.main, &b.fibers[(size_t)t].ctx);
+    }
+    idle_rounds = b.releases == before ? idle_rounds + 1 : 0;
+    if (idle_rounds > 3) die("deadlock: threads wait at barriers that can never complete");
+  }
+  g_block = nullptr;
+}
+
+}  // namespace
+
+void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem) {
+  if (dynamic_smem > kSharedBytes) die("dynamic smem " + std::to_string(dynamic_smem) + " above 227 KB");
+  const char* lazy = std::getenv("FLASHPORT_EMU_LAZY_COPIES");
+  g_lazy_copies = lazy && *lazy == '1';
+  g_shared_limit = dynamic_smem;
+  g_grid_dim = grid;
+  g_block_dim = {threads, 1, 1};
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        g_block_index = {x, y, z};
+        run_block(launch, threads);
+      }
+}
+
+}  // namespace flashport::emu
+
+// ---------------------------------------------------------------------------------------------
+// The jit:: driver API, emulated: every pointer is "device 0", kernels come from emu_kernels.
+
+namespace flashport::jit {
+
+namespace {
+int emu_arch() {
+  const char* a = std::getenv("FLASHPORT_EMU_ARCH");
+  return a ? std::atoi(a) : 90;
+}
+std::mutex g_kernels_mutex;
+std::map<std::string, std::unique_ptr<Kernel>> g_kernels;
+}  // namespace
+
+bool driver_available() {
+  return true;
+}
+int device_count() {
+  return 1;
+}
+int pointer_device(const void*) {
+  return 0;
+}
+int device_arch(int) {
+  return emu_arch();
+}
+int device_sm_count(int) {
+  return 132;
+}
+void* alloc_async(size_t bytes, void*) {
+  return std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+}
+void free_async(void* ptr, void*) {
+  std::free(ptr);
+}
+void memset_async(void* ptr, unsigned char value, size_t bytes, void*) {
+  std::memset(ptr, value, bytes);
+}
+namespace detail {
+int driver_cuda_version() {
+  return 12080;
+}
+}  // namespace detail
+
+const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
+  std::lock_guard<std::mutex> lock(g_kernels_mutex);
+  auto& k = g_kernels[spec.key()];
+  if (!k) {
+    const emu::KernelFn fn = emu::find_kernel(spec);
+    if (!fn) throw Error("kernel " + spec.key(), "not compiled into the emulator (tests/gpu/emu/build.sh)");
+    k = std::make_unique<Kernel>();
+    k->function = reinterpret_cast<void*>(fn);
+    k->device = device;
+    k->key = spec.key();
+  }
+  k->max_dynamic_smem = std::max(k->max_dynamic_smem, dynamic_smem);
+  return *k;
+}
+
+void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+            int dynamic_smem, void*, void** args) {
+  if (dynamic_smem > kernel.max_dynamic_smem)
+    throw Error("kernel " + kernel.key, "dynamic smem above get()'s");
+  static const bool verbose = std::getenv("FLASHPORT_EMU_VERBOSE") != nullptr;
+  if (verbose)
+    std::fprintf(stderr, "emu launch %s grid (%u,%u,%u) block %u smem %d\n", kernel.key.c_str(), grid_x,
+                 grid_y, grid_z, block_x, dynamic_smem);
+  const emu::KernelLaunch launch{reinterpret_cast<emu::KernelFn>(kernel.function), args[0]};
+  emu::launch_grid(launch, {grid_x, grid_y, grid_z}, block_x, (size_t)dynamic_smem);
+}
+
+}  // namespace flashport::jit
