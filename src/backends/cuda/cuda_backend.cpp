@@ -1,9 +1,11 @@
 // The CUDA backend: what it supports, and dispatch to the forward, kv-cache, merge and backward launchers.
 #include "backends/cuda/cuda_backend.hpp"
 
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/forward.hpp"
+#include "backends/cuda/hopper_fwd.hpp"
 #include "flashport/tensor.hpp"
 #include "jit/jit.hpp"
 #if __has_include("backends/cuda/backward.hpp")
@@ -23,6 +25,25 @@ namespace {
 
 std::string type_name(int t) {
   return dtype_name(static_cast<DType>(t));
+}
+
+/// FLASHPORT_CUDA_FORWARD=portable|hopper forces one forward kernel (tests, benchmarks); unset: automatic.
+const char* forced_forward() {
+  static const char* forced = std::getenv("FLASHPORT_CUDA_FORWARD");
+  return forced ? forced : "";
+}
+
+/// The Hopper kernel (TMA, wgmma, warp specialisation) runs when the GPU is sm_90 and the call is one it
+/// covers. It has no split-KV, so calls that cannot fill the GPU with 128-row query tiles (decode-like)
+/// stay on the portable kernel, which splits the keys.
+bool use_hopper(const AttnProblem& p) {
+  const std::string forced = forced_forward();
+  if (forced == "portable") return false;
+  const int device = jit::pointer_device(p.q.ptr);
+  if (!hopper::unsupported(p, jit::device_arch(device)).empty()) return false;
+  if (forced == "hopper") return true;
+  const long long tiles = p.batch * p.hq * ((p.sq + 127) / 128);
+  return tiles * 2 >= jit::device_sm_count(device);
 }
 
 class CudaBackend final : public core::Backend {
@@ -57,7 +78,12 @@ class CudaBackend final : public core::Backend {
     return {};
   }
 
-  void forward(const AttnProblem& p, Impl) const override { launch_forward(p); }
+  void forward(const AttnProblem& p, Impl) const override {
+    if (use_hopper(p))
+      hopper::forward(p);
+    else
+      launch_forward(p);
+  }
   void backward(const AttnProblem& p, Impl) const override { launch_backward(p); }
   void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override { launch_forward_kvcache(kp); }
   void merge_states(const core::MergeProblem& mp) const override { launch_merge_states(mp); }

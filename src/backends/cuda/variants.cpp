@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "backends/cuda/hopper_fwd.hpp"
 #include "backends/cuda/tiles.hpp"
 #include "core/problem.h"
 #if __has_include("backends/cuda/backward.hpp")
@@ -48,11 +49,12 @@ std::vector<jit::KernelSpec> all_variants(int arch) {
 #ifdef FLASHPORT_CUDA_HAVE_BACKWARD
   for (auto& spec : backward_variants(arch)) specs.push_back(std::move(spec));
 #endif
+  for (auto& spec : hopper::variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }
 
 bool is_main_kernel(const jit::KernelSpec& spec) {
-  return spec.entry == "attn_fwd" || spec.entry == "attn_bwd";
+  return spec.entry == "attn_fwd" || is_main_backward_kernel(spec) || hopper::is_main_kernel(spec);
 }
 
 }  // namespace flashport::cuda
