@@ -52,7 +52,7 @@ FP_DEV Seq sequence(const AttnProblem& p, i64 b) {
   if (p.seqused_k) n = (i64)p.seqused_k[b] + p.seqused_k_add;
   if (p.cu_seqlens_k && !p.block_table) {  // k_offset's row base: cu_seqlens_k[b] + token
     const i64 s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
-    const i64 cap = (s0 < 0 || s1 < s0) ? 0 : s1 - s0;
+    const i64 cap = (s0 < 0 || s1 < s0 || (p.total_k > 0 && s1 > p.total_k)) ? 0 : s1 - s0;
     n = p.seqused_k ? (n < cap ? n : cap) : cap;
   } else if (p.cu_seqlens_k && !p.seqused_k) {
     const i64 s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];

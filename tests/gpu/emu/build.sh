@@ -11,7 +11,7 @@ emu=$root/tests/gpu/emu
 out=$build/emu
 mkdir -p "$out"
 rm -f "$out"/*.o
-ninja -C "$build" flashport >/dev/null
+ninja -C "$build" flashport >/dev/null || { echo "building libflashport.a failed: ninja -C $build flashport"; exit 1; }
 cxx="ccache g++"
 command -v ccache >/dev/null || cxx=g++
 common="-std=c++20 -O1 -g -Wall -Wno-unused-function -Wno-unused-variable -I$root/include -I$root/src"
