@@ -2,6 +2,7 @@
 // (median of repeats after a warm-up), checks each timed configuration once against the reference on a
 // slice, prints progress and writes one JSON line per row (peer fields null: bench/peer_torch.py fills them).
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +33,8 @@ struct Options {
   std::vector<int64_t> dims{64, 128};
   std::vector<std::string> dtypes{"f32", "bf16"};
   std::vector<std::string> modes{"fwd", "fwd+bwd"};
+  std::vector<bool> causal{false, true};
+  bool check = true;  // the once-per-row correctness check against the reference
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -50,8 +53,11 @@ std::vector<int64_t> split_ints(const std::string& s) {
 void usage() {
   std::puts(
       "usage: flashport_bench [--out PATH] [--reps N] [--tokens N] [--hidden N] [--seqlens a,b]\n"
-      "                       [--dims a,b] [--dtypes f32,bf16,f16] [--modes fwd,fwd+bwd] [--quick]\n"
-      "Times the CPU fast path on batch*seqlen = tokens, nheads*headdim = hidden; one JSON line per row.");
+      "                       [--dims a,b] [--dtypes f32,bf16,f16] [--modes fwd,fwd+bwd] [--causal 0|1]\n"
+      "                       [--no-check] [--quick]\n"
+      "Times the CPU fast path on batch*seqlen = tokens, nheads*headdim = hidden; one JSON line per row.\n"
+      "Each line records this executable (\"driver\") and its row arguments (\"rerun\") so that\n"
+      "bench/peer_torch.py can re-time a row next to its peer.");
 }
 
 Options parse(int argc, char** argv) {
@@ -81,6 +87,10 @@ Options parse(int argc, char** argv) {
       o.dtypes = split(value());
     } else if (arg == "--modes") {
       o.modes = split(value());
+    } else if (arg == "--causal") {
+      o.causal = {value() != "0"};
+    } else if (arg == "--no-check") {
+      o.check = false;
     } else if (arg == "--quick") {
       o.seqlens = {512, 1024};
       o.reps = 3;
@@ -206,6 +216,11 @@ Row run_config(const Options& o, const std::string& mode, const std::string& dty
   const double flops = forward_flops(b, h, s, d, causal) * (backward ? 3.5 : 1.0);
   row.gflops = flops / row.ms / 1e6;
 
+  if (!o.check) {
+    row.pass = true;
+    row.max_err = 0.0;
+    return row;
+  }
   // Correctness of the timed configuration, once: the reference (and, for the accuracy rule, the
   // baseline) on the slice. dQ rows depend only on their own query rows, so the slice's reference
   // backward gives exactly the full problem's dQ there; dK/dV would need every row and are skipped.
@@ -251,17 +266,27 @@ Row run_config(const Options& o, const std::string& mode, const std::string& dty
   return row;
 }
 
-std::string json(const Row& r, int threads) {
-  char buf[512];
+/// This executable's absolute path (so a peer script can re-run single rows), or argv[0].
+std::string self_path(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, (size_t)n) : std::string(argv0);
+}
+
+std::string json(const Row& r, int threads, const Options& o, const std::string& driver) {
+  char buf[1024];
   std::snprintf(
       buf, sizeof buf,
       "{\"backend\": \"cpu\", \"impl\": \"fast\", \"peer\": null, \"mode\": \"%s\", \"dtype\": \"%s\", "
       "\"b\": %lld, \"hq\": %lld, \"d\": %lld, \"sq\": %lld, \"sk\": %lld, \"causal\": %s, \"pass\": %s, "
       "\"max_err\": %.3g, \"ms\": %.4f, \"tflops\": %.6f, \"peer_ms\": null, \"peer_tflops\": null, "
-      "\"threads\": %d}",
+      "\"threads\": %d, \"driver\": \"%s\", \"rerun\": [\"--modes\", \"%s\", \"--dtypes\", \"%s\", "
+      "\"--dims\", \"%lld\", \"--seqlens\", \"%lld\", \"--causal\", \"%d\", \"--tokens\", \"%lld\", "
+      "\"--hidden\", \"%lld\", \"--reps\", \"%d\", \"--no-check\"]}",
       r.mode.c_str(), r.dtype.c_str(), (long long)r.b, (long long)r.h, (long long)r.d, (long long)r.s,
       (long long)r.s, r.causal ? "true" : "false", r.pass ? "true" : "false", r.max_err, r.ms, r.gflops / 1e3,
-      threads);
+      threads, driver.c_str(), r.mode.c_str(), r.dtype.c_str(), (long long)r.d, (long long)r.s,
+      r.causal ? 1 : 0, (long long)o.tokens, (long long)o.hidden, o.reps);
   return buf;
 }
 
@@ -270,20 +295,22 @@ std::string json(const Row& r, int threads) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const int threads = omp_get_max_threads();
+  const std::string driver = self_path(argv[0]);
   std::FILE* out = std::fopen(o.out.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "cannot write %s\n", o.out.c_str());
     return 2;
   }
   std::mt19937_64 gen(std::random_device{}());
-  const int total = (int)(o.modes.size() * o.dtypes.size() * o.dims.size() * o.seqlens.size() * 2);
+  const int total =
+      (int)(o.modes.size() * o.dtypes.size() * o.dims.size() * o.seqlens.size() * o.causal.size());
   std::printf("flashport_bench: CPU fast path, %d threads, %lld tokens, nheads*d = %lld, median of %d\n",
               threads, (long long)o.tokens, (long long)o.hidden, o.reps);
   int n = 0, failures = 0;
   for (const std::string& mode : o.modes) {
     for (const std::string& dt : o.dtypes) {
       for (int64_t d : o.dims) {
-        for (bool causal : {false, true}) {
+        for (bool causal : o.causal) {
           for (int64_t s : o.seqlens) {
             const Row r = run_config(o, mode, dt, d, s, causal, gen);
             failures += r.pass ? 0 : 1;
@@ -292,7 +319,7 @@ int main(int argc, char** argv) {
                 ++n, total, mode.c_str(), dt.c_str(), (long long)d, (long long)s, causal ? 1 : 0, r.ms,
                 r.gflops, r.pass ? "pass" : "FAIL", r.max_err);
             std::fflush(stdout);
-            std::fprintf(out, "%s\n", json(r, threads).c_str());
+            std::fprintf(out, "%s\n", json(r, threads, o, driver).c_str());
             std::fflush(out);
           }
         }

@@ -4,16 +4,12 @@
 // Textual include after fast_simd.hpp (see there): compiled once per ISA.
 
 /// Online-softmax update of the running max `m` and sum `l` (log2 units) with a tile of scores
-/// (nk x kBlockQ), which it turns into probabilities. `alpha` receives the factor the accumulated
-/// output rows must be rescaled by. Rows with no visible key so far keep m = -inf, l = 0 and get
-/// alpha = 0 and P = 0 (the max used for the exponent is 0 there, so no inf - inf).
-inline void online_softmax(float* s, int nk, float* m, float* l, float* alpha) {
-  float m_new[kBlockQ], m_use[kBlockQ], sum[kBlockQ];
-  for (int r = 0; r < kBlockQ; ++r) m_new[r] = m[r];
-  for (int j = 0; j < nk; ++j) {
-    const float* s_j = s + j * kBlockQ;
-    for (int r = 0; r < kBlockQ; ++r) m_new[r] = s_j[r] > m_new[r] ? s_j[r] : m_new[r];
-  }
+/// (nk x kBlockQ), which it turns into probabilities. `m_new` holds the tile's column max merged with
+/// `m` on entry. `alpha` receives the factor the accumulated output rows must be rescaled by. Rows
+/// with no visible key so far keep m = -inf, l = 0 and get alpha = 0 and P = 0 (the max used for the
+/// exponent is 0 there, so no inf - inf).
+inline void online_softmax(float* s, int nk, const float* m_new, float* m, float* l, float* alpha) {
+  float m_use[kBlockQ], sum[kBlockQ];
   for (int r = 0; r < kBlockQ; ++r) {
     m_use[r] = m_new[r] == kNegInf ? 0.0f : m_new[r];
     alpha[r] = exp2_neg(m[r] - m_use[r]);
@@ -29,6 +25,15 @@ inline void online_softmax(float* s, int nk, float* m, float* l, float* alpha) {
     }
   }
   for (int r = 0; r < kBlockQ; ++r) l[r] = madd(l[r], alpha[r], sum[r]);
+}
+
+/// max(m, column max of the scores): the new running max of a tile that needed masking or a transform.
+inline void column_max(const float* s, int nk, const float* m, float* m_new) {
+  for (int r = 0; r < kBlockQ; ++r) m_new[r] = m[r];
+  for (int j = 0; j < nk; ++j) {
+    const float* s_j = s + j * kBlockQ;
+    for (int r = 0; r < kBlockQ; ++r) m_new[r] = s_j[r] > m_new[r] ? s_j[r] : m_new[r];
+  }
 }
 
 /// Widens keys [j0, j1) of kv head hk of sequence b to fp32 rows (through the block table when paged),
@@ -62,6 +67,7 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const Pac
   float* m = mem.take(kBlockQ);
   float* l = mem.take(kBlockQ);
   float* alpha = mem.take(kBlockQ);
+  float* m_new = mem.take(kBlockQ);
   int* lo = mem.take_int(kBlockQ);
   int* hi = mem.take_int(kBlockQ);
 
@@ -96,11 +102,18 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const Pac
     const float* v_rows = kv ? kv->v + j0 * kv->v_ld : v_tile;
     const long long k_ld = kv ? kv->k_ld : d_pad, v_ld = kv ? kv->v_ld : dv_pad;
     if (!kv) pack_kv(p, b, hk, j0, j0 + nk, k_tile, d_pad, v_tile, dv_pad);
-    // S^T = K Q^T (keys x queries).
-    gemm(s_tile, kBlockQ, nk, kBlockQ / W, k_rows, k_ld, 1, q_t, kBlockQ, d, nullptr, Store::overwrite);
-    if (sp.transform) transform_scores(sp, s_tile, nullptr, nk, j0, diag0);
-    if (!tile_fully_visible(lo, hi, nq, j0, nk)) mask_scores(s_tile, nk, j0, lo, hi);
-    online_softmax(s_tile, nk, m, l, alpha);
+    // S^T = K Q^T (keys x queries). A tile with neither mask nor transform takes its column max in
+    // the micro-kernel's epilogue; the others after masking.
+    const bool plain = !sp.transform && tile_fully_visible(lo, hi, nq, j0, nk);
+    std::copy(m, m + kBlockQ, m_new);
+    gemm(s_tile, kBlockQ, nk, kBlockQ / W, k_rows, k_ld, 1, q_t, kBlockQ, d, m_new,
+         plain ? Store::overwrite_max : Store::overwrite);
+    if (!plain) {
+      if (sp.transform) transform_scores(sp, s_tile, nullptr, nk, j0, diag0);
+      if (!tile_fully_visible(lo, hi, nq, j0, nk)) mask_scores(s_tile, nk, j0, lo, hi);
+      column_max(s_tile, nk, m, m_new);
+    }
+    online_softmax(s_tile, nk, m_new, m, l, alpha);
     if (p.dropout_p > 0.0f) dropout_scale(p, b, h, i0, nq, j0, nk, s_tile);
     // O = alpha * O + P V; A(r = query, k = key) = P^T[key][query].
     gemm(o_acc, dv_pad, nq, dv_pad / W, s_tile, 1, kBlockQ, v_rows, v_ld, nk, alpha, Store::rescale);

@@ -70,9 +70,10 @@ FAST_INLINE float tanh_fast(float x) {
 // (broadcast), B rows contiguous (vector loads). Every matmul of both passes is this one shape.
 
 enum class Store : int {
-  overwrite,   // C = AB
-  accumulate,  // C += AB
-  rescale,     // C = C * row_scale[r] + AB (online softmax)
+  overwrite,      // C = AB
+  accumulate,     // C += AB
+  rescale,        // C = C * aux[r] + AB (online softmax)
+  overwrite_max,  // C = AB, and aux[column] = max(aux[column], max over rows of C)
 };
 
 /// A W-float vector in GCC's portable vector extension: one zmm/ymm/xmm register per value.
@@ -94,8 +95,8 @@ template <int R, int V>
 __attribute__((optimize("fp-contract=fast"))) void gemm_tile(float* __restrict c, long long ldc,
                                                              const float* __restrict a, long long a_rs,
                                                              long long a_ks, const float* __restrict b,
-                                                             long long ldb, int kdim,
-                                                             const float* __restrict row_scale, Store mode) {
+                                                             long long ldb, int kdim, float* __restrict aux,
+                                                             Store mode) {
   vec_t acc[R][V] = {};
   for (int k = 0; k < kdim; ++k) {
     const float* b_k = b + k * ldb;
@@ -110,19 +111,29 @@ __attribute__((optimize("fp-contract=fast"))) void gemm_tile(float* __restrict c
       for (int v = 0; v < V; ++v) acc[r][v] += a_rk * b_v[v];
     }
   }
+  if (mode == Store::overwrite_max) {
+#pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      vec_t mx = vload(aux + v * W);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) mx = acc[r][v] > mx ? acc[r][v] : mx;
+      vstore(aux + v * W, mx);
+    }
+  }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    const float s = mode == Store::rescale ? row_scale[r] : 1.0f;
+    const float s = mode == Store::rescale ? aux[r] : 1.0f;
 #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) {
       float* c_rv = c + r * ldc + v * W;
-      vstore(c_rv, mode == Store::overwrite ? acc[r][v] : vload(c_rv) * s + acc[r][v]);
+      const bool plain = mode == Store::overwrite || mode == Store::overwrite_max;
+      vstore(c_rv, plain ? acc[r][v] : vload(c_rv) * s + acc[r][v]);
     }
   }
 }
 
 using GemmTileFn = void (*)(float*, long long, const float*, long long, long long, const float*, long long,
-                            int, const float*, Store);
+                            int, float*, Store);
 
 template <size_t... I>
 constexpr std::array<GemmTileFn, sizeof...(I)> make_gemm_tiles(std::index_sequence<I...>) {
@@ -133,15 +144,19 @@ inline constexpr std::array<GemmTileFn, MR* NV> kGemmTiles =
     make_gemm_tiles(std::make_index_sequence<MR * NV>{});
 
 /// C (m rows x nvec vectors, row stride ldc) (op)= A (m x kdim, strides a_rs/a_ks) * B (kdim x nvec
-/// vectors, row stride ldb). B must be readable for whole vectors (zero-padded past the data).
+/// vectors, row stride ldb). B must be readable for whole vectors (zero-padded past the data). `aux`
+/// is the per-row scale of Store::rescale or the per-column running max of Store::overwrite_max.
 inline void gemm(float* c, long long ldc, int m, int nvec, const float* a, long long a_rs, long long a_ks,
-                 const float* b, long long ldb, int kdim, const float* row_scale, Store mode) {
+                 const float* b, long long ldb, int kdim, float* aux, Store mode) {
   for (int v0 = 0; v0 < nvec; v0 += NV) {
     const int nv = std::min(NV, nvec - v0);
     for (int r0 = 0; r0 < m; r0 += MR) {
       const int mr = std::min(MR, m - r0);
+      float* tile_aux = mode == Store::rescale         ? aux + r0
+                        : mode == Store::overwrite_max ? aux + v0 * W
+                                                       : nullptr;
       kGemmTiles[(mr - 1) * NV + nv - 1](c + r0 * ldc + v0 * W, ldc, a + r0 * a_rs, a_rs, a_ks, b + v0 * W,
-                                         ldb, kdim, row_scale ? row_scale + r0 : nullptr, mode);
+                                         ldb, kdim, tile_aux, mode);
     }
   }
 }
