@@ -1,24 +1,15 @@
 // The CUDA backend: what it supports, and dispatch to the forward, kv-cache, merge and backward launchers.
 #include "backends/cuda/cuda_backend.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "backends/cuda/backward.hpp"
 #include "backends/cuda/forward.hpp"
 #include "backends/cuda/hopper_fwd.hpp"
 #include "flashport/tensor.hpp"
 #include "jit/jit.hpp"
-#if __has_include("backends/cuda/backward.hpp")
-#include "backends/cuda/backward.hpp"
-#else
-#include "flashport/error.hpp"
-namespace flashport::cuda {
-// Stand-in until src/backends/cuda/backward.hpp (the backward launcher) exists.
-inline void launch_backward(const AttnProblem&) {
-  throw Error("", "the CUDA backward is not built yet");
-}
-}  // namespace flashport::cuda
-#endif
 
 namespace flashport::cuda {
 namespace {
@@ -67,6 +58,9 @@ class CudaBackend final : public core::Backend {
       return "head dim must be <= 256 on CUDA, got d = " + std::to_string(p.d) +
              ", dv = " + std::to_string(p.dv);
     if (p.hq > 65535) return "at most 65535 query heads on CUDA, got " + std::to_string(p.hq);
+    if (p.sq > INT32_MAX || p.sk > INT32_MAX)
+      return "sequence lengths must be below 2^31 on CUDA, got " + std::to_string(p.sq) + " x " +
+             std::to_string(p.sk);
     if (backward && p.block_table) return "backward through paged K/V is not supported on CUDA";
     if (backward && (p.kv_batch_idx || p.leftpad_k)) return "backward through a KV cache is not supported";
     const int device = jit::pointer_device(p.q.ptr);

@@ -65,46 +65,68 @@ void launch_aux(const jit::KernelSpec& spec, int device, long long rows, void* s
   jit::launch(kernel, (unsigned)blocks, 1, 1, kAuxThreads, 0, stream, args);
 }
 
+/// How a forward call is launched: tile, GQA packing, grid and split count.
+struct FwdGeometry {
+  int arch, bucket;
+  FwdTile tile;
+  int pack_gqa;        // 1, or hq / hk (see RowMap in attn_fwd.cuh)
+  long long m_blocks;  // grid x
+  long long heads;     // grid y: query heads, or kv heads when packing
+  int splits;
+};
+
+FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
+  FwdGeometry g{};
+  g.arch = jit::device_arch(device);
+  g.bucket = head_dim_bucket(p.d, p.dv);
+  g.tile = fwd_tile(g.arch, g.bucket);
+  const long long bm = g.tile.block_m, group = p.hq / p.hk;
+  // Pack the query heads of a kv head into the block rows when that needs fewer CTAs (short query
+  // lengths: decode): each kv head's K/V is then read once instead of `group` times.
+  const long long blocks_plain = group * ((p.sq + bm - 1) / bm), blocks_packed = (p.sq * group + bm - 1) / bm;
+  g.pack_gqa = group > 1 && blocks_packed < blocks_plain ? (int)group : 1;
+  g.m_blocks = (p.sq * g.pack_gqa + bm - 1) / bm;
+  g.heads = g.pack_gqa > 1 ? p.hk : p.hq;
+  g.splits = 1;
+  if (num_splits == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return g;
+  const long long key_tiles = (p.sk + g.tile.block_n - 1) / g.tile.block_n;
+  long long splits = num_splits > 1 ? num_splits
+                                    : heuristic_splits(g.m_blocks * g.heads * p.batch,
+                                                       jit::device_sm_count(device), key_tiles);
+  splits = std::min<long long>({splits, (long long)kMaxSplits, key_tiles});
+  if (p.batch * splits > kMaxGridYZ) splits = 1;
+  g.splits = (int)std::max<long long>(splits, 1);
+  return g;
+}
+
 }  // namespace
 
 int forward_num_splits(const AttnProblem& p, int num_splits) {
-  if (num_splits == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return 1;
-  const int device = device_of(p.q.ptr, "q");
-  const int arch = jit::device_arch(device);
-  const FwdTile tile = fwd_tile(arch, head_dim_bucket(p.d, p.dv));
-  const long long key_tiles = (p.sk + tile.block_n - 1) / tile.block_n;
-  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
-  int splits = num_splits > 1
-                   ? num_splits
-                   : heuristic_splits(m_blocks * p.hq * p.batch, jit::device_sm_count(device), key_tiles);
-  splits = (int)std::min<long long>({(long long)splits, (long long)kMaxSplits, key_tiles});
-  if (p.batch * splits > kMaxGridYZ) splits = 1;
-  return std::max(splits, 1);
+  return fwd_geometry(p, num_splits, device_of(p.q.ptr, "q")).splits;
 }
 
 void launch_forward(const AttnProblem& p, int num_splits) {
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
-  const int device = device_of(p.q.ptr, "q");
-  const int arch = jit::device_arch(device);
-  const int bucket = head_dim_bucket(p.d, p.dv);
-  const FwdTile tile = fwd_tile(arch, bucket);
-  const int smem = fwd_smem_bytes(tile, bucket);
-  const jit::Kernel& kernel = jit::get(forward_spec(arch, p.in_type, bucket), device, smem);
   if (p.hq > kMaxGridYZ) throw Error("q", "more than 65535 heads are not supported on CUDA");
+  const int device = device_of(p.q.ptr, "q");
+  const FwdGeometry geo = fwd_geometry(p, num_splits, device);
+  const int smem = fwd_smem_bytes(geo.tile, geo.bucket);
+  const jit::Kernel& kernel = jit::get(forward_spec(geo.arch, p.in_type, geo.bucket), device, smem);
 
   FwdParams prm{};
   prm.p = p;
   prm.vec = vec_flags(p);
-  prm.num_splits = forward_num_splits(p, num_splits);
-  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
-  const unsigned threads = 32u * (unsigned)tile.warps;
+  prm.num_splits = geo.splits;
+  prm.pack_gqa = geo.pack_gqa;
+  const unsigned threads = 32u * (unsigned)geo.tile.warps;
+  const unsigned gx = (unsigned)geo.m_blocks, gy = (unsigned)geo.heads;
   void* args[] = {&prm};
   if (prm.num_splits == 1) {
     // Grid z holds at most 65535 sequences: launch in batch chunks.
     for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {
       prm.batch_offset = b0;
       const long long nb = std::min(kMaxGridYZ, p.batch - b0);
-      jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)nb, threads, smem, p.stream, args);
+      jit::launch(kernel, gx, gy, (unsigned)nb, threads, smem, p.stream, args);
     }
     return;
   }
@@ -117,9 +139,8 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   prm.lse_partial = reinterpret_cast<float*>(scratch + o_bytes);
   prm.batch_offset = 0;
   try {
-    jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)(p.batch * prm.num_splits), threads,
-                smem, p.stream, args);
-    launch_aux(split_combine_spec(arch), device, rows, p.stream, &prm);
+    jit::launch(kernel, gx, gy, (unsigned)(p.batch * prm.num_splits), threads, smem, p.stream, args);
+    launch_aux(split_combine_spec(geo.arch), device, rows, p.stream, &prm);
   } catch (...) {
     jit::free_async(scratch, p.stream);
     throw;

@@ -3,13 +3,10 @@
 
 #include <string>
 
+#include "backends/cuda/backward.hpp"
 #include "backends/cuda/hopper_fwd.hpp"
 #include "backends/cuda/tiles.hpp"
 #include "core/problem.h"
-#if __has_include("backends/cuda/backward.hpp")
-#include "backends/cuda/backward.hpp"
-#define FLASHPORT_CUDA_HAVE_BACKWARD 1
-#endif
 
 namespace flashport::cuda {
 
@@ -46,9 +43,7 @@ std::vector<jit::KernelSpec> all_variants(int arch) {
   specs.push_back(kv_append_spec(arch));
   specs.push_back(rotate_q_spec(arch));
   specs.push_back(merge_states_spec(arch));
-#ifdef FLASHPORT_CUDA_HAVE_BACKWARD
   for (auto& spec : backward_variants(arch)) specs.push_back(std::move(spec));
-#endif
   for (auto& spec : hopper::variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }

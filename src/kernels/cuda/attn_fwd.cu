@@ -7,40 +7,44 @@
 namespace flashport::cuda::fwd {
 
 /// Writes this warp's finished rows: O = acc_o * fac[r] to p.o (or the fp32 split workspace), and the
-/// LSE. `s_o` is this warp's 16 rows of s_q: only this warp ever read them, and every cp.async has
-/// landed (the caller waited and synchronised), so they can stage the output for 16-byte stores.
+/// LSE. Block rows `row0 + ...` map to (query, head) through `rows`; only rows below `packed_len` exist.
+/// `s_o` is this warp's 16 rows of s_q: only this warp ever read them, and every cp.async has landed
+/// (the caller waited and synchronised), so they can stage the output for 16-byte stores.
 FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const float (&fac)[2],
-                         const float (&lse)[2], u16* s_o, i64 b, i64 h, i64 row0, i64 len_q, int split) {
+                         const float (&lse)[2], u16* s_o, i64 b, const RowMap& rows, int row0, i64 packed_len,
+                         int split) {
   const AttnProblem& p = prm.p;
   const int lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   if (prm.num_splits > 1) {
-    // Partial results: fp32 (split, b, h, i, c) and (split, b, h, i).
-    const i64 base = ((split * p.batch + b) * p.hq + h) * p.sq;
+    // Partial results: fp32 (split, b, h, i, c) and (split, b, h, i); dense queries only.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const i64 i = row0 + g + 8 * r;
-      if (i >= len_q) continue;
-      float* o = prm.o_partial + (base + i) * p.dv;
+      const int local = row0 + g + 8 * r;
+      if (rows.m0 + local >= packed_len) continue;
+      const i64 base = ((split * p.batch + b) * p.hq + rows.head(local)) * p.sq + rows.query(local);
+      float* o = prm.o_partial + base * p.dv;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         const int col = dt * 8 + 2 * t4;
         if (col < p.dv) o[col] = acc_o[dt][2 * r] * fac[r], o[col + 1] = acc_o[dt][2 * r + 1] * fac[r];
       }
-      if (t4 == 0) prm.lse_partial[base + i] = lse[r];
+      if (t4 == 0) prm.lse_partial[base] = lse[r];
     }
     return;
   }
   if (p.lse && t4 == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (row0 + g + 8 * r < len_q) p.lse[lse_offset(p, b, h, row0 + g + 8 * r)] = lse[r];
+    for (int r = 0; r < 2; ++r) {
+      const int local = row0 + g + 8 * r;
+      if (rows.m0 + local < packed_len) p.lse[lse_offset(p, b, rows.head(local), rows.query(local))] = lse[r];
+    }
   }
   if (p.out_type != Elem::kElemType) {  // other output dtypes (fp8 inputs): element stores
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const i64 i = row0 + g + 8 * r;
-      if (i >= len_q) continue;
-      const i64 off = q_offset(p, p.o, b, i, h);
+      const int local = row0 + g + 8 * r;
+      if (rows.m0 + local >= packed_len) continue;
+      const i64 off = q_offset(p, p.o, b, rows.query(local), rows.head(local));
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         const int col = dt * 8 + 2 * t4;
@@ -52,7 +56,7 @@ FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const
     return;
   }
   // Stage (16, kHeadDim) in smem: lane (g, t4) writes 4 bytes at row g (+8), column dt * 8 + 2 t4;
-  // the 272-byte (kPitch) row stride makes the 32 lanes hit 32 distinct banks.
+  // the kPitch row stride (16 or 80 bytes mod 128) puts the 32 lanes on 32 distinct banks.
 #pragma unroll
   for (int dt = 0; dt < kDTiles; ++dt) {
 #pragma unroll
@@ -67,10 +71,10 @@ FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const
 #pragma unroll
   for (int c = lane; c < 16 * kChunks; c += 32) {
     const int row = c / kChunks, ch = c % kChunks;
-    const i64 i = row0 + row;
-    if (i >= len_q || ch * 8 >= p.dv) continue;
+    const int local = row0 + row;
+    if (rows.m0 + local >= packed_len || ch * 8 >= p.dv) continue;
     const U32x4 v = ld_shared_16(smem_addr(s_o + row * kPitch + ch * 8));
-    u16* dst = g_o + q_offset(p, p.o, b, i, h) + ch * 8;
+    u16* dst = g_o + q_offset(p, p.o, b, rows.query(local), rows.head(local)) + ch * 8;
     if (vec) {
       st_global_16(dst, v);
     } else {
@@ -87,8 +91,8 @@ using namespace flashport;
 using namespace flashport::cuda;
 using namespace flashport::cuda::fwd;
 
-/// Grid: x = query blocks (reversed, so the costliest causal blocks start first), y = query heads,
-/// z = batch * num_splits. Block: kThreads. Dynamic smem: kSmemBytes.
+/// Grid: x = query blocks (reversed, so the costliest causal blocks start first), y = query heads (kv
+/// heads when packing GQA), z = batch * num_splits. Block: kThreads. Dynamic smem: kSmemBytes.
 extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_constant__ FwdParams prm) {
   const AttnProblem& p = prm.p;
   u16* s_q = dynamic_smem<u16>();      // (kBlockM, kPitch)
@@ -96,18 +100,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   u16* s_v = s_k + kStages * kSmemKV;  // kStages x (kBlockN, kPitch)
 
   const i64 m_block = (i64)gridDim.x - 1 - block_x();
-  const i64 h = block_y();
   const i64 b = prm.batch_offset + block_z() / prm.num_splits;
   const int split = (int)(block_z() % prm.num_splits);
   const Seq seq = sequence(p, b);
-  const i64 m0 = m_block * kBlockM;
-  if (m0 >= seq.len_q) return;  // whole CTA: no barrier has been reached yet
-  const i64 hk = kv_head(p, h);
-  const i64 last_row = (m0 + kBlockM < seq.len_q ? m0 + kBlockM : seq.len_q) - 1;
+  const i64 group = prm.pack_gqa;
+  const i64 hk = group > 1 ? block_y() : kv_head(p, block_y());
+  const RowMap rows{m_block * kBlockM, group, group > 1 ? block_y() * group : block_y()};
+  const i64 packed_len = seq.len_q * group;
+  if (rows.m0 >= packed_len) return;  // whole CTA: no barrier has been reached yet
+  // The block's first and last queries (rows beyond packed_len are padding, never stored).
+  const i64 first_row = rows.m0 / group;
+  const i64 last_row = ((rows.m0 + kBlockM < packed_len ? rows.m0 + kBlockM : packed_len) - 1) / group;
 
   // Key tiles this CTA visits: the union of its rows' visible ranges (both bounds are
   // non-decreasing in the row), cut into splits. Tiles inside every row's range need no mask.
-  const sem::KeyRange first = sem::visible_keys(m0, seq.len_q, seq.len_k, p.window_left, p.window_right);
+  const sem::KeyRange first =
+      sem::visible_keys(first_row, seq.len_q, seq.len_k, p.window_left, p.window_right);
   const sem::KeyRange last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right);
   const i64 key_lo = first.lo, key_hi = last.hi > first.lo ? last.hi : first.lo;
   i64 tile_begin = key_lo / kBlockN, tile_end = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : tile_begin;
@@ -124,21 +132,27 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   ScoreCtx ctx;
   ctx.scale = p.scale * dsc_qk;
   ctx.scale_log2 = ctx.scale * kLog2e;
-  ctx.slope = alibi_slope(p, b, h);
   ctx.plain = p.softcap <= 0.0f && !p.alibi;
-  ctx.len_q = seq.len_q, ctx.len_k = seq.len_k;
+  ctx.len_q = (int)seq.len_q, ctx.len_k = (int)seq.len_k;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    ctx.row[r] = m0 + 16 * warp + (lane >> 2) + 8 * r;
-    ctx.keys[r] = sem::visible_keys(ctx.row[r], seq.len_q, seq.len_k, p.window_left, p.window_right);
+    const int local = 16 * warp + (lane >> 2) + 8 * r;
+    ctx.row[r] = (int)rows.query(local);
+    ctx.head[r] = (int)rows.head(local);
+    ctx.slope[r] = alibi_slope(p, b, ctx.head[r]);
+    const sem::KeyRange kr =
+        sem::visible_keys(ctx.row[r], seq.len_q, seq.len_k, p.window_left, p.window_right);
+    ctx.key_lo[r] = (int)clamp_i64(kr.lo, 0, seq.len_k);
+    ctx.key_hi[r] = (int)clamp_i64(kr.hi, 0, seq.len_k);
   }
 
   // Tile loaders (every thread takes a share of the 16-byte chunks; rows outside the sequence and
   // columns beyond d / dv are zero-filled so padded rows and columns contribute exact zeros).
   const bool vec_q = prm.vec & kVecQ, vec_k = prm.vec & kVecK, vec_v = prm.vec & kVecV;
   auto load_q = [&] {
-    load_tile<kBlockM>(s_q, p.q.ptr, p.d, vec_q,
-                       [&](int r) { return m0 + r < seq.len_q ? q_offset(p, p.q, b, m0 + r, h) : (i64)-1; });
+    load_tile<kBlockM>(s_q, p.q.ptr, p.d, vec_q, [&](int r) {
+      return rows.m0 + r < packed_len ? q_offset(p, p.q, b, rows.query(r), rows.head(r)) : (i64)-1;
+    });
   };
   // Key rows through the shared addressing helper; without a block table it is affine in the key
   // index, so one base per operand (instead of a full k_offset per row) keeps the loaders light.
@@ -219,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
     transform_scores(acc_s, p, ctx, j0, masked);
     online_softmax(acc_s, acc_o, st);
-    if (p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b, h);
+    if (p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
 
     // V(t) has landed (pending after it: the pairs after t).
     if constexpr (kStages >= 2)
@@ -246,5 +260,5 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     fac[r] = l > 0.0f ? out_scale / l : 0.0f;
     lse[r] = l > 0.0f ? st.m[r] * kLn2 + logf(l) : kNegInf;
   }
-  store_output(prm, acc_o, fac, lse, s_q + 16 * warp * kPitch, b, h, m0 + 16 * warp, seq.len_q, split);
+  store_output(prm, acc_o, fac, lse, s_q + 16 * warp * kPitch, b, rows, 16 * warp, packed_len, split);
 }

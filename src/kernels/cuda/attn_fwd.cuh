@@ -66,6 +66,18 @@ FP_DEV Seq sequence(const AttnProblem& p, i64 b) {
   return {len_q, n};
 }
 
+/// Which (query, head) a block row is. Without GQA packing a block holds queries m0 .. m0 + kBlockM
+/// of one head; packing (FwdParams::pack_gqa = hq / hk) interleaves the `group` query heads of one kv
+/// head: packed row pr = i * group + g is query i of head kv_head * group + g, so decode-like calls
+/// fill the block's rows and read each kv head's K/V once.
+struct RowMap {
+  i64 m0;         // first packed row of the block
+  i64 group;      // 1, or hq / hk when packing
+  i64 head_base;  // query head of packed row g = 0
+  FP_DEV i64 query(i64 r) const { return (m0 + r) / group; }
+  FP_DEV i64 head(i64 r) const { return head_base + (m0 + r) % group; }
+};
+
 /// Copies rows [0, kRows) of a (rows, kHeadDim) tile into s_tile (pitch kPitch). `row_offset(r)` is
 /// the element offset of row r in `g_base`, negative for rows to zero-fill; columns >= ncols are
 /// zero-filled. `vec`: rows are 16-byte aligned (cp.async); else synchronous 2-byte loads.
@@ -138,15 +150,18 @@ FP_DEV void compute_pv(float (&acc_o)[kDTiles][4], const float (&acc_s)[kNTiles]
   }
 }
 
-/// What the score transform of one CTA needs (per thread: its two rows g and g + 8).
+/// What the score transform of one CTA needs (per thread: its two rows g and g + 8). Positions within
+/// a sequence are 32-bit (the host rejects lengths >= 2^31; cu_seqlens are int32 anyway): it keeps
+/// this state small in registers. Memory offsets stay 64-bit.
 struct ScoreCtx {
-  float scale;            // softmax scale (times fp8 descales)
-  float scale_log2;       // scale * log2(e): the whole transform when `plain`
-  float slope;            // ALiBi slope of (b, h)
-  bool plain;             // no softcap, no ALiBi
-  i64 row[2];             // query positions of this thread's rows (within the sequence)
-  sem::KeyRange keys[2];  // their visible key ranges
-  i64 len_q, len_k;
+  float scale;       // softmax scale (times fp8 descales)
+  float scale_log2;  // scale * log2(e): the whole transform when `plain`
+  bool plain;        // no softcap, no ALiBi
+  int len_q, len_k;
+  int row[2];                // query positions of this thread's rows (within the sequence)
+  int head[2];               // their query heads (differ when packing GQA)
+  float slope[2];            // their ALiBi slopes
+  int key_lo[2], key_hi[2];  // their visible key ranges, clamped to [0, len_k]
 };
 
 /// Scores in log2 units (SPEC steps 1-4): raw dots -> scale, softcap, ALiBi (shared policy), times
@@ -166,7 +181,8 @@ FP_DEV void transform_scores(float (&acc_s)[kNTiles][4], const AttnProblem& p, c
       for (int e = 0; e < 4; ++e) {
         const i64 j = j0 + nt * 8 + 2 * t4 + (e & 1);
         acc_s[nt][e] =
-            score<float>(p, acc_s[nt][e], c.scale, c.slope, c.row[e >> 1], j, c.len_q, c.len_k) * kLog2e;
+            score<float>(p, acc_s[nt][e], c.scale, c.slope[e >> 1], c.row[e >> 1], j, c.len_q, c.len_k) *
+            kLog2e;
       }
     }
   }
@@ -175,8 +191,8 @@ FP_DEV void transform_scores(float (&acc_s)[kNTiles][4], const AttnProblem& p, c
   int lo[2], hi[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    lo[r] = (int)clamp_i64(c.keys[r].lo - j0, 0, kBlockN);
-    hi[r] = (int)clamp_i64(c.keys[r].hi - j0, 0, kBlockN);
+    lo[r] = (int)clamp_i64(c.key_lo[r] - j0, 0, kBlockN);
+    hi[r] = (int)clamp_i64(c.key_hi[r] - j0, 0, kBlockN);
   }
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
@@ -226,8 +242,8 @@ FP_DEV void online_softmax(float (&acc_s)[kNTiles][4], float (&acc_o)[kDTiles][4
 /// One Philox call per (row, key pair): keys j, j+1 (j even) share the words of j / 4. The Philox
 /// loop stays rolled (its state would otherwise be replicated kNTiles times in registers); the keep
 /// bits go through a 64-bit mask, bit 4 nt + e for element e of n-tile nt.
-FP_DEV void apply_dropout(float (&acc_s)[kNTiles][4], const AttnProblem& p, const ScoreCtx& c, i64 j0, i64 b,
-                          i64 h) {
+FP_DEV void apply_dropout(float (&acc_s)[kNTiles][4], const AttnProblem& p, const ScoreCtx& c, i64 j0,
+                          i64 b) {
   static_assert(kNTiles * 4 <= 64, "keep mask holds 64 elements");
   const int t4 = lane_id() & 3;
   u64 keep = 0;
@@ -236,7 +252,7 @@ FP_DEV void apply_dropout(float (&acc_s)[kNTiles][4], const AttnProblem& p, cons
     const i64 j = j0 + nt * 8 + 2 * t4;  // even: j0 is a multiple of kBlockN
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const sem::Philox4 w = sem::dropout_words(p.seed, p.offset, c.row[r], j, b, p.hq, h);
+      const sem::Philox4 w = sem::dropout_words(p.seed, p.offset, c.row[r], j, b, p.hq, c.head[r]);
       const u32 w0 = (j & 2) ? w.x[2] : w.x[0], w1 = (j & 2) ? w.x[3] : w.x[1];  // words j % 4, (j+1) % 4
       const u64 bits = (u64)(w0 >= p.dropout_threshold) | (u64)(w1 >= p.dropout_threshold) << 1;
       keep |= bits << (4 * nt + 2 * r);

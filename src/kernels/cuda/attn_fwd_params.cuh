@@ -18,6 +18,8 @@ struct FwdParams {
   float* lse_partial;      // (num_splits, batch, hq, sq) fp32
   long long batch_offset;  // sequence index of grid z = 0 (batches beyond grid z's 65535 limit)
   int num_splits;          // >= 1
+  int pack_gqa;            // 1, or hq / hk: a block's rows are (query, head of the kv head's group) pairs
+                           // and grid y runs over kv heads (see RowMap in attn_fwd.cuh)
   int vec;                 // VecFlags
 };
 

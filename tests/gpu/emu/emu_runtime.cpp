@@ -315,6 +315,9 @@ void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t
 namespace flashport::jit {
 
 namespace {
+// Only the portable kernels are emulated: keep the dispatcher off the Hopper (TMA/wgmma) path.
+const bool g_portable_forward = [] { return setenv("FLASHPORT_CUDA_FORWARD", "portable", 0) == 0; }();
+
 int emu_arch() {
   const char* a = std::getenv("FLASHPORT_EMU_ARCH");
   return a ? std::atoi(a) : 90;
