@@ -118,7 +118,7 @@ inline void backward_block(const AttnProblem& p, const BackwardShared& shared, c
            Store::overwrite);
       if (dropout) {
         std::fill(z_t, z_t + tile, 1.0f);
-        dropout_scale(p, b, h, i0, nq, j0, nk, z_t);
+        dropout_scale(p, b, h, i0, j0, nk, z_t);
       }
       const float* delta = q_tile + qt.delta;
       if (dropout && softcap) score_grads<true, true>(p_t, dp_t, z_t, th_t, delta, nk);

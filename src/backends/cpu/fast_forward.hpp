@@ -114,7 +114,7 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const Pac
       column_max(s_tile, nk, m, m_new);
     }
     online_softmax(s_tile, nk, m_new, m, l, alpha);
-    if (p.dropout_p > 0.0f) dropout_scale(p, b, h, i0, nq, j0, nk, s_tile);
+    if (p.dropout_p > 0.0f) dropout_scale(p, b, h, i0, j0, nk, s_tile);
     // O = alpha * O + P V; A(r = query, k = key) = P^T[key][query].
     gemm(o_acc, dv_pad, nq, dv_pad / W, s_tile, 1, kBlockQ, v_rows, v_ld, nk, alpha, Store::rescale);
   }
