@@ -207,6 +207,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     }
   }
 
+  // Warps whose 16 rows are all padding (short or decode blocks) only help load K/V: warp-uniform skip.
+  const bool warp_has_rows = rows.m0 + 16 * warp < packed_len;
   const i64 lo_last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right).lo;
   const i64 hi_first = first.hi;
   for (int t = 0; t < n_tiles; ++t) {
@@ -229,11 +231,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
       cp_async_commit();
     }
 
-    compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
-    const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
-    transform_scores(acc_s, p, ctx, j0, masked);
-    online_softmax(acc_s, acc_o, st);
-    if (p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
+    if (warp_has_rows) {
+      compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
+      const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
+      transform_scores(acc_s, p, ctx, j0, masked);
+      online_softmax(acc_s, acc_o, st);
+      if (p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
+    }
 
     // V(t) has landed (pending after it: the pairs after t).
     if constexpr (kStages >= 2)
@@ -245,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
       if (t + 1 < n_tiles) load_k(t + 1);
       cp_async_commit();
     }
-    compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
+    if (warp_has_rows) compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
   }
 
   // Finalize: O / l (times the dropout rescale and the fp8 V descale); LSE = ln(2^m * l). A row
