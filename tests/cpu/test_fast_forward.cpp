@@ -64,8 +64,10 @@ TEST(FastForward, ShapesFeaturesDtypes) {
   }
 }
 
-TEST(FastForward, ValueHeadDimDiffers) {
+TEST(FastForward, HeadDims) {
   expect_accurate(fastcheck::dense(DType::f32, 1, 70, 90, 4, 2, 64, 40));
+  expect_accurate(apply(fastcheck::dense(DType::f16, 1, 50, 75, 2, 1, 256, 256), kFeatures[4]));
+  expect_accurate(fastcheck::dense(DType::f32, 1, 33, 40, 1, 1, 1, 3));
   expect_accurate(apply(fastcheck::dense(DType::bf16, 1, 90, 70, 2, 1, 40, 128), kFeatures[1]));
 }
 
@@ -109,6 +111,49 @@ TEST(FastForward, PagedKv) {
     expect_accurate(c);
     expect_accurate(apply(c, kFeatures[1]));
     expect_accurate(apply(c, kFeatures[7]));
+  }
+}
+
+TEST(FastForward, KvCacheAppendRotaryLeftpadBatchIdxPaged) {
+  for (bool paged : {false, true}) {
+    SCOPED_TRACE(paged ? "paged" : "dense cache");
+    const int64_t b = 3, sq = 5, hq = 4, hk = 2, d = 64, s_new = 5, s_cache = 96, page = 16;
+    const DType dt = DType::bf16;
+    const std::vector<int32_t> seqlens{40, 77, 0};
+    HostTensor q = randn(dt, {b, sq, hq, d}), k_new = randn(dt, {b, s_new, hk, d}),
+               v_new = randn(dt, {b, s_new, hk, d});
+    HostTensor k_cache =
+        paged ? randn(dt, {b * s_cache / page + 2, page, hk, d}) : randn(dt, {4, s_cache, hk, d});
+    HostTensor v_cache =
+        paged ? randn(dt, {b * s_cache / page + 2, page, hk, d}) : randn(dt, {4, s_cache, hk, d});
+    HostTensor cos_t = randn(dt, {s_cache, 16}), sin_t = randn(dt, {s_cache, 16});
+    HostTensor seqlens_t = int_tensor(seqlens), pad_t = int_tensor({3, 0, 0}), idx_t = int_tensor({2, 0, 3});
+    std::vector<int32_t> table_ids((size_t)(b * s_cache / page));
+    std::iota(table_ids.begin(), table_ids.end(), 2);
+    std::shuffle(table_ids.begin(), table_ids.end(), rng());
+    HostTensor table(DType::i32, {b, s_cache / page});
+    std::copy(table_ids.begin(), table_ids.end(), table.i32());
+    auto run = [&](Impl impl) {
+      fastcheck::Forward f{HostTensor(dt, {b, sq, hq, d}), HostTensor(DType::f32, {b, hq, sq})};
+      poison(f.out);
+      poison(f.lse);
+      KvCacheArgs a;
+      a.q = q, a.k_cache = k_cache, a.v_cache = v_cache, a.out = f.out, a.lse = f.lse.view();
+      a.k_new = k_new.view(), a.v_new = v_new.view(), a.cache_seqlens = seqlens_t.view();
+      a.rotary_cos = cos_t.view(), a.rotary_sin = sin_t.view(), a.rotary_interleaved = false;
+      if (paged) {
+        a.block_table = table.view();
+      } else {
+        a.cache_leftpad = pad_t.view(), a.cache_batch_idx = idx_t.view();
+      }
+      a.options.causal = true;
+      a.impl = impl;
+      forward_kvcache(a);  // the append writes the same values each time
+      return f;
+    };
+    const fastcheck::Forward fast = run(Impl::fast), ref = run(Impl::reference), base = run(Impl::baseline);
+    EXPECT_TRUE(accuracy_rule(fast.out, base.out, ref.out)) << "out";
+    EXPECT_TRUE(accuracy_rule(fast.lse, base.lse, ref.lse)) << "lse";
   }
 }
 
