@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -394,6 +395,10 @@ inline void expect_forward_accurate(const FwdCase& c) {
   const GpuResult gpu = run_gpu(c, in);
   const FwdResult ref = run_cpu(c, in, Impl::reference);
   const FwdResult base = run_cpu(c, in, Impl::baseline);
+  if (std::getenv("FLASHPORT_TEST_VERBOSE"))
+    std::printf("%-150.150s out %.3g (base %.3g) lse %.3g (base %.3g)\n", c.describe().c_str(),
+                max_abs_diff(gpu.out, ref.out), max_abs_diff(base.out, ref.out),
+                max_abs_diff(gpu.lse, ref.lse), max_abs_diff(base.lse, ref.lse));
   EXPECT_EQ(gpu.out_nan, 0) << "output elements unwritten (or padding overwritten)";
   EXPECT_EQ(gpu.lse_nan, 0) << "LSE elements unwritten";
   EXPECT_TRUE(accuracy_rule(gpu.out, base.out, ref.out)) << "out";

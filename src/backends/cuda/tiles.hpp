@@ -22,10 +22,10 @@ constexpr int fwd_smem_bytes(const FwdTile& t, int bucket) {
   return (t.block_m + 2 * t.stages * t.block_n) * (bucket + 8) * 2;
 }
 
-/// Register budget: 8-warp CTAs run one or two per SM (<= 255 registers per thread; ptxas reports
-/// about 130 at d32, 170 at d64, 215 at d128, 240 at d256, no spills). Per thread the accumulators take
-/// bucket/2 (O) + block_n/2 (S) registers; block_n shrinks as the head dim grows to keep ptxas free of
-/// spills (block_n 128 at d64 reached 250 registers for no gain in reuse).
+/// Register budget: 8-warp CTAs, <= 255 registers per thread; ptxas (NVRTC, sm_80 and sm_90a) reports
+/// about 155 at d32, 170-180 at d64, 220 at d128, 236-244 at d160..d256, no spills. Per thread the
+/// accumulators take bucket/2 (O) + block_n/2 (S) registers; block_n shrinks as the head dim grows so
+/// the rest (addresses, softmax state, fragments in flight) fits beside them.
 constexpr FwdTile fwd_tile(int arch, int bucket) {
   const bool big_smem = arch == 80 || arch == 87 || arch >= 90;  // 163 KB / 227 KB per block
   if (bucket <= 64) return {128, 64, 8, 2};    // 31 KB (d32) / 55 KB (d64): two CTAs per SM fit

@@ -85,7 +85,9 @@ template <int kRows, class RowOffset>
 FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowOffset row_offset) {
   constexpr int kTotal = kRows * kChunks;
   const u16* g = static_cast<const u16*>(g_base);
-#pragma unroll
+  // Rolled on purpose: unrolled, ptxas hoists every chunk's row/column/predicate out of the tile loop
+  // and keeps them live next to the accumulators (spills at d >= 224).
+#pragma unroll 1
   for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
     const int c = it * kThreads + (int)threadIdx.x;
     if (kTotal % kThreads != 0 && c >= kTotal) break;
