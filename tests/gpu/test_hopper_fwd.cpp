@@ -131,7 +131,7 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.k.batch_stride = 0; }));  // broadcast batch
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
   for (const auto& spec : hopper::variants(90)) EXPECT_TRUE(hopper::is_main_kernel(spec)) << spec.key();
-  EXPECT_EQ(hopper::variants(90).size(), 10u);
+  EXPECT_EQ(hopper::variants(90).size(), 34u);  // 2 dtypes x (5 head dims + 4 persistent + 8 alternatives)
   EXPECT_TRUE(hopper::variants(80).empty());
 }
 
@@ -162,6 +162,25 @@ TEST(HopperFwd, LongCausalAndFull) {
   expect_hopper_accurate(dense(DType::bf16, 1, 1024, 1024, 2, 1, 128));
   for (int64_t d : {64, 128, 256})
     expect_hopper_accurate(with(dense(DType::bf16, 1, 1024, 1024, 2, 2, d), kCausal));
+}
+
+// More query blocks than SMs (132 on an H200): a persistent CTA (FLASHPORT_HOPPER_PERSISTENT=1) runs
+// several blocks, carrying the K/V ring, the Q buffer and the ping-pong turn across blocks of
+// different key-tile counts, blocks past a varlen sequence's end and blocks without keys.
+TEST(HopperFwd, ManyBlocks) {
+  FP_SKIP_WITHOUT_SM90();
+  expect_hopper_accurate(dense(DType::bf16, 24, 260, 130, 4, 2, 64));                 // 288 blocks
+  expect_hopper_accurate(with(dense(DType::f16, 20, 300, 300, 4, 1, 128), kCausal));  // 1-3 key tiles
+  expect_hopper_accurate(with(dense(DType::bf16, 12, 400, 100, 4, 1, 64), kCausal));  // blocks without keys
+  FwdCase c = with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), kCausal);
+  c.layout = Layout::varlen;
+  c.q_lens.clear();
+  c.k_lens.clear();
+  for (int64_t i = 0; i < 30; ++i) {
+    c.q_lens.push_back(i * 37 % 390);
+    c.k_lens.push_back(i % 7 == 3 ? 0 : (i * 53 + 11) % 420);
+  }
+  expect_hopper_accurate(c);
 }
 
 TEST(HopperFwd, SmallMasks) {

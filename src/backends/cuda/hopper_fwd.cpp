@@ -6,7 +6,10 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "flashport/error.hpp"
@@ -38,8 +41,77 @@ bool supported_head_dim(long long d) {
   return std::find(std::begin(kHeadDims), std::end(kHeadDims), d) != std::end(kHeadDims);
 }
 
-jit::KernelSpec make_spec(int elem_type, int d) {
-  const Tile t = tile_for(d);
+/// A kernel shape: the tile plus how many eighths of the exponentials run on the FMA pipe
+/// (FP_EXP_EMU, softmax_sm90.cuh; 0 = all on the SFU).
+struct Shape {
+  Tile tile;
+  int exp_emu;
+  bool persistent = false;  // FP_PERSISTENT: grid = SM count, CTAs loop over query blocks
+};
+
+constexpr bool shape_fits(int d, Shape s) {
+  const Tile t = s.tile;
+  return t.block_m == kBlockM && t.block_n >= 16 && t.block_n <= 256 && t.block_n % 16 == 0 &&
+         t.stages >= 2 && t.stages <= 8 && smem_bytes(d, t) <= kSmemLimit && s.exp_emu >= 0 && s.exp_emu <= 8;
+}
+
+/// Timing alternatives, compiled by variants() so CI checks them for spills (ptxas, CUDA 13: none
+/// spill, consumer peaks <= R235 of 240). Selected only through FLASHPORT_HOPPER_TILE.
+struct Alternative {
+  int d;
+  Shape shape;
+};
+constexpr Alternative kAlternatives[] = {
+    {64, {{kBlockM, 192, 2}, 0}},  {64, {{kBlockM, 128, 3}, 0}},  {64, {{kBlockM, 128, 2}, 2}},
+    {64, {{kBlockM, 128, 2}, 3}},  {64, {{kBlockM, 192, 2}, 2}},  {128, {{kBlockM, 176, 2}, 0}},
+    {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}},
+};
+
+constexpr bool alternatives_fit() {
+  for (const Alternative& a : kAlternatives)
+    if (!shape_fits(a.d, a.shape)) return false;
+  return true;
+}
+static_assert(alternatives_fit(), "a Hopper timing alternative breaks the kernel's limits");
+
+/// FLASHPORT_HOPPER_TILE="d:block_n:stages[:exp_emu][,...]" (e.g. "64:192:2,128:176:2:0") replaces
+/// the shape of the named head dims; parsed once; malformed entries or shapes over the kernel's
+/// limits are ignored (the table's shape stays). For timing variants in one process.
+Shape shape_for(int d) {
+  static const std::array<Shape, 5> shapes = [] {
+    std::array<Shape, 5> r{};
+    for (int i = 0; i < 5; ++i) r[i] = {tile_for(kHeadDims[i]), 0};
+    const char* env = std::getenv("FLASHPORT_HOPPER_TILE");
+    for (const char* s = env; s && *s;) {
+      int hd = 0, bn = 0, st = 0, emu = 0;
+      const int got = std::sscanf(s, "%d:%d:%d:%d", &hd, &bn, &st, &emu);
+      if (got >= 3) {
+        const Shape shape{{kBlockM, bn, st}, got >= 4 ? emu : 0};
+        for (int i = 0; i < 5; ++i)
+          if (kHeadDims[i] == hd && shape_fits(hd, shape)) r[i] = shape;
+      }
+      const char* comma = std::strchr(s, ',');
+      s = comma ? comma + 1 : nullptr;
+    }
+    return r;
+  }();
+  for (int i = 0; i < 5; ++i)
+    if (kHeadDims[i] == d) return shapes[i];
+  return {tile_for(d), 0};
+}
+
+/// FLASHPORT_HOPPER_PERSISTENT=1 (read once) selects the persistent kernel for every head dim but
+/// 256, whose persistent build spills 8 bytes (a per-block counter, outside the key loop).
+bool persistent_for(int d) {
+  static const bool on = [] {
+    const char* env = std::getenv("FLASHPORT_HOPPER_PERSISTENT");
+    return env && env[0] == '1';
+  }();
+  return on && d != 256;
+}
+
+jit::KernelSpec make_spec(int elem_type, int d, Shape shape) {
+  const Tile t = shape.tile;
   jit::KernelSpec spec;
   spec.source = kSource;
   spec.entry = kEntry;
@@ -49,6 +121,8 @@ jit::KernelSpec make_spec(int elem_type, int d) {
                   {"FP_BLOCK_M", std::to_string(t.block_m)},
                   {"FP_BLOCK_N", std::to_string(t.block_n)},
                   {"FP_STAGES", std::to_string(t.stages)}};
+  if (shape.exp_emu > 0) spec.defines.push_back({"FP_EXP_EMU", std::to_string(shape.exp_emu)});
+  if (shape.persistent) spec.defines.push_back({"FP_PERSISTENT", "1"});
   return spec;
 }
 
@@ -109,7 +183,7 @@ struct Plans {
 /// Tensor-map plans of q, k, v for `p` (varlen: one batch of total rows; coordinates start at
 /// cu_seqlens[b]). Sets `error` on the first failure.
 Plans plan_maps(const AttnProblem& p, std::string& error) {
-  const Tile tile = tile_for((int)p.d);
+  const Tile tile = shape_for((int)p.d).tile;
   const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
   const long long q_rows = varlen_q ? p.total_q : p.sq;
   const long long k_rows = varlen_k ? p.total_k : p.sk;
@@ -189,7 +263,11 @@ void forward(const AttnProblem& p) {
   if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
   const int d = (int)p.d;
-  const Tile tile = tile_for(d);
+  Shape shape = shape_for(d);
+  const Tile tile = shape.tile;
+  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
+  const long long blocks = m_blocks * p.hq * p.batch;
+  shape.persistent = persistent_for(d) && blocks < (1LL << 30);  // the kernel counts blocks in int
   const int smem = smem_bytes(d, tile);
   std::string error;
   const Plans plans = plan_maps(p, error);
@@ -206,17 +284,26 @@ void forward(const AttnProblem& p) {
 
   const int device = jit::pointer_device(p.q.ptr);
   if (device < 0) throw Error("q", "is not a CUDA device pointer");
-  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d), device, smem);
+  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d, shape), device, smem);
   void* args[] = {&prm, &tma_q, &tma_k, &tma_v};
-  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
-  jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)p.batch, kThreads, smem, p.stream, args);
+  if (shape.persistent) {
+    const long long ctas = std::min<long long>(blocks, jit::device_sm_count(device));
+    jit::launch(kernel, (unsigned)ctas, 1, 1, kThreads, smem, p.stream, args);
+  } else {
+    jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)p.batch, kThreads, smem, p.stream,
+                args);
+  }
 }
 
 std::vector<jit::KernelSpec> variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   if (arch != 90) return specs;
-  for (int elem_type : {(int)kF16, (int)kBF16})
-    for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d));
+  for (int elem_type : {(int)kF16, (int)kBF16}) {
+    for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0}));
+    for (int d : kHeadDims)
+      if (d != 256) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, true}));
+    for (const Alternative& a : kAlternatives) specs.push_back(make_spec(elem_type, a.d, a.shape));
+  }
   return specs;
 }
 

@@ -2,7 +2,8 @@
 // TMA + mbarrier ring; two consumer warpgroups (64 query rows each) compute S = Q K^T and O += P V with
 // wgmma and the online softmax in registers, overlapping one tile's softmax with the next tile's
 // GEMMs (intra-warpgroup) and with the other warpgroup's GEMMs (ping-pong). Shape from -D FP_DTYPE,
-// FP_HEADDIM, FP_BLOCK_M, FP_BLOCK_N, FP_STAGES (tile_for in cuda/hopper/fwd_sm90_config.h).
+// FP_HEADDIM, FP_BLOCK_M, FP_BLOCK_N, FP_STAGES (tile_for in cuda/hopper/fwd_sm90_config.h);
+// FP_PERSISTENT=1 makes every CTA loop over query blocks (grid = SM count).
 #include "cuda/common/rtc_compat.cuh"
 // (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "core/problem.h"
@@ -12,7 +13,17 @@
 #include "cuda/hopper/softmax_sm90.cuh"
 #include "cuda/hopper/wgmma.cuh"
 
+#ifndef FP_PERSISTENT
+#define FP_PERSISTENT 0
+#endif
+
 namespace flashport::cuda::hopper {
+
+/// Persistent CTAs: one per SM, each taking query blocks blockIdx.x, + gridDim.x, ... in launch
+/// order (sequence, head, query block from the last); the K/V ring, the Q buffer and the ping-pong
+/// turn carry over from one block to the next, so the next block's first loads overlap this one's
+/// last GEMMs and no CTA launch or tail wave separates them.
+constexpr bool kPersistent = FP_PERSISTENT != 0;
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory. Every tile is stored as 64-column chunks of rows x 128 bytes in the 128B-swizzle
@@ -23,7 +34,9 @@ struct alignas(1024) SharedStorage {
   u16 q[kChunks][kBlockM][64];                    // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
   u16 k[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
   u16 v[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
-  u64 bar_q;                                      // Q landed (one phase per CTA)
+  u64 bar_q;                                      // Q landed (one phase per query block)
+  u64 bar_q_empty;                                // persistent: 8 consumer warps done with Q (and O staging)
+  int m_blocks, tiles;                            // persistent schedule: query blocks per head, in all
   u64 bar_k_full[kStages], bar_k_empty[kStages];  // full: TMA bytes landed; empty: 8 consumer warps done
   u64 bar_v_full[kStages], bar_v_empty[kStages];
 };
@@ -42,6 +55,15 @@ constexpr int kConsumerWarps = 8;  // arrivals that release a K or V stage
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
 
+/// threadIdx.x read by a volatile asm: persistent CTAs would otherwise compute the epilogue's
+/// thread-dependent addresses once, before the loop over query blocks, and keep them (spilled)
+/// across the whole main loop.
+FP_DEV int thread_index() {
+  u32 tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return (int)tid;
+}
+
 FP_DEV u32 bar_addr(const u64& bar) {
   return smem_addr(&bar);
 }
@@ -59,23 +81,35 @@ FP_DEV void tma_load_chunk(u32 s_dst, const TmaDesc& desc, const TmaDims& dims, 
   sm90::tma_load_4d(s_dst, desc, bar, column, c1, c2, c3);
 }
 
-/// Q once, then K and V of every key tile from n_max - 1 down to n_min through the stage ring.
-/// Stage s is reused once all 8 consumer warps released it: the empty-barrier wait uses the
-/// opposite parity of the consumers' full-barrier wait, so the first pass does not block.
-FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
-                    const TmaDesc& tma_k, const TmaDesc& tma_v) {
-  sm90::tma_prefetch_desc(tma_q);
-  sm90::tma_prefetch_desc(tma_k);
-  sm90::tma_prefetch_desc(tma_v);
+/// Position in the K/V stage ring; carried from one query block to the next by persistent CTAs.
+struct Ring {
+  int stage;
+  u32 phase;
+};
+
+/// Q of the block on bar_q. Persistent CTAs first wait until all 8 consumer warps released the
+/// previous block's Q (the empty-barrier parity rule of the ring, with q_count blocks loaded so far).
+FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
+                   u32 q_count) {
+  if (kPersistent) sm90::mbar_wait(bar_addr(s.bar_q_empty), (q_count & 1) ^ 1);
   const u32 bar_q = bar_addr(s.bar_q);
   sm90::mbar_arrive_expect_tx(bar_q, kChunks * kBlockM * kChunkRowBytes);
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch)
     tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, 64 * ch, (int)blk.h, blk.q_row,
                    blk.q_batch);
+}
 
-  int stage = 0;
-  u32 phase = 0;
+/// Q, then K and V of every key tile from n_max - 1 down to n_min through the stage ring.
+/// Stage s is reused once all 8 consumer warps released it: the empty-barrier wait uses the
+/// opposite parity of the consumers' full-barrier wait, so the first pass does not block.
+FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
+                    const TmaDesc& tma_k, const TmaDesc& tma_v, Ring& ring, u32& q_count) {
+  // Persistent: the first K goes out before the wait for Q's release, which comes only after the
+  // previous block's epilogue.
+  if (!kPersistent) load_q(prm, s, blk, tma_q, q_count);
+  int stage = ring.stage;
+  u32 phase = ring.phase;
   for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
     const int row = blk.k_row + n * kBlockN;
     const u32 k_full = bar_addr(s.bar_k_full[stage]), v_full = bar_addr(s.bar_v_full[stage]);
@@ -85,6 +119,7 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
     for (int ch = 0; ch < kChunks; ++ch)
       tma_load_chunk(smem_addr(&s.k[stage][ch][0][0]), tma_k, prm.dims_k, k_full, 64 * ch, (int)blk.hk, row,
                      blk.k_batch);
+    if (kPersistent && n == blk.n_max - 1) load_q(prm, s, blk, tma_q, q_count);
     sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
     sm90::mbar_arrive_expect_tx(v_full, kKVTileBytes);
 #pragma unroll
@@ -93,6 +128,8 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
                      blk.k_batch);
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
+  ring = {stage, phase};
+  ++q_count;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -172,17 +209,18 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
   }
 }
 
-/// A query block that sees no key at all: O = 0 and LSE = -inf for its rows (all 384 threads).
-FP_DEV void store_empty(const AttnProblem& p, const Block& blk) {
+/// A query block that sees no key at all: O = 0 and LSE = -inf for its rows (threads `thread` of
+/// `threads`: all 384, or the 256 consumers of a persistent CTA).
+FP_DEV void store_empty(const AttnProblem& p, const Block& blk, int thread, int threads) {
   constexpr int kUnits = kHeadDim / 8;
-  const i64 rows = blk.sq - blk.m0 < kBlockM ? blk.sq - blk.m0 : kBlockM;
+  const int rows = blk.sq - blk.m0 < kBlockM ? blk.sq - blk.m0 : kBlockM;
   u16* g_o = static_cast<u16*>(p.o.ptr);
-  for (i64 idx = threadIdx.x; idx < rows * kUnits; idx += kThreads) {
+  for (int idx = thread; idx < rows * kUnits; idx += threads) {
     const i64 i = blk.m0 + idx / kUnits;
     st_global_16(g_o + q_offset(p, p.o, blk.b, i, blk.h) + 8 * (idx % kUnits), U32x4{0, 0, 0, 0});
   }
   if (p.lse) {
-    for (i64 r = threadIdx.x; r < rows; r += kThreads)
+    for (int r = thread; r < rows; r += threads)
       p.lse[lse_offset(p, blk.b, blk.h, blk.m0 + r)] = sem::kNegInf;
   }
 }
@@ -197,10 +235,12 @@ FP_DEV void store_empty(const AttnProblem& p, const Block& blk) {
 // and rescale O. The other consumer's softmax thus overlaps this one's GEMMs. Turn bookkeeping:
 // consumer 1 grants consumer 0 the first turn; each tile after the first costs each consumer one
 // sync on its own barrier and one arrival on the other's, so exactly one grant (consumer 1's last)
-// is left pending when the CTA exits.
+// is left pending after every block: a persistent CTA's next block uses it as its first grant, and
+// one is left pending when the CTA exits. (The first grant is given before the first block.)
 
-FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c) {
-  const int tid = (int)threadIdx.x - 128 * (c + 1);
+FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c, Ring& ring,
+                    u32& q_count) {
+  const int tid = thread_index() - 128 * (c + 1);
   const int lane = tid & 31;
   const bool transform = p.softcap > 0.0f || p.alibi != nullptr;
   const float to_log2 = transform ? kLog2e : p.scale * kLog2e;
@@ -217,18 +257,17 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   for (int e = 0; e < kPvN / 2; ++e) r_o[e] = 0.0f;
   RowState st = row_state_init();
 
-  if (c == 1) sm90::named_bar_arrive(kBarTurn + 0, 256);
-  sm90::mbar_wait(bar_addr(s.bar_q), 0);
+  sm90::mbar_wait(bar_addr(s.bar_q), q_count & 1);
 
-  int n = blk.n_max - 1, stage = 0;
-  u32 phase = 0;
-  sm90::mbar_wait(bar_addr(s.bar_k_full[0]), 0);
+  int n = blk.n_max - 1, stage = ring.stage;
+  u32 phase = ring.phase;
+  sm90::mbar_wait(bar_addr(s.bar_k_full[stage]), phase);
   sm90::wgmma_fence();
-  gemm_qk(r_s, desc_q, desc_k);
+  gemm_qk(r_s, desc_q, sm90::desc_advance(desc_k, stage * kKVTileBytes));
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::pin_registers(r_s);
-  release(s.bar_k_empty[0], lane);
+  release(s.bar_k_empty[stage], lane);
   prepare_scores(r_s, p, blk, n, transform);
   online_softmax(r_s, st, to_log2, alpha);  // O is still 0: nothing to rescale
   convert_p<Elem>(r_s, r_p);
@@ -279,12 +318,23 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   sm90::pin_registers(r_o);
   release(s.bar_v_empty[stage], lane);
   store_output(p, blk, s, r_o, st, c, tid);
+  if (++stage == kStages) stage = 0, phase ^= 1;
+  ring = {stage, phase};
+  ++q_count;
+  if (kPersistent) {
+    // Release Q (and the O staging in it) to the producer's next TMA: order this thread's generic
+    // shared-memory accesses before the async proxy's writes, then one arrival per warp.
+    sm90::fence_proxy_async();
+    __syncwarp();
+    release(s.bar_q_empty, lane);
+  }
 }
 
 /// Barrier counts: full barriers complete on the producer's one arrive.expect_tx plus the bytes;
 /// empty barriers on one arrival per consumer warp; Q on one arrive.expect_tx plus its bytes.
 FP_DEV void init_barriers(SharedStorage& s) {
   sm90::mbar_init(bar_addr(s.bar_q), 1);
+  sm90::mbar_init(bar_addr(s.bar_q_empty), kConsumerWarps);
 #pragma unroll
   for (int st = 0; st < kStages; ++st) {
     sm90::mbar_init(bar_addr(s.bar_k_full[st]), 1);
@@ -297,7 +347,30 @@ FP_DEV void init_barriers(SharedStorage& s) {
 
 }  // namespace flashport::cuda::hopper
 
-/// Grid (query blocks, hq, batch), 384 threads, smem_bytes(d, tile) of dynamic shared memory.
+namespace flashport::cuda::hopper {
+
+/// A shared int read at every use (ld.volatile): the persistent schedule's sizes are then not
+/// kept in registers across the main loop (they would be spilled at d >= 192).
+FP_DEV int ld_volatile_shared(const int& x) {
+  int v;
+  asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(v) : "r"(smem_addr(&x)));
+  return v;
+}
+
+/// Query block `t` of a persistent CTA's schedule, in the non-persistent grid's launch order
+/// (sequence, head, query block from the last: causal blocks with the most keys first, and CTAs
+/// running together share a head's K/V in L2). False when the block lies past its sequence's end.
+FP_DEV bool tile_block(const AttnProblem& p, const SharedStorage& s, int t, Block& blk) {
+  const int m_blocks = ld_volatile_shared(s.m_blocks);
+  const int bh = t / m_blocks;
+  const int mb = m_blocks - 1 - (t - bh * m_blocks);
+  return make_block(p, blk, mb, bh % (int)p.hq, bh / (int)p.hq);
+}
+
+}  // namespace flashport::cuda::hopper
+
+/// Grid (query blocks, hq, batch), or (SM count) with FP_PERSISTENT; 384 threads, smem_bytes(d, tile)
+/// of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 1)
     flashport_attn_fwd_sm90(const __grid_constant__ flashport::cuda::hopper::FwdSm90Params prm,
                             const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_q,
@@ -305,23 +378,57 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 
                             const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_v) {
   using namespace flashport::cuda;
   using namespace flashport::cuda::hopper;
+  const flashport::AttnProblem& p = prm.p;
   Block blk;
-  if (!make_block(prm.p, blk)) return;  // query block past this sequence's end
+#if !FP_PERSISTENT
+  if (!make_block(p, blk, (int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z))
+    return;  // query block past this sequence's end
   if (blk.n_max <= blk.n_min) {
-    store_empty(prm.p, blk);
+    store_empty(p, blk, (int)threadIdx.x, kThreads);
     return;
   }
+#endif
   extern __shared__ unsigned char smem_raw[];
   const u32 misalign = smem_addr(smem_raw) & 1023u;
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
-  if (threadIdx.x == 0) init_barriers(s);
+  if (threadIdx.x == 0) {
+    init_barriers(s);
+    s.m_blocks = (int)ceil_div(p.sq, kBlockM);
+    s.tiles = (int)(ceil_div(p.sq, kBlockM) * p.hq * p.batch);  // the host keeps it below 2^30
+  }
   __syncthreads();
+  Ring ring{0, 0u};
+  u32 q_count = 0;
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce(prm, s, blk, tma_q, tma_k, tma_v);
+    if (threadIdx.x == 0) {
+      sm90::tma_prefetch_desc(tma_q);
+      sm90::tma_prefetch_desc(tma_k);
+      sm90::tma_prefetch_desc(tma_v);
+#if !FP_PERSISTENT
+      produce(prm, s, blk, tma_q, tma_k, tma_v, ring, q_count);
+#else
+      for (int t = (int)blockIdx.x; t < ld_volatile_shared(s.tiles); t += (int)gridDim.x) {
+        if (tile_block(p, s, t, blk) && blk.n_max > blk.n_min)
+          produce(prm, s, blk, tma_q, tma_k, tma_v, ring, q_count);
+      }
+#endif
+    }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
-    consume(prm.p, s, blk, warpgroup - 1);
+    if (warpgroup == 2) sm90::named_bar_arrive(kBarTurn + 0, 256);  // consumer 0 takes the first turn
+#if !FP_PERSISTENT
+    consume(p, s, blk, warpgroup - 1, ring, q_count);
+#else
+    for (int t = (int)blockIdx.x; t < ld_volatile_shared(s.tiles); t += (int)gridDim.x) {
+      if (!tile_block(p, s, t, blk)) continue;
+      if (blk.n_max <= blk.n_min) {
+        store_empty(p, blk, thread_index() - 128, 256);
+        continue;
+      }
+      consume(p, s, blk, warpgroup - 1, ring, q_count);
+    }
+#endif
   }
 }

@@ -29,11 +29,11 @@ FP_HD constexpr int head_dim_chunks(int d) {
 /// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
 /// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:
 /// Q (block_m rows) + stages x (K, V) (block_n rows each), each row d/64 chunks of 128 bytes, then
-/// 1 + 4 x stages mbarriers of 8 bytes, the struct padded to 1024.
+/// 2 + 4 x stages mbarriers of 8 bytes and 8 bytes of schedule, the struct padded to 1024.
 FP_HD constexpr int smem_bytes(int d, Tile t) {
   const int chunks = head_dim_chunks(d);
   const int tiles = chunks * kChunkRowBytes * (t.block_m + 2 * t.stages * t.block_n);
-  const int barriers = 8 * (1 + 4 * t.stages);
+  const int barriers = 8 * (3 + 4 * t.stages);
   return (tiles + barriers + 1023) / 1024 * 1024 + 1024;
 }
 

@@ -29,6 +29,15 @@ static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kPvN <= 256, "wgmma K step
 static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "wgmma N = BLOCK_N, K steps of 16");
 static_assert(kStages >= 2, "the intra-warpgroup overlap holds K(n) and V(n+1) at once");
 
+#ifndef FP_EXP_EMU
+#define FP_EXP_EMU 0
+#endif
+/// Of every 8 column blocks (8 score columns each) of a tile, how many take exp2 on the FMA pipe
+/// (exp2_fma) instead of the SFU (MUFU.EX2, 16 per clock per SM: at d = 64 the exponentials take as
+/// long as the two GEMMs, so moving a share of them to the idle FMA pipe shortens the softmax).
+constexpr int kExpEmu = FP_EXP_EMU;
+static_assert(kExpEmu >= 0 && kExpEmu <= 8, "FP_EXP_EMU counts eighths of the columns");
+
 /// Exponent growth allowed before O is rescaled: P = exp2(score * to_log2 - m) with the running
 /// maximum m updated only when a row's new maximum exceeds it by more than this, so P <= 2^8 = 256
 /// (exact in bf16/f16 up to their usual relative rounding), row sums <= 256 * sk and |O| <= 256 * sk *
@@ -46,13 +55,12 @@ struct Block {
   int q_row, q_batch, k_row, k_batch;  // TMA coordinates of query row m0 and of key 0
 };
 
-/// Fills `blk` for this CTA (grid: query blocks, hq, batch; the last query blocks, which see the most
-/// keys under a causal mask, launch first). False when the block lies past its sequence's end.
-/// Sequence lengths from device memory are clamped to the host's bounds p.sq / p.sk.
-FP_DEV bool make_block(const AttnProblem& p, Block& blk) {
-  blk.b = (int)blockIdx.z;
-  blk.h = (int)blockIdx.y;
-  blk.m0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * kBlockM;
+/// Fills `blk` for query block `mb` of head h of sequence b. False when the block lies past its
+/// sequence's end. Sequence lengths from device memory are clamped to the host's bounds p.sq / p.sk.
+FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
+  blk.b = b;
+  blk.h = h;
+  blk.m0 = mb * kBlockM;
   blk.sq = (int)clamp_i64(seqlen_q(p, blk.b), 0, p.sq);
   blk.sk = (int)clamp_i64(seqlen_k(p, blk.b), 0, p.sk);
   if (blk.m0 >= blk.sq) return false;
@@ -160,6 +168,25 @@ FP_DEV RowState row_state_init() {
   return {{sem::kNegInf, sem::kNegInf}, {0.0f, 0.0f}};
 }
 
+/// 2^x with FMA-pipe instructions only: x = j + f with j = round(x) (the 1.5 * 2^23 shifter leaves j
+/// in the low mantissa bits of t), 2^f for f in [-0.5, 0.5] by a quartic (relative error 2.9e-6,
+/// mean 3e-7: a cubic's 1e-4 would show in the LSE, which the tests hold to ~1e-5), then j added to
+/// the exponent field by one integer multiply-add (t's bits * 2^23 = j << 23 modulo 2^32). x is
+/// clamped to -127 first: -inf (masked) and anything at or below -127 give exactly +0 (j = -127,
+/// f = 0, 2^f = 1.0 whose exponent field 127 drops to 0), so rows without visible keys keep l = 0;
+/// between -127 and -126 a tiny inexact denormal instead of ex2.ftz's 0.
+FP_DEV float exp2_fma(float x) {
+  constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23
+  x = fmaxf(x, -127.0f);
+  const float t = __fadd_rn(x, kShifter);
+  const float f = __fsub_rn(x, __fsub_rn(t, kShifter));
+  float poly = fmaf(0.0095828176f, f, 0.055906352f);
+  poly = fmaf(poly, f, 0.24024099f);
+  poly = fmaf(poly, f, 0.69312418f);
+  poly = fmaf(poly, f, 1.0f);
+  return __uint_as_float(__float_as_uint(t) * (1u << 23) + __float_as_uint(poly));
+}
+
 /// Turns the scores of one tile into probabilities exp2(score * to_log2 - m) in place and updates
 /// m and l. Returns whether this warp moved m (then O must be multiplied by alpha[h] per row);
 /// the decision is warp-uniform so warps never diverge in the rescale. -inf rows stay NaN-free:
@@ -193,7 +220,7 @@ FP_DEV bool online_softmax(float (&r_s)[kBlockN / 2], RowState& st, float to_log
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         float& v = r_s[4 * j + 2 * h + x];
-        v = fast_exp2(fmaf(v, to_log2, -base));
+        v = j % 8 < kExpEmu ? exp2_fma(fmaf(v, to_log2, -base)) : fast_exp2(fmaf(v, to_log2, -base));
         sum += v;
       }
     }
