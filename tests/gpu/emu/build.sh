@@ -14,10 +14,13 @@ rm -f "$out"/*.o
 ninja -C "$build" flashport >/dev/null || { echo "building libflashport.a failed: ninja -C $build flashport"; exit 1; }
 cxx="ccache g++"
 command -v ccache >/dev/null || cxx=g++
-common="-std=c++20 -O1 -g -Wall -Wno-unused-function -Wno-unused-variable -I$root/include -I$root/src"
+# SANITIZE=address: AddressSanitizer on the emulated kernels (device memory is host heap memory, so
+# out-of-bounds global reads and writes of a kernel are reported).
+san=${SANITIZE:+-fsanitize=$SANITIZE}
+common="-std=c++20 -O1 -g -Wall -Wno-unused-function -Wno-unused-variable -Wno-unknown-pragmas $san -I$root/include -I$root/src"
 kernel_flags="$common -x c++ -include $emu/emu_cuda.hpp -I$emu -I$root/src/kernels"
 
-$cxx $common -o "$out/list_variants" "$emu/list_variants.cpp" "$build/libflashport.a" -fopenmp -ldl -lpthread
+g++ -std=c++20 -I$root/include -I$root/src -o "$out/list_variants" "$emu/list_variants.cpp" "$build/libflashport.a" -fopenmp -ldl -lpthread
 jobs=()
 i=0
 while read -r flags; do
@@ -35,6 +38,6 @@ for t in "$root"/tests/gpu/test_*.cpp; do
   jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I/usr/local/cuda/include -c $t -o $out/$(basename "$t" .cpp).o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} sh -c "$cxx {}"
-$cxx -o "$out/flashport_tests_emu" "$out"/*.o "$build/libflashport.a" -lgtest -lgtest_main -fopenmp -ldl -lpthread \
+$cxx $san -o "$out/flashport_tests_emu" "$out"/*.o "$build/libflashport.a" -lgtest -lgtest_main -fopenmp -ldl -lpthread \
   -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,/usr/local/cuda/lib64
 echo "built $out/flashport_tests_emu"
