@@ -46,8 +46,13 @@ bool supported_head_dim(long long d) {
 struct Shape {
   Tile tile;
   int exp_emu;
-  bool persistent = false;  // FP_PERSISTENT: grid = SM count, CTAs loop over query blocks
+  int persistent = 0;  // FP_PERSISTENT: 1 or 2 = grid of SM count, CTAs loop over query blocks
 };
+
+/// Whether the kernel of `shape` stages O in a buffer of its own (FP_PERSISTENT=2 where it fits).
+bool separate_o(int d, const Shape& shape) {
+  return shape.persistent == 2 && separate_o_fits(d, shape.tile);
+}
 
 constexpr bool shape_fits(int d, Shape s) {
   const Tile t = s.tile;
@@ -100,14 +105,15 @@ Shape shape_for(int d) {
   return {tile_for(d), 0};
 }
 
-/// FLASHPORT_HOPPER_PERSISTENT=1 (read once) selects the persistent kernel for every head dim but
-/// 256, whose persistent build spills 8 bytes (a per-block counter, outside the key loop).
-bool persistent_for(int d) {
-  static const bool on = [] {
+/// FLASHPORT_HOPPER_PERSISTENT=1|2 (read once) selects the persistent kernel (2: with O staged apart
+/// from Q where it fits, d <= 128) for every head dim but 256, whose persistent build spills 8 bytes
+/// (a per-block counter, outside the key loop). 0 otherwise.
+int persistent_for(int d) {
+  static const int mode = [] {
     const char* env = std::getenv("FLASHPORT_HOPPER_PERSISTENT");
-    return env && env[0] == '1';
+    return env && (env[0] == '1' || env[0] == '2') && env[1] == 0 ? env[0] - '0' : 0;
   }();
-  return on && d != 256;
+  return d == 256 ? 0 : mode;
 }
 
 jit::KernelSpec make_spec(int elem_type, int d, Shape shape) {
@@ -122,7 +128,7 @@ jit::KernelSpec make_spec(int elem_type, int d, Shape shape) {
                   {"FP_BLOCK_N", std::to_string(t.block_n)},
                   {"FP_STAGES", std::to_string(t.stages)}};
   if (shape.exp_emu > 0) spec.defines.push_back({"FP_EXP_EMU", std::to_string(shape.exp_emu)});
-  if (shape.persistent) spec.defines.push_back({"FP_PERSISTENT", "1"});
+  if (shape.persistent) spec.defines.push_back({"FP_PERSISTENT", std::to_string(shape.persistent)});
   return spec;
 }
 
@@ -267,8 +273,8 @@ void forward(const AttnProblem& p) {
   const Tile tile = shape.tile;
   const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
   const long long blocks = m_blocks * p.hq * p.batch;
-  shape.persistent = persistent_for(d) && blocks < (1LL << 30);  // the kernel counts blocks in int
-  const int smem = smem_bytes(d, tile);
+  shape.persistent = blocks < (1LL << 30) ? persistent_for(d) : 0;  // the kernel counts blocks in int
+  const int smem = smem_bytes(d, tile, separate_o(d, shape));
   std::string error;
   const Plans plans = plan_maps(p, error);
   const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
@@ -301,7 +307,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
   for (int elem_type : {(int)kF16, (int)kBF16}) {
     for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0}));
     for (int d : kHeadDims)
-      if (d != 256) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, true}));
+      if (d != 256) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 1}));
+    for (int d : kHeadDims)
+      if (separate_o_fits(d, tile_for(d))) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 2}));
     for (const Alternative& a : kAlternatives) specs.push_back(make_spec(elem_type, a.d, a.shape));
   }
   return specs;

@@ -24,13 +24,28 @@ namespace flashport::cuda::hopper {
 /// turn carry over from one block to the next, so the next block's first loads overlap this one's
 /// last GEMMs and no CTA launch or tail wave separates them.
 constexpr bool kPersistent = FP_PERSISTENT != 0;
+/// FP_PERSISTENT=2: O is staged in its own buffer where it fits, so the consumers release Q as soon
+/// as their last Q K^T is done and the next block's Q loads during the last P V and the epilogue.
+constexpr bool kSeparateO =
+    FP_PERSISTENT == 2 && separate_o_fits(FP_HEADDIM, Tile{FP_BLOCK_M, FP_BLOCK_N, FP_STAGES});
+
+/// The O staging buffer of kSeparateO (an empty base otherwise: no bytes).
+template <bool kOn>
+struct OStaging {
+  u16 o[kChunks][kBlockM][64];  // (BLOCK_M, HEAD_DIM), the layout of q
+  FP_DEV u16* o_staging(u16*) { return &o[0][0][0]; }
+};
+template <>
+struct OStaging<false> {
+  FP_DEV u16* o_staging(u16* q) { return q; }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory. Every tile is stored as 64-column chunks of rows x 128 bytes in the 128B-swizzle
 // layout TMA writes; each chunk starts 1024-byte aligned (block_m, block_n multiples of 8), so
 // wgmma descriptors need no base offset.
 
-struct alignas(1024) SharedStorage {
+struct alignas(1024) SharedStorage : OStaging<kSeparateO> {
   u16 q[kChunks][kBlockM][64];                    // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
   u16 k[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
   u16 v[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
@@ -40,9 +55,10 @@ struct alignas(1024) SharedStorage {
   u64 bar_k_full[kStages], bar_k_empty[kStages];  // full: TMA bytes landed; empty: 8 consumer warps done
   u64 bar_v_full[kStages], bar_v_empty[kStages];
 };
-static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}),
+static_assert(sizeof(SharedStorage) + 1024 ==
+                  smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}, kSeparateO),
               "host and kernel disagree on the shared-memory size");
-static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}) <= kSmemLimit, "over 227 KB");
+static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}, kSeparateO) <= kSmemLimit, "over 227 KB");
 
 // Named barriers: ping-pong turn of consumer c (both consumers, 256 threads) and the epilogue of
 // consumer c (its 128 threads). Id 0 is __syncthreads.
@@ -169,7 +185,8 @@ FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
 }
 
 /// Normalises O, writes the LSE, stages this warpgroup's 64 rows of O in its own rows of s.q (its
-/// QK^T wgmmas have all completed; the other consumer never reads them) in the same swizzled layout
+/// QK^T wgmmas have all completed; the other consumer never reads them), or of s.o with kSeparateO
+/// (after a barrier: a warp may still be reading the previous block's rows) in the same swizzled layout
 /// (conflict-free: the 8 rows g of a store land in 8 different 16-byte units), then copies rows
 /// inside the sequence to global memory with 16-byte stores. Rows past the sequence are never written.
 FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& s, float (&r_o)[kPvN / 2],
@@ -184,7 +201,8 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
       if (i < blk.sq) p.lse[lse_offset(p, blk.b, blk.h, i)] = lse[h];
     }
   }
-  const u32 s_q = smem_addr(&s.q[0][0][0]);
+  if (kSeparateO) sm90::named_bar_sync(kBarEpilogue + c, 128);
+  const u32 s_q = smem_addr(s.o_staging(&s.q[0][0][0]));
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
@@ -310,6 +328,8 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     if (rescale) rescale_o(r_o, alpha);
   }
 
+  // Every Q K^T of the block has completed: with O staged elsewhere, the next block's Q may load now.
+  if (kSeparateO) release(s.bar_q_empty, lane);
   sm90::mbar_wait(bar_addr(s.bar_v_full[stage]), phase);
   sm90::wgmma_fence();
   gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage * kKVTileBytes));
@@ -321,7 +341,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   if (++stage == kStages) stage = 0, phase ^= 1;
   ring = {stage, phase};
   ++q_count;
-  if (kPersistent) {
+  if (kPersistent && !kSeparateO) {
     // Release Q (and the O staging in it) to the producer's next TMA: order this thread's generic
     // shared-memory accesses before the async proxy's writes, then one arrival per warp.
     sm90::fence_proxy_async();

@@ -30,11 +30,18 @@ FP_HD constexpr int head_dim_chunks(int d) {
 /// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:
 /// Q (block_m rows) + stages x (K, V) (block_n rows each), each row d/64 chunks of 128 bytes, then
 /// 2 + 4 x stages mbarriers of 8 bytes and 8 bytes of schedule, the struct padded to 1024.
-FP_HD constexpr int smem_bytes(int d, Tile t) {
+/// `separate_o`: persistent kernels with FP_PERSISTENT=2 stage O in a buffer of its own (block_m rows)
+/// so that Q can be reloaded while the last P V and the epilogue run.
+FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false) {
   const int chunks = head_dim_chunks(d);
-  const int tiles = chunks * kChunkRowBytes * (t.block_m + 2 * t.stages * t.block_n);
+  const int tiles = chunks * kChunkRowBytes * ((separate_o ? 2 : 1) * t.block_m + 2 * t.stages * t.block_n);
   const int barriers = 8 * (3 + 4 * t.stages);
   return (tiles + barriers + 1023) / 1024 * 1024 + 1024;
+}
+
+/// Whether the separate O staging buffer fits next to the tile (d <= 128 at the table's tiles).
+FP_HD constexpr bool separate_o_fits(int d, Tile t) {
+  return smem_bytes(d, t, true) <= kSmemLimit;
 }
 
 /// The tile table: one row per supported head dim. Registers per consumer thread are about
