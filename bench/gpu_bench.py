@@ -70,9 +70,10 @@ def main():
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--modes", default="fwd,bwd")
-    ap.add_argument("--peers", default="cudnn,fa2")
+    ap.add_argument("--peers", default="cudnn,fa2", help="comma list of cudnn, fa2; 'none' times flashport alone")
     ap.add_argument("--perf-md", action="store_true", help="rewrite docs/PERF.md and docs/perf_gpu.png")
     args = ap.parse_args()
+    peer_names = [] if args.peers == "none" else args.peers.split(",")
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
     mm_tflops, copy_gbs = ceilings()
@@ -95,13 +96,13 @@ def main():
         ok = err < 2e-2
         fl = flops(b, h, s, d, causal, mode)
         ms = time_ms(run_impl("flashport", q, k, v, causal, mode))
-        for peer in args.peers.split(","):
+        for peer in peer_names or [None]:
             try:
-                pms = time_ms(run_impl(peer, q, k, v, causal, mode))
+                pms = time_ms(run_impl(peer, q, k, v, causal, mode)) if peer else None
             except Exception as e:  # a peer that cannot run this shape is reported missing
                 print(f"  peer {peer} unavailable for d={d} s={s}: {type(e).__name__}", flush=True)
                 pms = None
-            row = dict(backend="cuda", peer=f"torch-sdpa-{peer}", dtype="bf16", d=d, sq=s, sk=s, causal=causal,
+            row = dict(backend="cuda", peer=f"torch-sdpa-{peer}" if peer else None, dtype="bf16", d=d, sq=s, sk=s, causal=causal,
                        mode=mode, pass_=ok, max_err=err, ms=ms, tflops=fl / ms / 1e9,
                        peer_ms=pms, peer_tflops=(fl / pms / 1e9) if pms else None, device=dev,
                        ceiling_tflops=mm_tflops)
@@ -109,7 +110,7 @@ def main():
             rows.append(row)
         r = rows[-1]
         peers = " ".join(f"{x['peer'][11:]}={x['peer_tflops']:.0f}" if x["peer_tflops"] else f"{x['peer'][11:]}=-"
-                         for x in rows[-len(args.peers.split(",")):])
+                         for x in rows[-len(peer_names):]) if peer_names else ""
         print(f"[{idx + 1}/{len(configs)}] {mode} d={d} s={s} causal={int(causal)}: flashport "
               f"{r['tflops']:.0f} TFLOPS ({r['tflops'] / mm_tflops:.0%} of cuBLAS) | {peers} | err {err:.1e}",
               flush=True)
