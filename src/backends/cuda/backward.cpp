@@ -50,6 +50,42 @@ BwdTile tile_override() {
   return t;
 }
 
+/// FLASHPORT_BWD_PIPE=0..3 (attn_bwd.cu kPipe), parsed once; -1 when unset or malformed.
+int pipe_override() {
+  static const int v = [] {
+    const char* s = std::getenv("FLASHPORT_BWD_PIPE");
+    return s && s[0] >= '0' && s[0] <= '3' && s[1] == 0 ? s[0] - '0' : -1;
+  }();
+  return v;
+}
+
+/// Fragment pipelining of the main kernel's warp GEMMs (attn_bwd.cu kPipe). The unpipelined loops
+/// (0) wait for every ldmatrix before its mma: the SASS is LDSM x3, HMMA x4 per k-step with nothing
+/// to hide the latency at 8 warps per SM. 2 = S and dP in one loop, k-step s + 1 loaded before the
+/// mma of step s, stage C pipelined the same way; 1 = separate S and dP loops; 3 = stage B too
+/// (spills at d128). The exceptions are the rows where ptxas -v (CUDA 13, f16 and bf16) reports
+/// spills with 2: (64, 128) d96; (64, 64) d224/d256; on sm_8x without softcap/ALiBi/dropout code
+/// (32, 128) d128 and (32, 32) d256 need 1 and (64, 64) d224/d256 need 0.
+int backward_pipe(int arch, const BwdTile& t, int bucket, bool general) {
+  const int forced = pipe_override();
+  if (forced >= 0) return forced;
+  const bool sm8x = arch < 90;
+  if (bucket == 96 && t.block_m == 64 && t.block_n == 128) return 0;
+  if (bucket >= 224 && t.block_m == 64 && t.block_n == 64 && t.warps == 8) return sm8x && !general ? 0 : 1;
+  if (sm8x && !general && bucket == 128 && t.block_m == 32 && t.block_n == 128) return 1;
+  if (sm8x && !general && bucket == 256 && t.block_m == 32 && t.block_n == 32) return 1;
+  return 2;
+}
+
+/// FLASHPORT_BWD_GENERAL=1: always the kernel with softcap / ALiBi / dropout code (for comparing).
+bool general_forced() {
+  static const bool v = [] {
+    const char* s = std::getenv("FLASHPORT_BWD_GENERAL");
+    return s && s[0] == '1';
+  }();
+  return v;
+}
+
 void launch_chunked(const jit::Kernel& kernel, BwdParams& prm, unsigned grid_x, unsigned grid_y,
                     unsigned threads, int smem, void* stream) {
   void* args[] = {&prm};
@@ -85,15 +121,18 @@ BwdTile backward_tile(int arch, int bucket) {
   return {32, 32, 4};                      // 47 KB (d160) .. 71 KB (d256): dK/dV 80..128 registers
 }
 
-jit::KernelSpec backward_main_spec(int arch, int elem_type, int bucket) {
+jit::KernelSpec backward_main_spec(int arch, int elem_type, int bucket, bool general) {
   const BwdTile t = backward_tile(arch, bucket);
+  general = general || general_forced();
   return {"cuda/attn_bwd.cu",
           "attn_bwd",
           {{"FP_DTYPE", type_define(elem_type)},
            {"FP_HEADDIM", std::to_string(bucket)},
            {"BWD_BLOCK_M", std::to_string(t.block_m)},
            {"BWD_BLOCK_N", std::to_string(t.block_n)},
-           {"BWD_WARPS", std::to_string(t.warps)}},
+           {"BWD_WARPS", std::to_string(t.warps)},
+           {"BWD_PIPE", std::to_string(backward_pipe(arch, t, bucket, general))},
+           {"BWD_GENERAL", general ? "1" : "0"}},
           arch};
 }
 
@@ -108,7 +147,10 @@ jit::KernelSpec backward_convert_spec(int arch, int elem_type) {
 std::vector<jit::KernelSpec> backward_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   for (int type : {kF16, kBF16}) {
-    for (int bucket : kHeadDimBuckets) specs.push_back(backward_main_spec(arch, type, bucket));
+    for (int bucket : kHeadDimBuckets) {
+      specs.push_back(backward_main_spec(arch, type, bucket, false));
+      if (!general_forced()) specs.push_back(backward_main_spec(arch, type, bucket, true));
+    }
     specs.push_back(backward_dot_spec(arch, type));
     specs.push_back(backward_convert_spec(arch, type));
   }
@@ -165,7 +207,8 @@ void launch_backward(const AttnProblem& p) {
     }
     if (grid_x > 0) {
       const int smem = bwd_smem_bytes(tile.block_m, tile.block_n, bucket);
-      const jit::Kernel& main = jit::get(backward_main_spec(arch, p.in_type, bucket), device, smem);
+      const bool general = p.softcap != 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f;
+      const jit::Kernel& main = jit::get(backward_main_spec(arch, p.in_type, bucket, general), device, smem);
       launch_chunked(main, prm, (unsigned)grid_x, (unsigned)p.hk, 32u * (unsigned)tile.warps, smem, p.stream);
     }
     if (aux_x > 0) {

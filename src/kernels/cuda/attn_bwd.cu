@@ -47,6 +47,23 @@ constexpr int kMtKV = kBN / kGridKV.rows / 16, kNtKV = kHD / kGridKV.cols / 8;
 constexpr int kMtQ = kBM / kGridQ.rows / 16, kNtQ = kHD / kGridQ.cols / 8;
 constexpr int kChunkQ = kNtQ < 4 ? kNtQ : 4;  // n8 tiles of dQ per stage-C pass
 
+// Fragment pipelining of the warp GEMMs (warp_mma_pipe / warp_mma_dual): 0 none; 1 stages A and C
+// load k-step s + 1 before the mma of step s; 2 as 1 with S and dP in one loop; 3 as 2 and stage B too.
+#ifdef BWD_PIPE
+constexpr int kPipe = BWD_PIPE;
+#else
+constexpr int kPipe = 0;
+#endif
+
+// 1: softcap, ALiBi and dropout handled (read from the problem); 0: the launcher guarantees none of
+// them, and the score transform compiles without their code (fewer instructions and a loop body that
+// fits the instruction caches better).
+#ifdef BWD_GENERAL
+constexpr bool kGeneral = BWD_GENERAL != 0;
+#else
+constexpr bool kGeneral = true;
+#endif
+
 #ifdef BWD_MIN_BLOCKS
 constexpr int kMinBlocks = BWD_MIN_BLOCKS;  // CTAs per SM the register allocation must allow
 #else
@@ -165,14 +182,25 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0) {
   {
     const u32 a_off = lane_offset<Store::kRowsM, true, kPitch>(wm0, c.lane);
     const u32 b_off = lane_offset<Store::kRowsN, false, kPitch>(wn0, c.lane);
-    warp_mma<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
-        acc_s, c.smem + kOffQ + a_off, c.smem + kOffK + b_off, round16((int)p.d));
-    warp_mma<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
-        acc_dp, c.smem + kOffDO + a_off, c.smem + kOffV + b_off, round16((int)p.dv));
+    if constexpr (kPipe >= 2) {
+      warp_mma_dual<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
+          acc_s, c.smem + kOffQ + a_off, c.smem + kOffK + b_off, acc_dp, c.smem + kOffDO + a_off,
+          c.smem + kOffV + b_off, round16(max_int((int)p.d, (int)p.dv)));
+    } else if constexpr (kPipe == 1) {
+      warp_mma_pipe<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
+          acc_s, c.smem + kOffQ + a_off, c.smem + kOffK + b_off, round16((int)p.d));
+      warp_mma_pipe<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
+          acc_dp, c.smem + kOffDO + a_off, c.smem + kOffV + b_off, round16((int)p.dv));
+    } else {
+      warp_mma<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
+          acc_s, c.smem + kOffQ + a_off, c.smem + kOffK + b_off, round16((int)p.d));
+      warp_mma<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
+          acc_dp, c.smem + kOffDO + a_off, c.smem + kOffV + b_off, round16((int)p.dv));
+    }
   }
 
-  const float cap = p.softcap, slope = alibi_slope(p, c.b, h);
-  const bool dropout = p.dropout_p > 0.0f;
+  const float cap = kGeneral ? p.softcap : 0.0f, slope = kGeneral ? alibi_slope(p, c.b, h) : 0.0f;
+  const bool dropout = kGeneral && p.dropout_p > 0.0f, alibi = kGeneral && p.alibi != nullptr;
   const float rp = dropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
 #pragma unroll
   for (int mt = 0; mt < kMtS; ++mt) {
@@ -196,7 +224,7 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0) {
         const int r = e >> 1, j = j0 + (e & 1);
         const float capped = sem::softcap(acc_s[mt][nt][e] * p.scale, cap);
         float score = capped;
-        if (p.alibi) score -= slope * (float)(diag[r] > j ? diag[r] - j : j - diag[r]);
+        if (alibi) score -= slope * (float)(diag[r] > j ? diag[r] - j : j - diag[r]);
         const bool visible = full || (j >= lo[r] && j < hi[r]);
         const float prob = visible ? fast_exp2(score * kLog2e - lse2[mt][r]) : 0.0f;
         const bool kept = (keep >> e) & 1u;
@@ -223,9 +251,13 @@ FP_DEV void dq_chunk(const BwdParams& prm, const Cta& c, float* base, int m0, in
   const AttnProblem& p = prm.p;
   float acc[kMtQ][kNt][4];
   zero(acc);
-  warp_mma<Elem, kMtQ, kNt, kBN, Store::kRowsM, kPitchS, Store::kRowsK, kPitch>(
-      acc, c.smem + kOffDS + lane_offset<Store::kRowsM, true, kPitchS>(wm0, c.lane),
-      c.smem + kOffK + lane_offset<Store::kRowsK, false, kPitch>(col0, c.lane), k_end);
+  const u32 a_lane = c.smem + kOffDS + lane_offset<Store::kRowsM, true, kPitchS>(wm0, c.lane);
+  const u32 b_lane = c.smem + kOffK + lane_offset<Store::kRowsK, false, kPitch>(col0, c.lane);
+  if constexpr (kPipe >= 1)
+    warp_mma_pipe<Elem, kMtQ, kNt, kBN, Store::kRowsM, kPitchS, Store::kRowsK, kPitch>(acc, a_lane, b_lane,
+                                                                                       k_end);
+  else
+    warp_mma<Elem, kMtQ, kNt, kBN, Store::kRowsM, kPitchS, Store::kRowsK, kPitch>(acc, a_lane, b_lane, k_end);
   const int g = c.lane >> 2, t4 = c.lane & 3;
 #pragma unroll
   for (int mt = 0; mt < kMtQ; ++mt) {
@@ -323,13 +355,12 @@ using namespace flashport::cuda::bwd;
 ///   rewrites it; the sync at the top of a key block orders the last stage C before s_k is reloaded.
 extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_bwd(const __grid_constant__ BwdParams prm) {
-  extern __shared__ __align__(16) unsigned char smem[];
   const AttnProblem& p = prm.p;
   Cta c;
   c.b = (int)blockIdx.z + prm.batch_offset;
   c.hk = (int)blockIdx.y;
   c.seq = sequence(p, c.b);
-  c.smem = smem_addr(smem);
+  c.smem = smem_addr(dynamic_smem<unsigned char>());
   c.lane = lane_id(), c.warp = warp_id();
   const int group = (int)(p.hq / p.hk);
   const int len_q = c.seq.len_q, len_k = c.seq.len_k;
@@ -369,12 +400,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
       __syncthreads();  // (2)
       // Stage B: dV += (P Z)^T dO, dK += dS^T Q (query rows past len_q hold zeros in s_p / s_ds).
       const int m_end = round16(min_int(kBM, len_q - m0));
-      if (wd0 < p.dv)
-        warp_mma<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
-            acc_dv, c.smem + kOffP + a_off_kv, c.smem + kOffDO + b_off_kv, m_end);
-      if (wd0 < p.d)
-        warp_mma<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
-            acc_dk, c.smem + kOffDS + a_off_kv, c.smem + kOffQ + b_off_kv, m_end);
+      if constexpr (kPipe >= 3) {
+        if (wd0 < p.dv)
+          warp_mma_pipe<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
+              acc_dv, c.smem + kOffP + a_off_kv, c.smem + kOffDO + b_off_kv, m_end);
+        if (wd0 < p.d)
+          warp_mma_pipe<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
+              acc_dk, c.smem + kOffDS + a_off_kv, c.smem + kOffQ + b_off_kv, m_end);
+      } else {
+        if (wd0 < p.dv)
+          warp_mma<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
+              acc_dv, c.smem + kOffP + a_off_kv, c.smem + kOffDO + b_off_kv, m_end);
+        if (wd0 < p.d)
+          warp_mma<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
+              acc_dk, c.smem + kOffDS + a_off_kv, c.smem + kOffQ + b_off_kv, m_end);
+      }
       __syncthreads();  // (3)
       if (step + 1 < steps) {
         load_q_do(prm, c, c.hk * group + (step + 1) / n_m, (m_begin + (step + 1) % n_m) * kBM);

@@ -92,6 +92,102 @@ FP_DEV void warp_mma(float (&acc)[kMT][kNT][4], u32 a_lane, u32 b_lane, int k_en
   }
 }
 
+/// One k-step's fragments of this lane: A of kMT m16 tiles, B of kNT / 2 n16 pairs (b[np][0..1]: n8
+/// tile 2 np, b[np][2..3]: n8 tile 2 np + 1), at reduction index k0.
+template <int kMT, int kNT, Store kAStore, int kAPitch, Store kBStore, int kBPitch>
+FP_DEV void load_frags(u32 (&a)[kMT][4], u32 (&b)[kNT / 2][4], u32 a_lane, u32 b_lane, int k0) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const u32 at = a_lane + frag_offset<kAStore, kAPitch>(16 * mt, k0);
+    if constexpr (kAStore == Store::kRowsK)
+      ldmatrix_x4_trans(a[mt], at);
+    else
+      ldmatrix_x4(a[mt], at);
+  }
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    const u32 at = b_lane + frag_offset<kBStore, kBPitch>(16 * np, k0);
+    if constexpr (kBStore == Store::kRowsK)
+      ldmatrix_x4_trans(b[np], at);
+    else
+      ldmatrix_x4(b[np], at);
+  }
+}
+
+/// acc += the k-step held in a, b (load_frags).
+template <class Elem, int kMT, int kNT>
+FP_DEV void mma_frags(float (&acc)[kMT][kNT][4], const u32 (&a)[kMT][4], const u32 (&b)[kNT / 2][4]) {
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    const u32 b_lo[2] = {b[np][0], b[np][1]}, b_hi[2] = {b[np][2], b[np][3]};
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      mma<Elem>(acc[mt][2 * np], a[mt], b_lo);
+      mma<Elem>(acc[mt][2 * np + 1], a[mt], b_hi);
+    }
+  }
+}
+
+/// warp_mma with the fragments of k-step s + 1 loaded before the mma of step s (two register
+/// buffers): the ldmatrix latency hides behind the previous step's mma instead of stalling every
+/// step (with 8 warps per SM nothing else covers it). The look-ahead load past k_end reads zeros or
+/// stale values inside the tile and is never used.
+template <class Elem, int kMT, int kNT, int kK, Store kAStore, int kAPitch, Store kBStore, int kBPitch>
+FP_DEV void warp_mma_pipe(float (&acc)[kMT][kNT][4], u32 a_lane, u32 b_lane, int k_end) {
+  static_assert(kNT % 2 == 0 && kK % 16 == 0, "warp tiles are whole m16 x n16 x k16 steps");
+  constexpr int kSteps = kK / 16;
+  // Two named buffers and steps in pairs: every index is static even where the loop stays rolled
+  // (an array indexed by s % 2 went to local memory at d160).
+  u32 a_even[kMT][4], b_even[kNT / 2][4], a_odd[kMT][4], b_odd[kNT / 2][4];
+  load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a_even, b_even, a_lane, b_lane, 0);
+#pragma unroll
+  for (int s = 0; s < kSteps; s += 2) {
+    if (16 * s >= k_end) break;
+    if (s + 1 < kSteps)
+      load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a_odd, b_odd, a_lane, b_lane, 16 * (s + 1));
+    mma_frags<Elem>(acc, a_even, b_even);
+    if (s + 1 >= kSteps || 16 * (s + 1) >= k_end) break;
+    if (s + 2 < kSteps)
+      load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a_even, b_even, a_lane, b_lane, 16 * (s + 2));
+    mma_frags<Elem>(acc, a_odd, b_odd);
+  }
+}
+
+/// Two products of the same shape over the same k range in one pipelined loop (S = Q K^T with
+/// dP = dO V^T): twice the independent mma per k-step to cover the mma latency. Operands are
+/// zero-filled past their own width, so one k_end (the larger) serves both.
+template <class Elem, int kMT, int kNT, int kK, Store kAStore, int kAPitch, Store kBStore, int kBPitch>
+FP_DEV void warp_mma_dual(float (&acc0)[kMT][kNT][4], u32 a0_lane, u32 b0_lane, float (&acc1)[kMT][kNT][4],
+                          u32 a1_lane, u32 b1_lane, int k_end) {
+  static_assert(kNT % 2 == 0 && kK % 16 == 0, "warp tiles are whole m16 x n16 x k16 steps");
+  constexpr int kSteps = kK / 16;
+  u32 a0_even[kMT][4], b0_even[kNT / 2][4], a0_odd[kMT][4], b0_odd[kNT / 2][4];  // as warp_mma_pipe
+  u32 a1_even[kMT][4], b1_even[kNT / 2][4], a1_odd[kMT][4], b1_odd[kNT / 2][4];
+  load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a0_even, b0_even, a0_lane, b0_lane, 0);
+  load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a1_even, b1_even, a1_lane, b1_lane, 0);
+#pragma unroll
+  for (int s = 0; s < kSteps; s += 2) {
+    if (16 * s >= k_end) break;
+    if (s + 1 < kSteps) {
+      load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a0_odd, b0_odd, a0_lane, b0_lane,
+                                                               16 * (s + 1));
+      load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a1_odd, b1_odd, a1_lane, b1_lane,
+                                                               16 * (s + 1));
+    }
+    mma_frags<Elem>(acc0, a0_even, b0_even);
+    mma_frags<Elem>(acc1, a1_even, b1_even);
+    if (s + 1 >= kSteps || 16 * (s + 1) >= k_end) break;
+    if (s + 2 < kSteps) {
+      load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a0_even, b0_even, a0_lane, b0_lane,
+                                                               16 * (s + 2));
+      load_frags<kMT, kNT, kAStore, kAPitch, kBStore, kBPitch>(a1_even, b1_even, a1_lane, b1_lane,
+                                                               16 * (s + 2));
+    }
+    mma_frags<Elem>(acc0, a0_odd, b0_odd);
+    mma_frags<Elem>(acc1, a1_odd, b1_odd);
+  }
+}
+
 template <int kMT, int kNT>
 FP_DEV void zero(float (&acc)[kMT][kNT][4]) {
 #pragma unroll
@@ -139,12 +235,19 @@ FP_HD constexpr WarpGrid warp_grid_tall(int m, int n, int warps) {
 // Memory helpers.
 
 FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
+#ifdef __CUDA_ARCH__
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
+#else  // host build of the kernel emulator (tests/gpu/emu): shared addresses are byte offsets
+  __builtin_memcpy(emu::dynamic_shared() + s_addr, &v, 4);
+#endif
 }
 
 /// Adds (x, y) to g[0], g[1] (8-byte aligned) in global memory, fire-and-forget atomics.
 FP_DEV void red_add_f32x2(float* g, float x, float y) {
-#if __CUDA_ARCH__ >= 900
+#ifndef __CUDA_ARCH__  // kernel emulator: blocks run one at a time
+  g[0] += x;
+  g[1] += y;
+#elif __CUDA_ARCH__ >= 900
   asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(g), "f"(x), "f"(y) : "memory");
 #else
   asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(g), "f"(x) : "memory");
@@ -167,7 +270,7 @@ FP_DEV unsigned dropout_keep4(const AttnProblem& p, i64 b, i64 h, i64 row_r, i64
   // Even lane: row r, words 0, 1 (own) and row r + 8, words 0, 1 (partner's).
   // Odd lane:  row r, words 2, 3 (partner's) and row r + 8, words 2, 3 (own).
   const u32 give0 = odd ? w.x[0] : w.x[2], give1 = odd ? w.x[1] : w.x[3];
-  const u32 got0 = __shfl_xor_sync(kFullMask, give0, 1), got1 = __shfl_xor_sync(kFullMask, give1, 1);
+  const u32 got0 = shfl_xor(give0, 1), got1 = shfl_xor(give1, 1);
   const u32 w0 = odd ? got0 : w.x[0], w1 = odd ? got1 : w.x[1];
   const u32 w2 = odd ? w.x[2] : got0, w3 = odd ? w.x[3] : got1;
   const u32 t = p.dropout_threshold;
