@@ -67,7 +67,7 @@ struct Alternative {
   Shape shape;
 };
 constexpr Alternative kAlternatives[] = {
-    {64, {{kBlockM, 192, 2}, 0}},  {64, {{kBlockM, 128, 3}, 0}},  {64, {{kBlockM, 128, 2}, 2}},
+    {64, {{kBlockM, 128, 2}, 0}},  {64, {{kBlockM, 128, 3}, 0}},  {64, {{kBlockM, 128, 2}, 2}},
     {64, {{kBlockM, 128, 2}, 3}},  {64, {{kBlockM, 192, 2}, 2}},  {128, {{kBlockM, 176, 2}, 0}},
     {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}},
 };

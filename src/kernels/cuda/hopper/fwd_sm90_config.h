@@ -48,7 +48,7 @@ FP_HD constexpr bool separate_o_fits(int d, Tile t) {
 /// d/2 (O) + block_n/2 (S) + block_n/4 (P as bf16 pairs) + ~30 (addresses, row state), under the
 /// 240 that setmaxnreg grants; shared memory must stay <= 227 KB.
 ///   d   tile        tiles: Q + stages x (K + V)  smem_bytes   registers (O + S + P)
-///   64  128 x 128   16K + 2 x 32K  =  80K        83968        32 + 64 + 32 = 128
+///   64  128 x 192   16K + 2 x 48K  = 112K       ~116K        32 + 96 + 48 = 176
 ///   96  128 x 128   32K + 2 x 64K  = 160K       165888        64 + 64 + 32 = 160 (O padded to 128)
 ///   128 128 x 128   32K + 2 x 64K  = 160K       165888        64 + 64 + 32 = 160
 ///   192 128 x 112   48K + 2 x 84K  = 216K       223232        96 + 56 + 28 = 180
@@ -59,8 +59,8 @@ FP_HD constexpr bool separate_o_fits(int d, Tile t) {
 /// other head dims.
 FP_HD constexpr Tile tile_for(int d) {
   switch (d) {
-    case 64:
-      return {kBlockM, 128, 2};
+    case 64:  // 128 x 192: measured on the H200 (16k: 446 vs 432 TFLOPS non-causal, 437 vs 429 causal)
+      return {kBlockM, 192, 2};
     case 96:
       return {kBlockM, 128, 2};
     case 128:
