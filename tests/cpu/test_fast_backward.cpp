@@ -73,7 +73,7 @@ TEST(FastBackward, VarlenWithEmptySequencesAndSequsedK) {
 }
 
 TEST(FastBackward, EveryIsaCopy) {
-  for (const char* isa : {"avx2", "base"}) {
+  for (const char* isa : {"avx512", "avx2", "base"}) {
     fastcheck::with_isa(isa, [&] {
       SCOPED_TRACE(isa);
       expect_grads(with(fastcheck::dense(DType::f32, 1, 113, 203, 7, 1, 59, 59), true, 70, -1, 5.0, 2, 0.1));

@@ -82,7 +82,7 @@ inline void backward_block(const AttnProblem& p, const BackwardShared& shared, c
   int* lo = mem.take_int(kBlockQ);
   int* hi = mem.take_int(kBlockQ);
 
-  pack_kv(p, b, hk, j0, j0 + nk, k_blk, d_pad, v_blk, dv_pad);
+  pack_kv_rows(p, b, hk, j0, j0 + nk, k_blk, d_pad, v_blk, dv_pad);
   std::fill(dk_acc, dk_acc + (long long)kBlockK * d_pad, 0.0f);
   std::fill(dv_acc, dv_acc + (long long)kBlockK * dv_pad, 0.0f);
 

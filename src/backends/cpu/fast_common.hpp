@@ -103,29 +103,27 @@ inline long long scratch_floats(long long d, long long dv) {
   const long long q = kBlockQ, k = kBlockK;
   const long long fwd = 2 * dp * q + k * dp + k * dvp + k * q + q * dvp;
   const long long bwd = 2 * k * dp + 2 * k * dvp + 4 * k * q;
-  return std::max(fwd, bwd) + 16 * q + 32 * kMaxVec;
+  const long long d32 = pad_to(d, 32), dv32 = pad_to(dv, 32);  // the AMX bf16 forward (fast_amx.hpp)
+  const long long amx = d32 * q + 2 * k * q + 2 * k * q + dv32 * q + 2 * k * d32 + 2 * dv32 * k + dv32;
+  return std::max({fwd, bwd, amx}) + 16 * q + 32 * kMaxVec;
 }
-
-/// K and V rows of one (sequence, kv head) widened to fp32 once and shared by every query tile that
-/// reads them: key j at k + j * k_ld and v + j * v_ld, zero-padded to the row strides.
-struct PackedKV {
-  const float* k;
-  const float* v;
-  long long k_ld, v_ld;
-};
 
 /// Largest shared K/V pack the forward allocates; longer sequences pack per tile instead.
 inline constexpr long long kMaxPackedBytes = 256LL << 20;
 
 /// One ISA's kernels. `scratch` holds scratch_floats() floats, aligned to 64 bytes.
+///
+/// The forward packs the K/V of each (sequence, kv head) once into a "group" region that every query
+/// tile of that group reads; the layout is the kernel's own (fp32 rows, or bf16 tiles for AMX).
 struct Kernels {
   const char* isa;
-  /// Widens keys [j0, j1) of kv head hk of sequence b into k/v, rows zero-padded to whole vectors
-  /// (row strides k_ld, v_ld at least pad_to(d or dv, kMaxVec)).
-  void (*pack_kv)(const AttnProblem& p, long long b, long long hk, long long j0, long long j1, float* k,
-                  long long k_ld, float* v, long long v_ld);
-  /// Query tile `blk`; `kv` is its (b, kv head)'s packed K/V, or null to pack tile by tile.
-  void (*forward_block)(const AttnProblem& p, const QueryBlock& blk, const PackedKV* kv, float* scratch);
+  /// Floats a group of sk keys takes packed.
+  long long (*packed_floats)(const AttnProblem& p, long long sk);
+  /// Packs keys [j0, j1) of kv head hk of sequence b (a group of sk keys) into its region `group`.
+  void (*pack_kv)(const AttnProblem& p, long long b, long long hk, long long j0, long long j1, long long sk,
+                  float* group);
+  /// Query tile `blk`; `group` is its (b, kv head)'s packed region, or null to pack tile by tile.
+  void (*forward_block)(const AttnProblem& p, const QueryBlock& blk, const float* group, float* scratch);
   /// Packs query rows [i0, i0 + kBlockQ) of head h of sequence b (QueryTileLayout) into `dst`.
   void (*pack_query_tile)(const AttnProblem& p, long long b, long long h, long long i0, float* dst);
   /// Key block `blk`: writes its dK/dV rows, adds dQ into `dq_acc` (BackwardShared::dq_ld layout).
@@ -134,6 +132,8 @@ struct Kernels {
 };
 
 /// The kernel tables; null when the ISA was not compiled into this build (non-x86 hosts).
+/// kernels_amx() is the AVX-512 table with an AMX-BF16 forward, for bf16 inputs.
+const Kernels* kernels_amx();
 const Kernels* kernels_avx512();
 const Kernels* kernels_avx2();
 const Kernels& kernels_base();

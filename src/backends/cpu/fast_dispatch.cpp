@@ -1,6 +1,8 @@
 // The CPU fast path's entry points: what it covers, which ISA copy runs, the work lists and the
 // OpenMP loops around the per-tile kernels (fast_forward.hpp, fast_backward.hpp).
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -12,9 +14,23 @@
 namespace flashport::cpu::fast {
 namespace {
 
-/// The widest kernel copy this CPU runs. FLASHPORT_CPU_ISA=avx2|base caps it (the tests use this to
-/// cover every copy on one machine); a wider request than the CPU supports is ignored.
-const Kernels& select_kernels() {
+/// Asks Linux for the AMX tile state (process-wide, once); false where that is refused.
+bool amx_permitted() {
+#if defined(__x86_64__) && defined(__linux__)
+  static const bool granted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+
+/// The widest kernel copy this CPU runs (AMX serves the bf16 forward when `forward`).
+/// FLASHPORT_CPU_ISA=avx512|avx2|base caps it (the tests use this to cover every copy on one
+/// machine); a wider request than the CPU supports is ignored.
+const Kernels& select_kernels(int in_type, bool forward) {
   const char* env = std::getenv("FLASHPORT_CPU_ISA");
   const std::string cap = env ? env : "";
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -23,6 +39,12 @@ const Kernels& select_kernels() {
                     __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool amx = avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-tile") &&
+                   __builtin_cpu_supports("amx-bf16");
+  if (amx && forward && in_type == kBF16 && (cap.empty() || cap == "amx") && kernels_amx() &&
+      amx_permitted()) {
+    return *kernels_amx();
+  }
   if (avx512 && cap != "avx2" && cap != "base" && kernels_avx512()) return *kernels_avx512();
   if (avx2 && cap != "base" && kernels_avx2()) return *kernels_avx2();
 #endif
@@ -92,56 +114,56 @@ std::string unsupported(const AttnProblem& p, bool backward) {
 }
 
 void forward(const AttnProblem& p) {
-  const Kernels& kernels = select_kernels();
-  const long long group = p.hq / p.hk, k_ld = pad_to(p.d, kMaxVec), v_ld = pad_to(p.dv, kMaxVec);
-  const long long row_floats = k_ld + v_ld;
+  const Kernels& kernels = select_kernels(p.in_type, true);
+  const long long group = p.hq / p.hk;
 
   // Each (sequence, kv head) whose K/V feed several query tiles gets them packed once into a shared
-  // buffer (contiguous rows also stay in L2, where head-strided rows thrash its sets). Groups are
+  // region (contiguous rows also stay in L2, where head-strided rows thrash its sets). Groups are
   // packed in rounds of at most kMaxPackedBytes; a round is one parallel packing loop, a barrier and
   // one dynamic loop over the round's query tiles. The other groups (decode-like shapes, K/V too big
   // to pack) pack tile by tile. Later query tiles first: under a causal mask they see the most keys,
   // so the dynamic schedule ends with the cheap ones.
   struct PackJob {
-    long long b, hk, j0, j1, dst_row;  // keys [j0, j1) go to packed rows from dst_row
+    long long b, hk, j0, j1, sk, group;  // keys [j0, j1) of a group of sk keys at float offset `group`
   };
   struct Round {
     std::vector<PackJob> packs;
     std::vector<QueryBlock> tiles;
-    std::vector<long long> tile_kv;  // first packed row of each tile's K/V
+    std::vector<long long> tile_group;  // float offset of each tile's group region
   };
   std::vector<Round> rounds(1);
   std::vector<QueryBlock> loose;
-  long long round_rows = 0, max_round_rows = 0;
-  const long long cap_rows = std::max(1LL, kMaxPackedBytes / (row_floats * 4));
+  long long round_floats = 0, max_round_floats = 0;
   for (long long b = 0; b < p.batch; ++b) {
     const long long n_tiles = (seqlen_q(p, b) + kBlockQ - 1) / kBlockQ, sk = seqlen_k(p, b);
+    const long long floats = pad_to(kernels.packed_floats(p, sk), kMaxVec);
     for (long long hk = 0; hk < p.hk; ++hk) {
       if (n_tiles == 0) continue;
-      if (group * n_tiles < 2 || sk > cap_rows) {
+      if (group * n_tiles < 2 || floats * 4 > kMaxPackedBytes) {
         for (long long t = n_tiles - 1; t >= 0; --t) {
           for (long long h = hk * group; h < (hk + 1) * group; ++h) loose.push_back({b, h, t * kBlockQ});
         }
         continue;
       }
-      if (round_rows + sk > cap_rows) {
+      if ((round_floats + floats) * 4 > kMaxPackedBytes) {
         rounds.emplace_back();
-        round_rows = 0;
+        round_floats = 0;
       }
       Round& r = rounds.back();
-      for (long long j0 = 0; j0 < sk; j0 += kBlockK)
-        r.packs.push_back({b, hk, j0, std::min(sk, j0 + kBlockK), round_rows + j0});
+      for (long long j0 = 0; j0 < sk; j0 += kBlockK) {
+        r.packs.push_back({b, hk, j0, std::min(sk, j0 + kBlockK), sk, round_floats});
+      }
       for (long long t = n_tiles - 1; t >= 0; --t) {
         for (long long h = hk * group; h < (hk + 1) * group; ++h) {
           r.tiles.push_back({b, h, t * kBlockQ});
-          r.tile_kv.push_back(round_rows);
+          r.tile_group.push_back(round_floats);
         }
       }
-      round_rows += sk;
-      max_round_rows = std::max(max_round_rows, round_rows);
+      round_floats += floats;
+      max_round_floats = std::max(max_round_floats, round_floats);
     }
   }
-  float* packed = ThreadBuffers::mine().take(kPacked, max_round_rows * row_floats);
+  float* packed = ThreadBuffers::mine().take(kPacked, max_round_floats);
   const long long n_loose = (long long)loose.size(), scratch_n = scratch_floats(p.d, p.dv);
 #pragma omp parallel
   {
@@ -151,14 +173,11 @@ void forward(const AttnProblem& p) {
 #pragma omp for schedule(dynamic, 4)
       for (long long n = 0; n < n_packs; ++n) {
         const PackJob& job = r.packs[(size_t)n];
-        float* dst = packed + job.dst_row * row_floats;
-        kernels.pack_kv(p, job.b, job.hk, job.j0, job.j1, dst, row_floats, dst + k_ld, row_floats);
+        kernels.pack_kv(p, job.b, job.hk, job.j0, job.j1, job.sk, packed + job.group);
       }
 #pragma omp for schedule(dynamic, 1)
       for (long long n = 0; n < n_tiles; ++n) {
-        const float* base = packed + r.tile_kv[(size_t)n] * row_floats;
-        const PackedKV kv{base, base + k_ld, row_floats, row_floats};
-        kernels.forward_block(p, r.tiles[(size_t)n], &kv, scratch);
+        kernels.forward_block(p, r.tiles[(size_t)n], packed + r.tile_group[(size_t)n], scratch);
       }
     }
 #pragma omp for schedule(dynamic, 1)
@@ -168,7 +187,7 @@ void forward(const AttnProblem& p) {
 }
 
 void backward(const AttnProblem& p) {
-  const Kernels& kernels = select_kernels();
+  const Kernels& kernels = select_kernels(p.in_type, false);
   const long long rows = query_rows(p), dq_ld = pad_to(p.d, kMaxVec), group = p.hq / p.hk;
   const QueryTileLayout qt = query_tile_layout(p.d, p.dv);
 

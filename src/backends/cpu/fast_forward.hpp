@@ -37,9 +37,9 @@ inline void column_max(const float* s, int nk, const float* m, float* m_new) {
 }
 
 /// Widens keys [j0, j1) of kv head hk of sequence b to fp32 rows (through the block table when paged),
-/// zero-padded to whole vectors (row strides k_ld >= pad_to(d, W), v_ld >= pad_to(dv, W)).
-inline void pack_kv(const AttnProblem& p, long long b, long long hk, long long j0, long long j1, float* k,
-                    long long k_ld, float* v, long long v_ld) {
+/// zero-padded to whole vectors: key j0 + n at k + n * k_ld and v + n * v_ld.
+inline void pack_kv_rows(const AttnProblem& p, long long b, long long hk, long long j0, long long j1,
+                         float* k, long long k_ld, float* v, long long v_ld) {
   const int d = (int)p.d, dv = (int)p.dv, d_pad = (int)pad_to(d, W), dv_pad = (int)pad_to(dv, W);
   for (long long j = j0; j < j1; ++j) {
     load_row(p.k.ptr, p.in_type, k_offset(p, p.k, b, j, hk), d, d_pad, 1.0f, k + (j - j0) * k_ld);
@@ -47,9 +47,19 @@ inline void pack_kv(const AttnProblem& p, long long b, long long hk, long long j
   }
 }
 
+/// The fp32 group layout: sk K rows of pad_to(d, kMaxVec) floats, then sk V rows of pad_to(dv, kMaxVec).
+inline long long packed_floats(const AttnProblem& p, long long sk) {
+  return sk * (pad_to(p.d, kMaxVec) + pad_to(p.dv, kMaxVec));
+}
+inline void pack_kv(const AttnProblem& p, long long b, long long hk, long long j0, long long j1, long long sk,
+                    float* group) {
+  const long long k_ld = pad_to(p.d, kMaxVec), v_ld = pad_to(p.dv, kMaxVec);
+  pack_kv_rows(p, b, hk, j0, j1, group + j0 * k_ld, k_ld, group + sk * k_ld + j0 * v_ld, v_ld);
+}
+
 /// Runs query tile `blk` to completion: writes its output rows and (when requested) their LSE. K/V
 /// come from `kv` (packed once per kv head) or, when null, are packed here tile by tile.
-inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const PackedKV* kv, float* scratch) {
+inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const float* group, float* scratch) {
   const long long b = blk.b, h = blk.h, i0 = blk.i0;
   const long long sq = seqlen_q(p, b), sk = seqlen_k(p, b), hk = kv_head(p, h);
   const int nq = (int)std::min<long long>(kBlockQ, sq - i0);
@@ -97,11 +107,11 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const Pac
 
   for (long long j0 = span_lo; j0 < span_hi; j0 += kBlockK) {
     const int nk = (int)std::min<long long>(kBlockK, span_hi - j0);
-    // Produce K/V: the shared pack's rows, or this tile widened now.
-    const float* k_rows = kv ? kv->k + j0 * kv->k_ld : k_tile;
-    const float* v_rows = kv ? kv->v + j0 * kv->v_ld : v_tile;
-    const long long k_ld = kv ? kv->k_ld : d_pad, v_ld = kv ? kv->v_ld : dv_pad;
-    if (!kv) pack_kv(p, b, hk, j0, j0 + nk, k_tile, d_pad, v_tile, dv_pad);
+    // Produce K/V: the group's packed rows, or this tile widened now.
+    const long long k_ld = group ? pad_to(d, kMaxVec) : d_pad, v_ld = group ? pad_to(dv, kMaxVec) : dv_pad;
+    const float* k_rows = group ? group + j0 * k_ld : k_tile;
+    const float* v_rows = group ? group + sk * k_ld + j0 * v_ld : v_tile;
+    if (!group) pack_kv_rows(p, b, hk, j0, j0 + nk, k_tile, d_pad, v_tile, dv_pad);
     // S^T = K Q^T (keys x queries). A tile with neither mask nor transform takes its column max in
     // the micro-kernel's epilogue; the others after masking.
     const bool plain = !sp.transform && tile_fully_visible(lo, hi, nq, j0, nk);

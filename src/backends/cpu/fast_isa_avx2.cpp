@@ -24,7 +24,11 @@ namespace flashport::cpu::fast::avx2 {
 
 namespace flashport::cpu::fast {
 const Kernels* kernels_avx2() {
-  static const Kernels kernels{"avx2", &avx2::pack_kv, &avx2::forward_block, &avx2::pack_query_tile,
+  static const Kernels kernels{"avx2",
+                               &avx2::packed_floats,
+                               &avx2::pack_kv,
+                               &avx2::forward_block,
+                               &avx2::pack_query_tile,
                                &avx2::backward_block};
   return &kernels;
 }

@@ -25,7 +25,11 @@ namespace flashport::cpu::fast::avx512 {
 
 namespace flashport::cpu::fast {
 const Kernels* kernels_avx512() {
-  static const Kernels kernels{"avx512", &avx512::pack_kv, &avx512::forward_block, &avx512::pack_query_tile,
+  static const Kernels kernels{"avx512",
+                               &avx512::packed_floats,
+                               &avx512::pack_kv,
+                               &avx512::forward_block,
+                               &avx512::pack_query_tile,
                                &avx512::backward_block};
   return &kernels;
 }

@@ -18,7 +18,11 @@ namespace flashport::cpu::fast::base {
 
 namespace flashport::cpu::fast {
 const Kernels& kernels_base() {
-  static const Kernels kernels{"base", &base::pack_kv, &base::forward_block, &base::pack_query_tile,
+  static const Kernels kernels{"base",
+                               &base::packed_floats,
+                               &base::pack_kv,
+                               &base::forward_block,
+                               &base::pack_query_tile,
                                &base::backward_block};
   return kernels;
 }
