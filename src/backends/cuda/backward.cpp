@@ -77,6 +77,31 @@ int backward_pipe(int arch, const BwdTile& t, int bucket, bool general) {
   return 2;
 }
 
+/// FLASHPORT_BWD_STAGES=1|2 (Q/dO buffers, attn_bwd.cu kStages), parsed once; 0 when unset or malformed.
+int stages_override() {
+  static const int v = [] {
+    const char* s = std::getenv("FLASHPORT_BWD_STAGES");
+    return s && (s[0] == '1' || s[0] == '2') && s[1] == 0 ? s[0] - '0' : 0;
+  }();
+  return v;
+}
+
+/// Shared memory per block the launcher may ask for: 227 KB (sm_90/100), 163 KB (sm_80/87), else 99 KB.
+int smem_limit(int arch) {
+  if (arch == 90 || arch == 100 || arch == 103 || arch == 110) return 227 * 1024;
+  if (arch == 80 || arch == 87) return 163 * 1024;
+  return 99 * 1024;
+}
+
+/// Q/dO buffers: 2 (the next step's tiles load during this step) where they fit in shared memory.
+/// A forced 2 that does not fit falls back to 1.
+int backward_stages(int arch, const BwdTile& t, int bucket) {
+  const int forced = stages_override();
+  const bool fits = bwd_smem_bytes(t.block_m, t.block_n, bucket, 2) <= smem_limit(arch);
+  if (forced == 1) return 1;
+  return fits ? 2 : 1;
+}
+
 /// FLASHPORT_BWD_GENERAL=1: always the kernel with softcap / ALiBi / dropout code (for comparing).
 bool general_forced() {
   static const bool v = [] {
@@ -132,7 +157,8 @@ jit::KernelSpec backward_main_spec(int arch, int elem_type, int bucket, bool gen
            {"BWD_BLOCK_N", std::to_string(t.block_n)},
            {"BWD_WARPS", std::to_string(t.warps)},
            {"BWD_PIPE", std::to_string(backward_pipe(arch, t, bucket, general))},
-           {"BWD_GENERAL", general ? "1" : "0"}},
+           {"BWD_GENERAL", general ? "1" : "0"},
+           {"BWD_QDO_STAGES", std::to_string(backward_stages(arch, t, bucket))}},
           arch};
 }
 
@@ -206,7 +232,8 @@ void launch_backward(const AttnProblem& p) {
       launch_chunked(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, p.stream);
     }
     if (grid_x > 0) {
-      const int smem = bwd_smem_bytes(tile.block_m, tile.block_n, bucket);
+      const int smem =
+          bwd_smem_bytes(tile.block_m, tile.block_n, bucket, backward_stages(arch, tile, bucket));
       const bool general = p.softcap != 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f;
       const jit::Kernel& main = jit::get(backward_main_spec(arch, p.in_type, bucket, general), device, smem);
       launch_chunked(main, prm, (unsigned)grid_x, (unsigned)p.hk, 32u * (unsigned)tile.warps, smem, p.stream);

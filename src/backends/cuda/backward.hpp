@@ -22,7 +22,8 @@ BwdTile backward_tile(int arch, int bucket);
 /// The three backward kernels for ElemType `elem_type` (kF16 / kBF16) and head-dim bucket `bucket`.
 /// `general`: the main kernel handles softcap, ALiBi and dropout (else it must not get them).
 /// Environment knobs for comparing variants: FLASHPORT_BWD_PIPE=0..3 (fragment pipelining, see
-/// attn_bwd.cu kPipe) and FLASHPORT_BWD_GENERAL=1 (the general kernel for every call).
+/// attn_bwd.cu kPipe), FLASHPORT_BWD_GENERAL=1 (the general kernel for every call) and
+/// FLASHPORT_BWD_STAGES=1|2 (Q/dO buffers; 2 only where it fits in shared memory).
 jit::KernelSpec backward_main_spec(int arch, int elem_type, int bucket, bool general);
 jit::KernelSpec backward_dot_spec(int arch, int elem_type);      // D = rowsum(dO * O)
 jit::KernelSpec backward_convert_spec(int arch, int elem_type);  // fp32 dQ accumulator -> dq

@@ -27,14 +27,22 @@ static_assert(kHD % 32 == 0 && kHD <= 256 && kBM % 16 == 0 && kBN % 16 == 0, "ba
 
 // Shared memory, byte offsets. s_q, s_do: (kBM, kPitch); s_k, s_v: (kBN, kPitch); s_p, s_ds:
 // (kBM, kPitchS). Every region and row start is 16-byte aligned (pitches are multiples of 8 elements).
-constexpr u32 kOffQ = 0;
-constexpr u32 kOffDO = kOffQ + kBM * kPitch * 2;
-constexpr u32 kOffK = kOffDO + kBM * kPitch * 2;
+#ifdef BWD_QDO_STAGES
+constexpr int kStages = BWD_QDO_STAGES;  // 2: the Q/dO tiles of step s + 1 load during step s
+#else
+constexpr int kStages = 1;
+#endif
+static_assert(kStages == 1 || kStages == 2, "BWD_QDO_STAGES is 1 or 2");
+constexpr u32 kOffQ = 0;                          // buffer x: + x * kStageBytes
+constexpr u32 kOffDO = kOffQ + kBM * kPitch * 2;  // buffer x: + x * kStageBytes
+constexpr u32 kStageBytes = 2 * kBM * kPitch * 2;
+constexpr u32 kOffK = kOffQ + kStages * kStageBytes;
 constexpr u32 kOffV = kOffK + kBN * kPitch * 2;
 constexpr u32 kOffP = kOffV + kBN * kPitch * 2;
 constexpr u32 kOffDS = kOffP + kBM * kPitchS * 2;
 constexpr u32 kSmemBytes = kOffDS + kBM * kPitchS * 2;
-static_assert(kSmemBytes == (u32)bwd_smem_bytes(kBM, kBN, kHD), "host and kernel disagree on shared memory");
+static_assert(kSmemBytes == (u32)bwd_smem_bytes(kBM, kBN, kHD, kStages),
+              "host and kernel disagree on shared memory");
 
 // Warp grids of the three stages. A and B: whole m16 x n16 warp tiles with the smallest perimeter
 // (fewest fragment loads per mma). C: 16-row warp tiles where possible, done in column chunks.
@@ -134,14 +142,15 @@ FP_DEV void load_k_v(const BwdParams& prm, const Cta& c) {
                  prm.vec);
 }
 
-/// Issues the loads of Q and dO rows [m0, m0 + kBM) of query head h.
-FP_DEV void load_q_do(const BwdParams& prm, const Cta& c, int h, int m0) {
+/// Issues the loads of Q and dO rows [m0, m0 + kBM) of query head h into buffer `buf`.
+FP_DEV void load_q_do(const BwdParams& prm, const Cta& c, int h, int m0, int buf) {
   const AttnProblem& p = prm.p;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int rows = c.seq.len_q - m0;
-  load_tile<kBM>(c.smem + kOffQ, static_cast<const u16*>(p.q.ptr),
+  const u32 at = c.smem + (u32)buf * kStageBytes;
+  load_tile<kBM>(at + kOffQ, static_cast<const u16*>(p.q.ptr),
                  row_offset(p.q, varlen, c.b, c.seq.q_start, m0, h), p.q.row_stride, rows, p.d, prm.vec);
-  load_tile<kBM>(c.smem + kOffDO, static_cast<const u16*>(p.dout.ptr),
+  load_tile<kBM>(at + kOffDO, static_cast<const u16*>(p.dout.ptr),
                  row_offset(p.dout, varlen, c.b, c.seq.q_start, m0, h), p.dout.row_stride, rows, p.dv,
                  prm.vec);
 }
@@ -149,7 +158,7 @@ FP_DEV void load_q_do(const BwdParams& prm, const Cta& c, int h, int m0) {
 /// Stage A: S = Q K^T and dP = dO V^T for this warp's (kMtS*16, kNtS*8) tile, then per element
 /// P = exp2(score * log2e - LSE * log2e) (0 where masked or the row has LSE -inf), dropout factor
 /// Z = keep / (1 - p), dS = P (dP Z - D) times d softcap; P Z and dS go to s_p, s_ds as Elem.
-FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0) {
+FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0, int buf) {
   const AttnProblem& p = prm.p;
   const int g = c.lane >> 2, t4 = c.lane & 3;
   const int wm0 = (c.warp / kGridS.cols) * (kBM / kGridS.rows);
@@ -180,7 +189,7 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0) {
   zero(acc_s);
   zero(acc_dp);
   {
-    const u32 a_off = lane_offset<Store::kRowsM, true, kPitch>(wm0, c.lane);
+    const u32 a_off = lane_offset<Store::kRowsM, true, kPitch>(wm0, c.lane) + (u32)buf * kStageBytes;
     const u32 b_off = lane_offset<Store::kRowsN, false, kPitch>(wn0, c.lane);
     if constexpr (kPipe >= 2) {
       warp_mma_dual<Elem, kMtS, kNtS, kHD, Store::kRowsM, kPitch, Store::kRowsN, kPitch>(
@@ -350,9 +359,10 @@ using namespace flashport::cuda::bwd;
 ///
 /// Per (key block, query head, query block) step, barriers:
 ///   wait Q/dO; sync(1) -> stage A (reads s_q s_k s_do s_v, writes s_p s_ds) -> sync(2) -> stage B
-///   (reads s_p s_do s_ds s_q) -> sync(3) -> prefetch the next Q/dO into s_q/s_do (free after 3)
-///   -> stage C (reads s_ds s_k). Sync(1) of the next step orders stage C's s_ds reads before stage A
-///   rewrites it; the sync at the top of a key block orders the last stage C before s_k is reloaded.
+///   (reads s_p s_do s_ds s_q) -> sync(3) -> prefetch the Q/dO of step + kStages into this step's
+///   s_q/s_do buffer (free after 3) -> stage C (reads s_ds s_k). Sync(1) of the next step orders stage C's
+///   s_ds reads before stage A rewrites it; the sync at the top of a key block orders the last stage C before
+///   s_k is reloaded.
 extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_bwd(const __grid_constant__ BwdParams prm) {
   const AttnProblem& p = prm.p;
@@ -383,10 +393,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int steps = group * n_m;  // (query head, query block) pairs, head-major
 
     __syncthreads();  // the previous key block's stage C is done with s_k, s_ds
+    // Step t visits query head hk * group + t / n_m, query block m_begin + t % n_m; its Q/dO tiles
+    // live in buffer t % kStages. Groups in flight at the top of step t: t's and (2 stages) t + 1's.
     if (steps > 0) {
       load_k_v(prm, c);
-      load_q_do(prm, c, c.hk * group, m_begin * kBM);
+      load_q_do(prm, c, c.hk * group, m_begin * kBM, 0);
       cp_async_commit();
+      if (kStages == 2 && steps > 1) {
+        load_q_do(prm, c, c.hk * group + 1 / n_m, (m_begin + 1 % n_m) * kBM, 1);
+        cp_async_commit();
+      }
     }
 
     float acc_dk[kMtKV][kNtKV][4], acc_dv[kMtKV][kNtKV][4];  // (kBN, kHD) over the CTA
@@ -394,30 +410,36 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     zero(acc_dv);
     for (int step = 0; step < steps; ++step) {
       const int h = c.hk * group + step / n_m, m0 = (m_begin + step % n_m) * kBM;
-      cp_async_wait_all();
+      const int buf = kStages == 2 ? step & 1 : 0;
+      const u32 qdo = (u32)buf * kStageBytes;
+      if (kStages == 2 && step + 1 < steps)
+        cp_async_wait<1>();  // this step's group; the next step's may stay in flight
+      else
+        cp_async_wait_all();
       __syncthreads();  // (1)
-      stage_scores(prm, c, h, m0);
+      stage_scores(prm, c, h, m0, buf);
       __syncthreads();  // (2)
       // Stage B: dV += (P Z)^T dO, dK += dS^T Q (query rows past len_q hold zeros in s_p / s_ds).
       const int m_end = round16(min_int(kBM, len_q - m0));
       if constexpr (kPipe >= 3) {
         if (wd0 < p.dv)
           warp_mma_pipe<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
-              acc_dv, c.smem + kOffP + a_off_kv, c.smem + kOffDO + b_off_kv, m_end);
+              acc_dv, c.smem + kOffP + a_off_kv, c.smem + qdo + kOffDO + b_off_kv, m_end);
         if (wd0 < p.d)
           warp_mma_pipe<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
-              acc_dk, c.smem + kOffDS + a_off_kv, c.smem + kOffQ + b_off_kv, m_end);
+              acc_dk, c.smem + kOffDS + a_off_kv, c.smem + qdo + kOffQ + b_off_kv, m_end);
       } else {
         if (wd0 < p.dv)
           warp_mma<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
-              acc_dv, c.smem + kOffP + a_off_kv, c.smem + kOffDO + b_off_kv, m_end);
+              acc_dv, c.smem + kOffP + a_off_kv, c.smem + qdo + kOffDO + b_off_kv, m_end);
         if (wd0 < p.d)
           warp_mma<Elem, kMtKV, kNtKV, kBM, Store::kRowsK, kPitchS, Store::kRowsK, kPitch>(
-              acc_dk, c.smem + kOffDS + a_off_kv, c.smem + kOffQ + b_off_kv, m_end);
+              acc_dk, c.smem + kOffDS + a_off_kv, c.smem + qdo + kOffQ + b_off_kv, m_end);
       }
-      __syncthreads();  // (3)
-      if (step + 1 < steps) {
-        load_q_do(prm, c, c.hk * group + (step + 1) / n_m, (m_begin + (step + 1) % n_m) * kBM);
+      __syncthreads();  // (3): buffer `buf` is free (stages A and B of this step were its last readers)
+      const int next = step + kStages;
+      if (next < steps) {
+        load_q_do(prm, c, c.hk * group + next / n_m, (m_begin + next % n_m) * kBM, buf);
         cp_async_commit();
       }
       stage_dq(prm, c, h, m0);

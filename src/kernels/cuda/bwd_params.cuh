@@ -26,11 +26,12 @@ struct BwdParams {
   int batch_offset;      // batch entry of grid z = 0 (launches are chunked: grid z <= 65535)
 };
 
-/// Dynamic shared memory of the main kernel, bytes: Q and dO tiles (block_m rows), K and V tiles
-/// (block_n rows), each row padded by 8 elements; then P and dS tiles (block_m, block_n + 8). 16-bit
-/// elements throughout. attn_bwd.cu static_asserts that its carve-up matches.
-FP_HD constexpr int bwd_smem_bytes(int block_m, int block_n, int head_bucket) {
-  return (2 * block_m + 2 * block_n) * (head_bucket + 8) * 2 + 2 * block_m * (block_n + 8) * 2;
+/// Dynamic shared memory of the main kernel, bytes: `stages` (1 or 2) buffers of Q and dO tiles
+/// (block_m rows), K and V tiles (block_n rows), each row padded by 8 elements; then P and dS tiles
+/// (block_m, block_n + 8). 16-bit elements throughout. attn_bwd.cu static_asserts that its carve-up
+/// matches.
+FP_HD constexpr int bwd_smem_bytes(int block_m, int block_n, int head_bucket, int stages) {
+  return (2 * stages * block_m + 2 * block_n) * (head_bucket + 8) * 2 + 2 * block_m * (block_n + 8) * 2;
 }
 
 }  // namespace flashport::cuda
