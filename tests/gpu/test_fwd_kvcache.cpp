@@ -205,5 +205,21 @@ TEST(GpuKvCache, SplitCounts) {
   }
 }
 
+/// Device-resident cache_seqlens / cache_leftpad are not validated by the core: bad entries must skip
+/// the append and read as empty or clamped sequences, never touch memory outside the cache.
+TEST(GpuKvCacheSmall, InvalidDeviceSeqlensStayInBounds) {
+  FP_SKIP_WITHOUT_GPU();
+  if (cpu_mode()) GTEST_SKIP() << "host-resident indices are validated by the core";
+  KvCase c;
+  c.cache_lens = {-3, 9999};
+  c.leftpad = {-1, 5};
+  c.rotary_dim = 32;
+  const KvHost h = make_kv_inputs(c);
+  const KvResult gpu = run_kv_gpu(c, h);
+  EXPECT_EQ(count_nan(gpu.out), 0);
+  EXPECT_EQ(max_abs_diff(gpu.k_cache, h.k_cache), 0.0) << "nothing may be appended";
+  EXPECT_EQ(max_abs_diff(gpu.v_cache, h.v_cache), 0.0) << "nothing may be appended";
+}
+
 }  // namespace
 }  // namespace flashport::test::gpu

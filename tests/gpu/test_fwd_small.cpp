@@ -37,5 +37,40 @@ TEST(GpuForwardSmall, SplitKv) {
   expect_forward_accurate(dense(DType::bf16, 1, 1, 300, 2, 1, 64));  // heuristic: several splits
 }
 
+/// Index tensors in device memory are not validated by the core (it cannot read them): the kernels
+/// must treat bad entries as empty sequences / zero keys instead of reading or writing out of bounds.
+/// Outputs are unspecified where indices are bad; here every output row still gets written.
+TEST(GpuForwardSmall, InvalidDeviceIndicesStayInBounds) {
+  FP_SKIP_WITHOUT_GPU();
+  if (cpu_mode()) GTEST_SKIP() << "host-resident indices are validated by the core";
+  const int64_t hq = 2, d = 64;
+  const HostTensor q = randn(DType::bf16, {20, hq, d}), k = randn(DType::bf16, {80, 1, d}),
+                   v = randn(DType::bf16, {80, 1, d});
+  // q: sequence 1 has a negative length; k: sequence 1 decreases and sequence 2 runs past total_k.
+  const HostTensor cu_q = int_tensor({0, 10, 5, 20}), cu_k = int_tensor({0, 50, 30, 200});
+  const DeviceTensor dq = DeviceTensor::from(q), dk = DeviceTensor::from(k), dv = DeviceTensor::from(v);
+  const DeviceTensor dcq = DeviceTensor::from(cu_q), dck = DeviceTensor::from(cu_k);
+  HostTensor out_host(DType::bf16, {20, hq, d});
+  const DeviceTensor out = DeviceTensor::poisoned(out_host);
+  ForwardArgs a;
+  a.q = dq.view(), a.k = dk.view(), a.v = dv.view(), a.out = out.view();
+  a.layout.cu_seqlens_q = dcq.view(), a.layout.cu_seqlens_k = dck.view();
+  a.layout.max_seqlen_q = 15, a.layout.max_seqlen_k = 200;
+  a.options.causal = true;
+  forward(a);
+  EXPECT_EQ(count_nan(out.to_host(out_host)), 0);
+
+  // Paged: negative block-table entries read as zero keys; cache lengths past the table clamp.
+  FwdCase c = dense(DType::bf16, 2, 3, 0, 4, 1, 64);
+  c.layout = Layout::paged, c.page = 16, c.k_lens = {40, 20};
+  FwdInputs in = make_inputs(c);
+  in.block_table.i32()[1] = -5;
+  in.used_k = int_tensor({1000, -7});
+  c.used_k = {40, 20};  // makes run_gpu pass the (overwritten) seqused_k tensor
+  const GpuResult r = run_gpu(c, in);
+  EXPECT_EQ(r.out_nan, 0);
+  EXPECT_EQ(r.lse_nan, 0);
+}
+
 }  // namespace
 }  // namespace flashport::test::gpu
