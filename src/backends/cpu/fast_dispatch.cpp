@@ -28,8 +28,8 @@ bool amx_permitted() {
 }
 
 /// The widest kernel copy this CPU runs (AMX serves the bf16 forward when `forward`).
-/// FLASHPORT_CPU_ISA=avx512|avx2|base caps it (the tests use this to cover every copy on one
-/// machine); a wider request than the CPU supports is ignored.
+/// FLASHPORT_CPU_ISA=avx512|avx2|base caps it ("avx512" keeps AMX off); the tests use this to cover
+/// every copy on one machine. A wider request than the CPU supports is ignored.
 const Kernels& select_kernels(int in_type, bool forward) {
   const char* env = std::getenv("FLASHPORT_CPU_ISA");
   const std::string cap = env ? env : "";
