@@ -163,6 +163,7 @@ void forward_kvcache(const KvCacheArgs& a) {
           return "entry " + num(b) + " = " + num(idx[b]) + " is outside [0, " + num(cache_rows) + ")";
         });
     p.kv_batch_idx = static_cast<const int*>(a.cache_batch_idx->data);
+    p.kv_rows = cache_rows;
   }
   if (a.cache_leftpad) {
     core::check_index_tensor(*a.cache_leftpad, "cache_leftpad", {batch}, dev);

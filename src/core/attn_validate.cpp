@@ -250,6 +250,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     p.block_table = static_cast<const int*>(lay.block_table->data);
     p.block_table_stride = lay.block_table->stride[0];
     p.page_size = page;
+    p.kv_rows = num_blocks;
   }
   fill_options(p, opts);
   p.stream = stream;

@@ -39,20 +39,23 @@ struct AttnProblem {
   const int* cu_seqlens_k;
   const int* seqused_k;
   long long seqused_k_add;  // added to seqused_k[b] (kv-cache: the s_new appended tokens)
-  const int* leftpad_k;   // kv-cache only: keys of sequence b start at token leftpad_k[b]
+  const int* leftpad_k;     // kv-cache only: keys of sequence b start at token leftpad_k[b]
   const int* kv_batch_idx;  // kv-cache only: cache row of batch entry b
-  const int* block_table;  // paged KV, (batch, max_blocks) int32
+  const int* block_table;   // paged KV, (batch, max_blocks) int32
   long long block_table_stride, page_size;
+  // Bound of block_table entries (number of pages) or of kv_batch_idx entries (cache rows). Index
+  // tensors in GPU memory are never read on the host, so addressing checks them against this.
+  long long kv_rows;
 
   // Scores.
-  float scale;           // softmax scale, times q/k descale for fp8 (applied per (b, hk) below)
-  float softcap;         // 0: off
+  float scale;    // softmax scale, times q/k descale for fp8 (applied per (b, hk) below)
+  float softcap;  // 0: off
   long long window_left, window_right;  // causal folded in as window_right = 0; -1 unbounded
-  const float* alibi;    // (b, hq) with alibi_batch_stride, or (hq,) with stride 0
+  const float* alibi;                   // (b, hq) with alibi_batch_stride, or (hq,) with stride 0
   long long alibi_batch_stride;
 
   // Dropout.
-  float dropout_p;       // 0: no mask drawn
+  float dropout_p;  // 0: no mask drawn
   unsigned int dropout_threshold;
   unsigned long long seed;
   unsigned int offset;
@@ -80,7 +83,7 @@ FP_HD long long seqlen_q(const AttnProblem& p, long long b) {
 
 /// Number of keys of sequence b (after seqused_k and the kv-cache left pad).
 FP_HD long long seqlen_k(const AttnProblem& p, long long b) {
-  long long n = p.seqused_k ? (long long)p.seqused_k[b] + p.seqused_k_add
+  long long n = p.seqused_k      ? (long long)p.seqused_k[b] + p.seqused_k_add
                 : p.cu_seqlens_k ? (long long)(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b])
                                  : p.sk;
   return p.leftpad_k ? n - p.leftpad_k[b] : n;
@@ -97,12 +100,15 @@ FP_HD long long q_offset(const AttnProblem& p, const Operand& t, long long b, lo
 /// cu_seqlens_k, the kv-cache batch index and left pad, or the block table.
 FP_HD long long k_offset(const AttnProblem& p, const Operand& t, long long b, long long j, long long h) {
   const long long token = p.leftpad_k ? j + p.leftpad_k[b] : j;
+  // Returns -1 (callers skip or zero-fill) for a block or cache row outside [0, kv_rows).
   if (p.block_table) {
     const int block = p.block_table[b * p.block_table_stride + token / p.page_size];
+    if (block < 0 || block >= p.kv_rows) return -1;
     return (long long)block * t.batch_stride + (token % p.page_size) * t.row_stride + h * t.head_stride;
   }
   if (p.cu_seqlens_k) return ((long long)p.cu_seqlens_k[b] + token) * t.row_stride + h * t.head_stride;
   const long long row_b = p.kv_batch_idx ? (long long)p.kv_batch_idx[b] : b;
+  if (p.kv_batch_idx && (row_b < 0 || row_b >= p.kv_rows)) return -1;
   return row_b * t.batch_stride + token * t.row_stride + h * t.head_stride;
 }
 
@@ -112,7 +118,9 @@ FP_HD long long lse_offset(const AttnProblem& p, long long b, long long h, long 
 }
 
 /// The kv head query head h reads (GQA/MQA).
-FP_HD long long kv_head(const AttnProblem& p, long long h) { return h / (p.hq / p.hk); }
+FP_HD long long kv_head(const AttnProblem& p, long long h) {
+  return h / (p.hq / p.hk);
+}
 
 /// ALiBi slope of (b, h), 0 when ALiBi is off.
 FP_HD float alibi_slope(const AttnProblem& p, long long b, long long h) {

@@ -60,11 +60,13 @@ TEST(GpuForwardSmall, InvalidDeviceIndicesStayInBounds) {
   forward(a);
   EXPECT_EQ(count_nan(out.to_host(out_host)), 0);
 
-  // Paged: negative block-table entries read as zero keys; cache lengths past the table clamp.
+  // Paged: block-table entries outside [0, num_blocks) read as zero keys; cache lengths past the table
+  // clamp.
   FwdCase c = dense(DType::bf16, 2, 3, 0, 4, 1, 64);
   c.layout = Layout::paged, c.page = 16, c.k_lens = {40, 20};
   FwdInputs in = make_inputs(c);
   in.block_table.i32()[1] = -5;
+  in.block_table.i32()[2] = 1 << 24;
   in.used_k = int_tensor({1000, -7});
   c.used_k = {40, 20};  // makes run_gpu pass the (overwritten) seqused_k tensor
   const GpuResult r = run_gpu(c, in);

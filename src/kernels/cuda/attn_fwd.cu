@@ -159,8 +159,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const bool paged = p.block_table != nullptr;
   const i64 k_base = paged || seq.len_k == 0 ? 0 : k_offset(p, p.k, b, 0, hk);
   const i64 v_base = paged || seq.len_k == 0 ? 0 : k_offset(p, p.v, b, 0, hk);
-  auto kv_offset = [&](const Operand& t, i64 base, i64 j) {
-    return paged ? k_offset(p, t, b, j, hk) : base + j * t.row_stride;
+  auto kv_offset = [&](const Operand& t, i64 base, i64 j) {  // base < 0: a cache row out of range
+    return paged ? k_offset(p, t, b, j, hk) : base < 0 ? (i64)-1 : base + j * t.row_stride;
   };
   auto load_k = [&](int t) {  // tile index t relative to tile_begin, into buffer t % kStages
     const i64 j0 = (tile_begin + t) * kBlockN;
