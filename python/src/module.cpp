@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "core/numeric.h"
+#include "backends/cpu/elem.hpp"
 #include "flashport/flashport.hpp"
 
 namespace nb = nanobind;
@@ -327,58 +327,7 @@ void merge_states(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::hand
 // Host-side element conversion, so numpy callers (no bf16/fp8 types) can produce and read
 // low-precision storage with the library's own bit-exact rounding.
 
-float load_elem(const uint8_t* p, DType t) {
-  namespace num = flashport::num;
-  switch (t) {
-    case DType::f64:
-      return (float)*reinterpret_cast<const double*>(p);
-    case DType::f32:
-      return *reinterpret_cast<const float*>(p);
-    case DType::f16:
-      return num::f16_to_f32(*reinterpret_cast<const uint16_t*>(p));
-    case DType::bf16:
-      return num::bf16_to_f32(*reinterpret_cast<const uint16_t*>(p));
-    case DType::e4m3:
-      return num::fp8_to_f32(*p, num::kE4M3);
-    case DType::e4m3fnuz:
-      return num::fp8_to_f32(*p, num::kE4M3FNUZ);
-    case DType::e5m2:
-      return num::fp8_to_f32(*p, num::kE5M2);
-    default:
-      return 0.0f;
-  }
-}
-
-void store_elem(uint8_t* p, DType t, float f) {
-  namespace num = flashport::num;
-  switch (t) {
-    case DType::f64:
-      *reinterpret_cast<double*>(p) = f;
-      break;
-    case DType::f32:
-      *reinterpret_cast<float*>(p) = f;
-      break;
-    case DType::f16:
-      *reinterpret_cast<uint16_t*>(p) = num::f32_to_f16(f);
-      break;
-    case DType::bf16:
-      *reinterpret_cast<uint16_t*>(p) = num::f32_to_bf16(f);
-      break;
-    case DType::e4m3:
-      *p = num::f32_to_fp8(f, num::kE4M3);
-      break;
-    case DType::e4m3fnuz:
-      *p = num::f32_to_fp8(f, num::kE4M3FNUZ);
-      break;
-    case DType::e5m2:
-      *p = num::f32_to_fp8(f, num::kE5M2);
-      break;
-    default:
-      break;
-  }
-}
-
-/// dst = src converted elementwise (through fp32), both contiguous host tensors of equal size.
+/// dst = src converted elementwise, both contiguous host tensors of equal size.
 void cast(nb::handle src, nb::handle dst) {
   Holder hold;
   const TensorView s = input(src, "src", hold);
@@ -392,11 +341,11 @@ void cast(nb::handle src, nb::handle dst) {
   }
   if (s.numel() != d.numel())
     fail("dst", "has " + std::to_string(d.numel()) + " elements, src has " + std::to_string(s.numel()));
-  const auto* in = static_cast<const uint8_t*>(s.data);
-  auto* outp = static_cast<uint8_t*>(d.data);
-  const int64_t n = s.numel(), si = flashport::dtype_size(s.dtype), di = flashport::dtype_size(d.dtype);
+  const int64_t n = s.numel();
   nb::gil_scoped_release unlocked;
-  for (int64_t i = 0; i < n; ++i) store_elem(outp + i * di, d.dtype, load_elem(in + i * si, s.dtype));
+  // The library's own element loads/stores (bit-exact rounding; fp64 stays fp64).
+  for (int64_t i = 0; i < n; ++i)
+    flashport::cpu::store(d.data, (int)d.dtype, i, flashport::cpu::load_f64(s.data, (int)s.dtype, i));
 }
 
 /// (dtype name, shape, strides, (device type, index), data pointer) of a tensor as flashport sees it.
