@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
-# STEPS selects a subset: STEPS=build,jit,gpu,python,sanitize,bench (default all).
+# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,sanitize,ncu,bench (default all but ncu).
+# GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashport-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-build,jit,gpu,python,sanitize,bench}
+STEPS=${STEPS:-build,jit,gpu,portable,python,sanitize,bench}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}
 export PYTHONUNBUFFERED=1
@@ -31,8 +32,20 @@ if has jit; then
 fi
 if has gpu; then
   step "gpu suite"
-  (cd build-gpu && ctest -L gpu --output-on-failure -j 1 --timeout 300 >"$OUT/gpu.log" 2>&1) || status=1
-  grep -E "tests passed|Failed|FAILED|\*\*\*" "$OUT/gpu.log" | head -40
+  if [[ -n "${GPU_FILTER:-}" ]]; then
+    build-gpu/tests/flashport_tests_gpu --gtest_filter="$GPU_FILTER" >"$OUT/gpu.log" 2>&1 || status=1
+  else
+    (cd build-gpu && ctest -L gpu --output-on-failure -j 1 --timeout 300 >"$OUT/gpu.log" 2>&1) || status=1
+  fi
+  grep -E "tests passed|PASSED|Failed|FAILED|\*\*\*" "$OUT/gpu.log" | head -40
+fi
+if has portable; then
+  # On sm_90 the backward tests above run the Hopper main kernel wherever it applies; this reruns them
+  # with the portable kernel forced, so both stay covered on this GPU.
+  step "gpu backward suite with the portable kernel forced"
+  FLASHPORT_CUDA_BACKWARD=portable build-gpu/tests/flashport_tests_gpu --gtest_filter='GpuBackward*' \
+    >"$OUT/gpu_portable_bwd.log" 2>&1 || status=1
+  grep -E "PASSED|FAILED|Failure" "$OUT/gpu_portable_bwd.log" | head -20
 fi
 if has python; then
   step "python suite on the GPU"
@@ -47,6 +60,10 @@ if has sanitize; then
       --gtest_filter="${SANITIZE_FILTER:-*Small*}" >"$OUT/sanitize_$tool.log" 2>&1
     echo "$tool exit $?"; tail -3 "$OUT/sanitize_$tool.log"
   done
+fi
+if has ncu; then
+  step "ncu counters of the Hopper forward"
+  OUT="$OUT/ncu" bash scripts/ncu_hopper_fwd.sh 2>&1 | tail -30
 fi
 if has bench; then
   step "benchmark"

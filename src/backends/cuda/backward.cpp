@@ -1,4 +1,5 @@
-// Launcher of the CUDA backward: D = rowsum(dO * O), the FA2 main kernel, dQ conversion (see backward.hpp).
+// Launcher of the CUDA backward: D = rowsum(dO * O), the main kernel (Hopper's where it applies, else the
+// FA2-style portable one), dQ conversion (see backward.hpp).
 #include "backends/cuda/backward.hpp"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backends/cuda/hopper_bwd.hpp"
 #include "backends/cuda/tiles.hpp"
 #include "backends/cuda/variants.hpp"
 #include "flashport/error.hpp"
@@ -109,6 +111,16 @@ bool general_forced() {
     return s && s[0] == '1';
   }();
   return v;
+}
+
+/// FLASHPORT_CUDA_BACKWARD=portable|hopper (read once) forces one main kernel where it applies; unset:
+/// the Hopper kernel on sm_90 for every call it covers (hopper_bwd::unsupported), the portable one else.
+bool use_hopper_backward(const AttnProblem& p, int arch) {
+  static const std::string forced = [] {
+    const char* s = std::getenv("FLASHPORT_CUDA_BACKWARD");
+    return std::string(s ? s : "");
+  }();
+  return forced != "portable" && hopper_bwd::unsupported(p, arch).empty();
 }
 
 void launch_chunked(const jit::Kernel& kernel, BwdParams& prm, unsigned grid_x, unsigned grid_y,
@@ -231,7 +243,9 @@ void launch_backward(const AttnProblem& p) {
       const jit::Kernel& dot = jit::get(backward_dot_spec(arch, p.in_type), device, 0);
       launch_chunked(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, p.stream);
     }
-    if (grid_x > 0) {
+    if (grid_x > 0 && use_hopper_backward(p, arch)) {
+      hopper_bwd::launch_main(prm);
+    } else if (grid_x > 0) {
       const int smem =
           bwd_smem_bytes(tile.block_m, tile.block_n, bucket, backward_stages(arch, tile, bucket));
       const bool general = p.softcap != 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f;

@@ -1,9 +1,6 @@
-// The Hopper forward launcher: which problems the sm_90a kernel takes, its TMA tensor maps (encoded
-// with cuTensorMapEncodeTiled from a dlopen'ed libcuda), its kernel specs, and the launch.
+// The Hopper forward launcher: which problems the sm_90a kernel takes, its TMA tensor maps (tma_map.hpp),
+// its kernel specs, and the launch.
 #include "backends/cuda/hopper_fwd.hpp"
-
-#include <cuda.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <array>
@@ -12,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cuda/tma_map.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/hopper/fwd_sm90_config.h"
 
@@ -21,11 +19,7 @@ namespace {
 constexpr const char* kSource = "cuda/hopper/attn_fwd_sm90.cu";
 constexpr const char* kEntry = "flashport_attn_fwd_sm90";
 constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
-constexpr long long kElemBytes = 2;  // fp16 / bf16
 constexpr long long kMaxGridYZ = 65535;
-
-static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc) && alignof(CUtensorMap) <= alignof(TmaDesc),
-              "TmaDesc must mirror CUtensorMap");
 
 constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
@@ -132,56 +126,6 @@ jit::KernelSpec make_spec(int elem_type, int d, Shape shape) {
   return spec;
 }
 
-/// The tensor map of one (batch, row, head, d) operand: dimension 0 is the head dim (box 64 columns
-/// = 128 bytes, the 128B swizzle span); the head, row and batch dimensions follow ordered by stride,
-/// extent-1 dimensions last (their coordinate is always 0, so any stride serves). Box: 64 columns x
-/// `box_rows` rows x 1 head x 1 batch.
-struct MapPlan {
-  cuuint64_t dims[4];
-  cuuint64_t strides[3];  // bytes, of dimensions 1..3
-  cuuint32_t box[4];
-  TmaDims pos;
-  std::string error;  // empty when encodable
-};
-
-MapPlan plan_map(const char* name, const Operand& t, long long d, long long heads, long long rows,
-                 long long batch, int box_rows) {
-  MapPlan m{};
-  struct Outer {
-    long long size, stride;
-    int which;  // 0 head, 1 row, 2 batch
-  };
-  Outer outer[3] = {
-      {heads, t.head_stride, 0}, {std::max(rows, 1LL), t.row_stride, 1}, {batch, t.batch_stride, 2}};
-  std::stable_sort(outer, outer + 3, [](const Outer& a, const Outer& b) {
-    if ((a.size == 1) != (b.size == 1)) return b.size == 1;
-    return a.stride < b.stride;
-  });
-  m.dims[0] = (cuuint64_t)d;
-  m.box[0] = 64;
-  long long extent = d * kElemBytes;  // bytes spanned by the dimensions placed so far
-  for (int i = 0; i < 3; ++i) {
-    const Outer& o = outer[i];
-    long long stride = o.stride * kElemBytes;
-    if (o.size == 1) {
-      stride = (extent + 15) / 16 * 16;
-    } else if (o.stride <= 0 || stride % 16 != 0) {
-      m.error = std::string(name) + " needs positive strides that are multiples of 8 elements (16 bytes)";
-      return m;
-    }
-    if (stride >= (1LL << 40) || o.size >= (1LL << 31)) {
-      m.error = std::string(name) + " is too large for a TMA tensor map";
-      return m;
-    }
-    m.dims[1 + i] = (cuuint64_t)o.size;
-    m.strides[i] = (cuuint64_t)stride;
-    m.box[1 + i] = o.which == 1 ? (cuuint32_t)box_rows : 1u;
-    (o.which == 0 ? m.pos.head : o.which == 1 ? m.pos.row : m.pos.batch) = 1 + i;
-    extent = std::max(extent, stride * o.size);
-  }
-  return m;
-}
-
 struct Plans {
   MapPlan q, k, v;
 };
@@ -201,44 +145,6 @@ Plans plan_maps(const AttnProblem& p, std::string& error) {
     if (error.empty() && !m->error.empty()) error = m->error;
   }
   return plans;
-}
-
-using EncodeTiled = decltype(&::cuTensorMapEncodeTiled);
-
-/// cuTensorMapEncodeTiled from the driver (the library never links libcuda).
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = []() -> EncodeTiled {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return nullptr;
-    return reinterpret_cast<EncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
-  }();
-  if (!fn)
-    throw Error("", "cuTensorMapEncodeTiled is not available (libcuda.so.1 missing or older than CUDA 12)");
-  return fn;
-}
-
-/// Encodes `plan` over `ptr` (128B swizzle, zero fill out of bounds). An operand without rows gets
-/// a zero map: the kernel issues no load for it (every query block then sees no key).
-TmaDesc encode(const char* name, const MapPlan& plan, int elem_type, void* ptr, long long rows) {
-  TmaDesc desc{};
-  if (rows <= 0) return desc;
-  CUtensorMap map;
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult rc = encode_tiled()(
-      &map, elem_type == kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr,
-      plan.dims, plan.strides, plan.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (rc != CUDA_SUCCESS) {
-    throw Error(name, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string((int)rc) + ") for dims (" +
-                          std::to_string(plan.dims[0]) + ", " + std::to_string(plan.dims[1]) + ", " +
-                          std::to_string(plan.dims[2]) + ", " + std::to_string(plan.dims[3]) + ")");
-  }
-  std::memcpy(&desc, &map, sizeof(desc));
-  return desc;
-}
-
-bool aligned16(const void* ptr) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
 }
 
 }  // namespace

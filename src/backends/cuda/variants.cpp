@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backends/cuda/backward.hpp"
+#include "backends/cuda/hopper_bwd.hpp"
 #include "backends/cuda/hopper_fwd.hpp"
 #include "backends/cuda/tiles.hpp"
 #include "core/problem.h"
@@ -45,11 +46,13 @@ std::vector<jit::KernelSpec> all_variants(int arch) {
   specs.push_back(merge_states_spec(arch));
   for (auto& spec : backward_variants(arch)) specs.push_back(std::move(spec));
   for (auto& spec : hopper::variants(arch)) specs.push_back(std::move(spec));
+  for (auto& spec : hopper_bwd::variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }
 
 bool is_main_kernel(const jit::KernelSpec& spec) {
-  return spec.entry == "attn_fwd" || is_main_backward_kernel(spec) || hopper::is_main_kernel(spec);
+  return spec.entry == "attn_fwd" || is_main_backward_kernel(spec) || hopper::is_main_kernel(spec) ||
+         hopper_bwd::is_main_kernel(spec);
 }
 
 }  // namespace flashport::cuda

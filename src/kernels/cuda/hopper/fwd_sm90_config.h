@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/problem.h"
+#include "cuda/hopper/sm90_config.h"
 
 namespace flashport::cuda::hopper {
 
@@ -10,21 +11,11 @@ namespace flashport::cuda::hopper {
 inline constexpr int kThreads = 384;
 /// Query rows per CTA: 64 per consumer warpgroup (the M of one wgmma).
 inline constexpr int kBlockM = 128;
-/// Largest dynamic shared memory a block may opt into on sm_90 (227 KB).
-inline constexpr int kSmemLimit = 232448;
-/// Bytes of one 64-column row of a 128B-swizzled tile chunk (64 two-byte elements).
-inline constexpr int kChunkRowBytes = 128;
 
 /// One forward tile shape. Only these and the element type / head dim specialise the kernel.
 struct Tile {
   int block_m, block_n, stages;
 };
-
-/// 64-column chunks a head dim occupies in shared memory (d = 96 pads its second chunk with
-/// TMA's zero fill).
-FP_HD constexpr int head_dim_chunks(int d) {
-  return (d + 63) / 64;
-}
 
 /// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
 /// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:
@@ -73,18 +64,6 @@ FP_HD constexpr Tile tile_for(int d) {
       return {0, 0, 0};
   }
 }
-
-/// A CUtensorMap (128 bytes; CUDA 13 aligns it to 128, TMA needs at least 64), opaque to the kernel;
-/// passed as a __grid_constant__ parameter so its address is a parameter-space address TMA reads.
-struct alignas(128) TmaDesc {
-  unsigned long long data[16];
-};
-
-/// Which tensor-map dimension (1..3) carries the head, row (token) and batch coordinate: the host
-/// orders the three outer dimensions by stride, so any (b, s, h, d) stride order works.
-struct TmaDims {
-  int head, row, batch;
-};
 
 /// Kernel parameters besides the three tensor maps.
 struct FwdSm90Params {

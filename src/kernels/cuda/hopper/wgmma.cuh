@@ -68,6 +68,7 @@ struct Wgmma;
 
 // K = N / 16 groups of 8 accumulators; A0.. are the operand numbers after the accumulators.
 // ss: D (+)= A(desc) * B(desc), K-major A and B (imm-trans 0, 0); scale_d = 0 overwrites D.
+// ss_mn: the same with MN-major A and B (imm-trans 1, 1: both stored with M / N contiguous).
 // rs: D (+)= A(regs) * B(desc) with B MN-major (imm-trans-b 1).
 #define FPW_DEFINE(N, K, A0, A1, A2, A3, A4, A5)                                                         \
   namespace flashport::cuda::sm90 {                                                                      \
@@ -78,6 +79,14 @@ struct Wgmma;
                    ", 0;\n"                                                                              \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
                    "}, %" #A0 ", %" #A1 ", p, 1, 1, 0, 0;\n}\n"                                          \
+                   : FPW_O##K                                                                            \
+                   : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
+    }                                                                                                    \
+    static FP_DEV void ss_mn(float (&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                   \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                              \
+                   ", 0;\n"                                                                              \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
+                   "}, %" #A0 ", %" #A1 ", p, 1, 1, 1, 1;\n}\n"                                          \
                    : FPW_O##K                                                                            \
                    : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
     }                                                                                                    \

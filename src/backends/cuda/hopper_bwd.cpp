@@ -1,0 +1,136 @@
+// The Hopper backward main-kernel launcher: which problems the sm_90a kernel takes, its four TMA tensor
+// maps, its kernel specs, and the launch (see hopper_bwd.hpp).
+#include "backends/cuda/hopper_bwd.hpp"
+
+#include <algorithm>
+
+#include "backends/cuda/tma_map.hpp"
+#include "flashport/error.hpp"
+#include "kernels/cuda/hopper/bwd_sm90_config.h"
+
+namespace flashport::cuda::hopper_bwd {
+namespace {
+
+constexpr const char* kSource = "cuda/hopper/attn_bwd_sm90.cu";
+constexpr const char* kEntry = "flashport_attn_bwd_sm90";
+constexpr int kHeadDims[] = {64, 96, 128};
+constexpr long long kMaxGridYZ = 65535;
+
+constexpr bool tile_table_fits() {
+  for (int d : kHeadDims) {
+    const Tile t = tile_for(d);
+    if ((t.block_m != 64 && t.block_m != 128) || t.stages < 1) return false;
+    if (smem_bytes(d, t) > kSmemLimit) return false;
+  }
+  return true;
+}
+static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the kernel's limits");
+
+jit::KernelSpec make_spec(int elem_type, int d) {
+  const Tile t = tile_for(d);
+  return {kSource,
+          kEntry,
+          {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
+           {"FP_HEADDIM", std::to_string(d)},
+           {"FP_BLOCK_M", std::to_string(t.block_m)},
+           {"FP_STAGES", std::to_string(t.stages)}},
+          90};
+}
+
+/// Rows of 16-byte aligned 2-byte elements: what the TMA maps and the 4-byte dK / dV stores need.
+bool rows_aligned(const Operand& t) {
+  return hopper::aligned16(t.ptr) && t.row_stride % 8 == 0 && t.head_stride % 8 == 0 &&
+         t.batch_stride % 8 == 0;
+}
+
+struct Plans {
+  hopper::MapPlan q, k, v, dout;
+};
+
+/// Tensor-map plans (varlen: one batch of total rows; coordinates start at cu_seqlens[b]). Sets
+/// `error` on the first failure.
+Plans plan_maps(const AttnProblem& p, std::string& error) {
+  const Tile tile = tile_for((int)p.d);
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
+  const long long batch = varlen ? 1 : p.batch;
+  Plans plans;
+  plans.q = hopper::plan_map("q", p.q, p.d, p.hq, q_rows, batch, tile.block_m);
+  plans.dout = hopper::plan_map("dout", p.dout, p.dv, p.hq, q_rows, batch, tile.block_m);
+  plans.k = hopper::plan_map("k", p.k, p.d, p.hk, k_rows, batch, kBlockN);
+  plans.v = hopper::plan_map("v", p.v, p.dv, p.hk, k_rows, batch, kBlockN);
+  for (const hopper::MapPlan* m : {&plans.q, &plans.k, &plans.v, &plans.dout})
+    if (error.empty() && !m->error.empty()) error = m->error;
+  return plans;
+}
+
+}  // namespace
+
+std::string unsupported(const AttnProblem& p, int arch) {
+  if (arch != 90) return "the Hopper backward needs compute capability 9.0, got " + std::to_string(arch);
+  if (p.in_type != kF16 && p.in_type != kBF16) return "the Hopper backward takes fp16/bf16 inputs";
+  if (p.out_type != p.in_type) return "the Hopper backward needs out and dout in the input dtype";
+  if (p.d != p.dv) return "the Hopper backward needs d == dv";
+  if (std::find(std::begin(kHeadDims), std::end(kHeadDims), p.d) == std::end(kHeadDims))
+    return "the Hopper backward takes head dims 64, 96, 128";
+  if (p.softcap != 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f)
+    return "softcap, ALiBi and dropout run on the portable backward";
+  if (p.deterministic) return "deterministic mode runs on the portable backward";
+  if (p.block_table || p.kv_batch_idx || p.leftpad_k)
+    return "paged and kv-cache layouts have no backward here";
+  if (!(p.scale > 0.0f)) return "the Hopper backward needs a positive softmax scale";
+  if (p.hk > kMaxGridYZ) return "more than 65535 kv heads";
+  if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30)) return "sequence lengths must be below 2^30";
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "varlen needs cu_seqlens_q and _k";
+  for (const Operand* t : {&p.q, &p.k, &p.v, &p.dout, &p.grad_k, &p.grad_v})
+    if (!rows_aligned(*t)) return "the Hopper backward needs 16-byte aligned rows of q, k, v, dout, dk, dv";
+  std::string error;
+  plan_maps(p, error);
+  return error;
+}
+
+void launch_main(BwdParams& prm) {
+  const AttnProblem& p = prm.p;
+  if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
+  const int d = (int)p.d;
+  const Tile tile = tile_for(d);
+  const int smem = smem_bytes(d, tile);
+  std::string error;
+  const Plans plans = plan_maps(p, error);
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
+  const long long key_blocks = (p.sk + kBlockN - 1) / kBlockN;
+  if (key_blocks <= 0 || p.batch <= 0) return;
+
+  BwdSm90Params kp{};
+  kp.bwd = prm;
+  kp.dims_q = plans.q.pos, kp.dims_k = plans.k.pos, kp.dims_v = plans.v.pos, kp.dims_do = plans.dout.pos;
+  TmaDesc tma_q = hopper::encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
+  TmaDesc tma_k = hopper::encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
+  TmaDesc tma_v = hopper::encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
+  TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
+
+  const int device = jit::pointer_device(p.q.ptr);
+  if (device < 0) throw Error("q", "is not a CUDA device pointer");
+  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d), device, smem);
+  void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
+  for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {
+    kp.bwd.batch_offset = (int)b0;
+    const long long nb = std::min(kMaxGridYZ, p.batch - b0);
+    jit::launch(kernel, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)nb, kThreads, smem, p.stream, args);
+  }
+}
+
+std::vector<jit::KernelSpec> variants(int arch) {
+  std::vector<jit::KernelSpec> specs;
+  if (arch != 90) return specs;
+  for (int elem_type : {(int)kF16, (int)kBF16})
+    for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d));
+  return specs;
+}
+
+bool is_main_kernel(const jit::KernelSpec& spec) {
+  return spec.source == kSource && spec.entry == kEntry;
+}
+
+}  // namespace flashport::cuda::hopper_bwd

@@ -1,0 +1,30 @@
+// The Hopper (sm_90a) backward main kernel's launcher: support check, TMA tensor maps and launch of
+// src/kernels/cuda/hopper/attn_bwd_sm90.cu. D = rowsum(dO * O) before it and the dQ conversion after
+// it are the portable aux kernels (backward.cpp runs them around either main kernel).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "jit/jit.hpp"
+#include "kernels/cuda/bwd_params.cuh"
+
+namespace flashport::cuda::hopper_bwd {
+
+/// Empty when the Hopper backward covers `p` on a GPU of compute capability `arch` (major * 10 +
+/// minor); otherwise why not (the portable sm80+ backward then runs). Covers fp16/bf16, d == dv in
+/// {64, 96, 128}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA, 16-byte
+/// aligned rows. Not: softcap, ALiBi, dropout, deterministic mode, paged or kv-cache layouts.
+std::string unsupported(const AttnProblem& p, int arch);
+
+/// Runs the main kernel on prm.p.stream: prm.dsum must hold D, prm.dq_accum must be zeroed (one
+/// slice); writes dk, dv and adds the unscaled dQ partials into prm.dq_accum. Never synchronises.
+void launch_main(BwdParams& prm);
+
+/// Every Hopper backward kernel (element type x head dim) for `arch`; empty unless arch == 90.
+std::vector<jit::KernelSpec> variants(int arch);
+
+/// True for the Hopper backward main kernel (register-resident accumulators: it must not spill).
+bool is_main_kernel(const jit::KernelSpec& spec);
+
+}  // namespace flashport::cuda::hopper_bwd

@@ -1,0 +1,40 @@
+// TMA tensor maps of (batch, row, head, d) operands for the Hopper kernels: the plan (dimension order by
+// stride, box, which dimension carries head / row / batch) and its encoding with cuTensorMapEncodeTiled
+// from a dlopen'ed libcuda (the library never links it).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/problem.h"
+#include "kernels/cuda/hopper/sm90_config.h"
+
+namespace flashport::cuda::hopper {
+
+/// Dimension 0 is the head dim (box 64 columns = 128 bytes, the 128B swizzle span); the head, row and
+/// batch dimensions follow ordered by stride, extent-1 dimensions last (their coordinate is always 0,
+/// so any stride serves). Box: 64 columns x `box_rows` rows x 1 head x 1 batch.
+struct MapPlan {
+  cuuint64_t dims[4];
+  cuuint64_t strides[3];  // bytes, of dimensions 1..3
+  cuuint32_t box[4];
+  TmaDims pos;
+  std::string error;  // empty when encodable
+};
+
+/// TMA and the kernels' 16-byte shared/global accesses need 16-byte aligned base pointers.
+inline bool aligned16(const void* ptr) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
+}
+
+/// The plan for operand `t` (2-byte elements) named `name` in errors.
+MapPlan plan_map(const char* name, const Operand& t, long long d, long long heads, long long rows,
+                 long long batch, int box_rows);
+
+/// Encodes `plan` over `ptr` (128B swizzle, zero fill out of bounds). An operand without rows gets a
+/// zero map: kernels issue no load for it. Throws Error naming `name` when the driver refuses.
+TmaDesc encode(const char* name, const MapPlan& plan, int elem_type, void* ptr, long long rows);
+
+}  // namespace flashport::cuda::hopper

@@ -1,0 +1,392 @@
+// The Hopper (sm_90a) backward through the public backward() (Impl::automatic on an sm_90 device)
+// against the CPU oracle by the accuracy rule, every gradient element written: each case is first
+// checked to reach the Hopper kernel (cuda::hopper_bwd::unsupported on the problem backward() builds),
+// so a support check that silently declines turns into a failure instead of a portable-kernel pass.
+// Covers head dims 64/96/128 in fp16/bf16, seqlen 1, sq < sk and sq > sk, rows without keys and keys
+// without queries (exact zero gradients), windows, GQA 4:1 / 7:1 / MQA, varlen with empty sequences,
+// seqused_k, padded and transposed strides, and multi-block sequences (~1100 tokens, a varlen batch
+// of 20). GpuBackwardPortable.SmallFeatures keeps small portable-only cases (softcap, ALiBi, dropout,
+// d 160 / 256) in the *Small* set that gpu_suite.sh runs under compute-sanitizer.
+//
+// FLASHPORT_CUDA_BACKWARD=portable (read once per process) sends every case to the portable kernel:
+// the HopperBwd cases then still run, as an A/B check of the harness against the portable backward.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/hopper_bwd.hpp"
+#include "backends/cuda/hopper_fwd.hpp"
+#include "core/attn_validate.hpp"
+#include "gpu/test_bwd_util.hpp"
+
+namespace flashport::test::gpu {
+namespace {
+
+namespace hopper_bwd = cuda::hopper_bwd;
+
+/// An sm_90 device, or cpu_mode() (FLASHPORT_GPU_TESTS_ON_CPU=1: host "device" tensors, the support
+/// check still runs and the CPU backend stands in for the kernel: a dry run of this file's cases).
+bool have_sm90() {
+  static const bool ok = [] {
+    if (cpu_mode()) return true;
+    if (!have_gpu()) return false;
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+    return prop.major == 9 && prop.minor == 0;
+  }();
+  return ok;
+}
+
+#define FP_SKIP_WITHOUT_SM90() \
+  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 (Hopper) GPU"
+
+/// The Operand backward() makes of a dO or gradient view (core/api.cpp).
+Operand operand_of(const TensorView& t) {
+  if (t.ndim == 4) return {t.data, t.stride[0], t.stride[1], t.stride[2]};
+  return {t.data, 0, t.stride[0], t.stride[1]};
+}
+
+/// Why the Hopper backward declines `c` on an sm_90 device; empty when it takes the case. The problem
+/// is built as backward() builds it (build_attention, attach_lse, dO and gradient operands) from
+/// device buffers allocated as run_gpu_backward allocates them, so pointers and strides are the ones
+/// the dispatcher will see. The values in the buffers do not matter to the check.
+std::string hopper_declines(const FwdCase& c, const FwdInputs& in) {
+  const DeviceTensor q = DeviceTensor::from_view(in.q.storage, in.q.view);
+  const DeviceTensor k = DeviceTensor::from_view(in.k.storage, in.k.view);
+  const DeviceTensor v = DeviceTensor::from_view(in.v.storage, in.v.view);
+  const DeviceTensor out = DeviceTensor::from(HostTensor(c.dtype, out_shape(c)));
+  const DeviceTensor dout = DeviceTensor::from(HostTensor(c.dtype, out_shape(c)));
+  const DeviceTensor lse = DeviceTensor::from(HostTensor(DType::f32, lse_shape(c)));
+  DeviceGrad dq(in.q), dk(in.k), dv(in.v);
+  std::vector<DeviceTensor> keep;
+  auto dev = [&](const HostTensor& h) {
+    keep.push_back(DeviceTensor::from(h));
+    return keep.back().view();
+  };
+  BackwardArgs a;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view(), a.dout = dout.view(),
+  a.lse = lse.view();
+  a.dq = dq.dev.view(), a.dk = dk.dev.view(), a.dv = dv.dev.view();
+  a.options = options(c);
+  if (c.alibi) a.options.alibi_slopes = dev(in.alibi);
+  TensorView cu_q, cu_k, used;
+  if (c.layout == Layout::varlen) cu_q = dev(in.cu_q), cu_k = dev(in.cu_k);
+  if (!c.used_k.empty()) used = dev(in.used_k);
+  set_layout(a, c, cu_q, cu_k, c.used_k.empty() ? nullptr : &used);
+  AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
+  core::attach_lse(p, a.lse, a.q.device);
+  p.dout = operand_of(a.dout);
+  p.grad_q = operand_of(a.dq), p.grad_k = operand_of(a.dk), p.grad_v = operand_of(a.dv);
+  return hopper_bwd::unsupported(p, 90);
+}
+
+/// expect_backward_accurate on given inputs (layouts make_bwd_inputs does not make, or gradients the
+/// caller checks further): the public backward by the accuracy rule, every element written.
+Grads expect_accurate_on(const FwdCase& c, const BwdInputs& in) {
+  SCOPED_TRACE(c.describe());
+  Grads gpu = run_gpu_backward(c, in);
+  const Grads ref = run_reference(c, in);
+  const Grads base = run_baseline(c, in);
+  EXPECT_EQ(gpu.unwritten, 0) << "gradient elements unwritten (or row padding overwritten)";
+  EXPECT_TRUE(accuracy_rule(gpu.dq, base.dq, ref.dq, 3.0)) << "dq";
+  EXPECT_TRUE(accuracy_rule(gpu.dk, base.dk, ref.dk, 3.0)) << "dk";
+  EXPECT_TRUE(accuracy_rule(gpu.dv, base.dv, ref.dv, 3.0)) << "dv";
+  return gpu;
+}
+
+/// Fails (and returns false) unless the Hopper backward takes `c` with the layouts of `in`.
+bool expect_goes_to_hopper(const FwdCase& c, const FwdInputs& in) {
+  const std::string why = hopper_declines(c, in);
+  if (why.empty()) return true;
+  ADD_FAILURE() << "the Hopper backward declines " << c.describe() << ": " << why;
+  return false;
+}
+
+/// A case the Hopper backward must take, then the public backward vs the oracle.
+void expect_hopper_backward(const FwdCase& c) {
+  if (expect_goes_to_hopper(c, make_inputs(c))) expect_backward_accurate(c);
+}
+
+/// A case only the portable backward covers (so it runs under the sanitizer on every GPU).
+void expect_portable_backward(const FwdCase& c) {
+  EXPECT_NE(hopper_declines(c, make_inputs(c)), "") << "expected a portable-only case: " << c.describe();
+  expect_backward_accurate(c);
+}
+
+/// Rows [first, first + count) of a contiguous (rows, width) gradient are exactly zero.
+void expect_zero_rows(const HostTensor& g, int64_t first, int64_t count, int64_t width, const char* what) {
+  int64_t nonzero = 0;
+  for (int64_t i = first * width; i < (first + count) * width; ++i) nonzero += g.get(i) != 0.0 ? 1 : 0;
+  EXPECT_EQ(nonzero, 0) << what << ": rows " << first << ".." << first + count - 1 << " must be zero";
+}
+
+/// Batch-1 dense `c` (so rows are tokens): dQ of the first `q_rows` queries and dK / dV of the first
+/// `k_rows` keys are exactly zero (they see no key / are seen by no query), besides the accuracy rule.
+void expect_hopper_zero_grads(const FwdCase& c, int64_t q_rows, int64_t k_rows) {
+  SCOPED_TRACE(c.describe());
+  const BwdInputs in = make_bwd_inputs(c);
+  if (!expect_goes_to_hopper(c, in.fwd)) return;
+  const Grads gpu = expect_accurate_on(c, in);
+  expect_zero_rows(gpu.dq, 0, q_rows, c.hq * c.d, "dq");
+  expect_zero_rows(gpu.dk, 0, k_rows, c.hk * c.d, "dk");
+  expect_zero_rows(gpu.dv, 0, k_rows, c.hk * c.dv, "dv");
+}
+
+constexpr Features kPlain{"plain", false, -1, -1, 0.0, 0, 0.0};
+constexpr Features kCausal{"causal", true, -1, -1, 0.0, 0, 0.0};
+constexpr Features kMasks[] = {
+    {"window", false, 37, 5, 0.0, 0, 0.0},
+    {"left-window", true, 20, -1, 0.0, 0, 0.0},
+    {"window-left-only", false, 64, -1, 0.0, 0, 0.0},  // the lowest key blocks see no query block
+    {"window-right-only", false, -1, 0, 0.0, 0, 0.0},
+};
+
+FwdCase varlen(FwdCase c, std::vector<int64_t> q_lens, std::vector<int64_t> k_lens) {
+  c.layout = Layout::varlen;
+  c.q_lens = std::move(q_lens);
+  c.k_lens = std::move(k_lens);
+  return c;
+}
+
+TEST(HopperBwd, SmallSupportAndVariants) {
+  AttnProblem p{};
+  p.batch = 2, p.hq = 4, p.hk = 2, p.d = 128, p.dv = 128, p.sq = 100, p.sk = 300;
+  p.in_type = p.out_type = kBF16;
+  void* aligned = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  p.q = {aligned, p.sq * p.hq * p.d, p.hq * p.d, p.d};
+  p.k = {aligned, p.sk * p.hk * p.d, p.hk * p.d, p.d};
+  p.v = p.k;
+  p.o = p.dout = p.grad_q = p.q;
+  p.grad_k = p.grad_v = p.k;
+  p.lse = static_cast<float*>(aligned);
+  const int* index = static_cast<const int*>(aligned);  // a cu_seqlens / index tensor (never read)
+  p.scale = 0.1f;
+  p.window_left = p.window_right = -1;
+  EXPECT_EQ(hopper_bwd::unsupported(p, 90), "");
+  EXPECT_NE(hopper_bwd::unsupported(p, 80), "");
+  EXPECT_NE(hopper_bwd::unsupported(p, 89), "");
+  auto declines = [&](auto change) {
+    AttnProblem x = p;
+    change(x);
+    return !hopper_bwd::unsupported(x, 90).empty();
+  };
+  // Covered: the other head dims and dtype, masks, GQA/MQA, varlen, seqused_k, transposed strides.
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 64; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 96; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF16; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.window_right = 0; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.window_left = 37, x.window_right = 5; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.hq = 7, x.hk = 1; }));
+  EXPECT_FALSE(declines([=](AttnProblem& x) {
+    x.cu_seqlens_q = x.cu_seqlens_k = index;
+    x.total_q = 150, x.total_k = 400;
+  }));
+  EXPECT_FALSE(declines([=](AttnProblem& x) { x.seqused_k = index; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
+  // Not covered.
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 80; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 192; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 256; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 64; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = 64; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF32; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.softcap = 5.0f; }));
+  EXPECT_TRUE(declines([=](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.dropout_threshold = 1u << 28; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.deterministic = true; }));
+  EXPECT_TRUE(declines([=](AttnProblem& x) {
+    x.block_table = index, x.block_table_stride = 4, x.page_size = 256;
+    x.kv_rows = 8;
+  }));
+  EXPECT_TRUE(declines([=](AttnProblem& x) { x.kv_batch_idx = index, x.kv_rows = 2; }));
+  EXPECT_TRUE(declines([=](AttnProblem& x) { x.leftpad_k = index; }));
+  // Rows of the operands the main kernel loads or stores must be 16-byte aligned (dQ goes through the
+  // fp32 accumulator and O only into D = rowsum(dO * O), both portable aux kernels: not checked here).
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 4; }));
+  EXPECT_TRUE(
+      declines([](AttnProblem& x) { x.k.head_stride += 4, x.k.row_stride = x.hk * x.k.head_stride; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.v.batch_stride += 4; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dout.row_stride += 4; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.grad_k.row_stride += 4; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.grad_v.row_stride += 4; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.k.ptr = static_cast<char*>(x.k.ptr) + 8; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dout.ptr = static_cast<char*>(x.dout.ptr) + 8; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.grad_v.ptr = static_cast<char*>(x.grad_v.ptr) + 8; }));
+
+  const std::vector<jit::KernelSpec> specs = hopper_bwd::variants(90);
+  EXPECT_EQ(specs.size(), 6u);  // {f16, bf16} x d {64, 96, 128}
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
+  }
+  EXPECT_TRUE(hopper_bwd::variants(80).empty());
+  EXPECT_TRUE(hopper_bwd::variants(89).empty());
+  // is_main_kernel singles out the backward kernel (the no-spill check must not catch the forward).
+  for (const auto& spec : cuda::hopper::variants(90))
+    EXPECT_FALSE(hopper_bwd::is_main_kernel(spec)) << spec.key();
+}
+
+TEST(HopperBwd, SmallHeadDims) {
+  FP_SKIP_WITHOUT_SM90();
+  for (int64_t d : {64, 96, 128}) {
+    for (DType dt : {DType::bf16, DType::f16}) {
+      expect_hopper_backward(dense(dt, 2, 113, 203, 2, 1, d));
+      expect_hopper_backward(with(dense(dt, 1, 203, 113, 3, 3, d), kCausal));  // sq > sk
+    }
+  }
+}
+
+TEST(HopperBwd, SmallSeqlenOne) {
+  FP_SKIP_WITHOUT_SM90();
+  int n = 0;
+  for (int64_t d : {64, 96, 128}) {
+    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_hopper_backward(dense(dt, 2, 1, 1, 2, 2, d));
+    expect_hopper_backward(dense(dt, 3, 1, 203, 4, 1, d));
+    expect_hopper_backward(dense(dt, 1, 203, 1, 2, 1, d));
+    expect_hopper_backward(with(dense(dt, 1, 1, 203, 4, 4, d), kCausal));
+  }
+  // One key, causal: only the last query sees it; the other 202 rows get dQ = 0.
+  expect_hopper_zero_grads(with(dense(DType::bf16, 1, 203, 1, 2, 1, 128), kCausal), 202, 0);
+}
+
+// Rows that see no key (causal, sq > sk) and keys no query sees (a (0, 0) band with sk > sq: whole key
+// blocks the kernel may skip must still get dK = dV = 0 written).
+TEST(HopperBwd, SmallZeroGradients) {
+  FP_SKIP_WITHOUT_SM90();
+  expect_hopper_zero_grads(with(dense(DType::bf16, 1, 300, 50, 2, 1, 128), kCausal), 250, 0);
+  expect_hopper_zero_grads(with(dense(DType::f16, 1, 290, 161, 4, 2, 64), kCausal), 129, 0);
+  FwdCase band = dense(DType::f16, 1, 40, 300, 2, 1, 64);
+  band.wl = 0, band.wr = 0;  // query i sees only key i + 260
+  expect_hopper_zero_grads(band, 0, 260);
+  band = dense(DType::bf16, 1, 100, 300, 3, 3, 96);
+  band.causal = true, band.wl = 10;  // query i sees keys i + 190 .. i + 200
+  expect_hopper_zero_grads(band, 0, 190);
+}
+
+TEST(HopperBwd, SmallMasks) {
+  FP_SKIP_WITHOUT_SM90();
+  for (const Features& f : kMasks) {
+    SCOPED_TRACE(f.name);
+    expect_hopper_backward(with(dense(DType::bf16, 2, 257, 300, 2, 1, 64), f));
+    expect_hopper_backward(with(dense(DType::f16, 1, 300, 200, 2, 2, &f - kMasks < 2 ? 128 : 96), f));
+  }
+}
+
+TEST(HopperBwd, SmallGqa) {
+  FP_SKIP_WITHOUT_SM90();
+  expect_hopper_backward(dense(DType::bf16, 2, 113, 203, 8, 2, 128));                  // 4:1
+  expect_hopper_backward(with(dense(DType::f16, 1, 203, 113, 8, 2, 64), kCausal));     // 4:1, sq > sk
+  expect_hopper_backward(with(dense(DType::bf16, 1, 150, 150, 7, 1, 64), kCausal));    // 7:1 (MQA)
+  expect_hopper_backward(dense(DType::f16, 1, 129, 257, 7, 1, 128));                   // 7:1 (MQA)
+  expect_hopper_backward(with(dense(DType::bf16, 2, 200, 260, 4, 1, 96), kMasks[2]));  // MQA, window
+}
+
+TEST(HopperBwd, SmallVarlen) {
+  FP_SKIP_WITHOUT_SM90();
+  for (const Features& f : {kPlain, kCausal, kMasks[0]}) {
+    SCOPED_TRACE(f.name);
+    // Entry 1 has no queries, entry 2 no keys, entries 5 and 6 neither.
+    FwdCase c = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f), {37, 0, 200, 129, 1, 0, 0},
+                       {50, 10, 0, 300, 1, 0, 0});
+    expect_hopper_backward(c);
+    c.dtype = DType::f16, c.d = c.dv = 64;
+    c.used_k = {20, 10, 0, 250, 0, 0, 0};  // seqused_k: keys past it get zero gradients
+    expect_hopper_backward(c);
+    c.dtype = DType::bf16, c.d = c.dv = 96, c.hq = 7, c.hk = 1;
+    c.used_k = {50, 3, 0, 129, 1, 0, 0};
+    expect_hopper_backward(c);
+  }
+}
+
+TEST(HopperBwd, SmallDenseSequsedK) {
+  FP_SKIP_WITHOUT_SM90();
+  FwdCase c = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
+  c.used_k = {260, 0, 131};
+  expect_hopper_backward(c);
+  expect_hopper_backward(with(c, kCausal));
+  c.dtype = DType::f16, c.d = c.dv = 64, c.used_k = {1, 200, 64};
+  expect_hopper_backward(with(c, kMasks[0]));
+}
+
+TEST(HopperBwd, SmallStridedLayouts) {
+  FP_SKIP_WITHOUT_SM90();
+  // Padded rows (gradients padded alike; the padding must keep its poison): 72 and 136 elements,
+  // still 16-byte aligned, odd strides for the tensor maps.
+  FwdCase padded = dense(DType::bf16, 2, 113, 203, 2, 1, 64);
+  padded.pad = 8;
+  expect_hopper_backward(padded);
+  padded = with(dense(DType::f16, 1, 203, 150, 4, 2, 128), kCausal);
+  padded.pad = 8;
+  expect_hopper_backward(padded);
+  padded = with(dense(DType::bf16, 2, 100, 130, 2, 2, 96), kMasks[0]);
+  padded.pad = 24;
+  expect_hopper_backward(padded);
+
+  // (b, h, s, d) storage viewed as (b, s, h, d): head stride above row stride, in the inputs and in
+  // the gradients (laid out like the inputs).
+  const FwdCase c = with(dense(DType::f16, 2, 130, 190, 4, 2, 128), kCausal);
+  BwdInputs in;
+  in.fwd = make_inputs(c);
+  auto transposed = [&](HostOperand& o, int64_t s, int64_t h, int64_t d) {
+    o.storage = randn(c.dtype, {c.batch(), h, s, d});
+    o.view = TensorView::strided(o.storage.tv.data, c.dtype, {c.batch(), s, h, d}, {h * s * d, d, s * d, 1});
+  };
+  transposed(in.fwd.q, 130, 4, 128);
+  transposed(in.fwd.k, 190, 2, 128);
+  transposed(in.fwd.v, 190, 2, 128);
+  in.dout = randn(c.dtype, out_shape(c));
+  const FwdResult f = run_cpu(c, in.fwd, Impl::reference);
+  in.out = f.out, in.lse = f.lse;
+  if (expect_goes_to_hopper(c, in.fwd)) expect_accurate_on(c, in);
+}
+
+// Several key blocks of 128 per sequence and several query blocks per key-block CTA: the Q / dO
+// pipeline wraps many times, causal CTAs run different query-block counts, GQA sums a group of
+// heads into one dK / dV, and a varlen batch mixes long, short and empty sequences.
+TEST(HopperBwd, ManyBlocks) {
+  FP_SKIP_WITHOUT_SM90();
+  expect_hopper_backward(dense(DType::bf16, 1, 1024, 1088, 2, 1, 128));
+  expect_hopper_backward(with(dense(DType::f16, 1, 1100, 1100, 2, 2, 64), kCausal));
+  // Group of 4 query heads per kv head; the first 76 queries see no key.
+  expect_hopper_zero_grads(with(dense(DType::bf16, 1, 1100, 1024, 8, 2, 64), kCausal), 76, 0);
+  FwdCase band = dense(DType::f16, 1, 1050, 1050, 2, 1, 128);
+  band.wl = 200, band.wr = 50;  // most (query block, key block) pairs see nothing
+  expect_hopper_backward(band);
+  FwdCase c =
+      varlen(with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), kCausal),
+             {0, 1100, 37, 513, 0, 1024, 129, 700, 64, 1, 900, 255, 0, 1090, 300, 128, 640, 77, 0, 450},
+             {13, 1050, 0, 600, 0, 1100, 129, 650, 200, 1, 1024, 256, 40, 1000, 333, 128, 700, 77, 0, 0});
+  expect_hopper_backward(c);
+}
+
+// The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper
+// backward never takes: softcap, ALiBi, dropout (each with and without a window), d 160 and d 256.
+TEST(GpuBackwardPortable, SmallFeatures) {
+  FP_SKIP_WITHOUT_GPU();
+  const Features features[] = {
+      {"softcap", false, -1, -1, 3.0, 0, 0.0},  {"softcap-window", false, 37, 5, 3.0, 0, 0.0},
+      {"alibi", true, -1, -1, 0.0, 1, 0.0},     {"alibi-b-window", false, 50, 20, 0.0, 2, 0.0},
+      {"dropout", false, -1, -1, 0.0, 0, 0.17}, {"dropout-window", true, 20, -1, 0.0, 0, 0.1},
+      {"all", true, 70, -1, 5.0, 2, 0.1},
+  };
+  int n = 0;
+  for (const Features& f : features) {
+    SCOPED_TRACE(f.name);
+    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_portable_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
+    expect_portable_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));
+  }
+  FwdCase v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), features[6]), {0, 37, 130, 1, 0},
+                     {5, 0, 129, 64, 0});
+  expect_portable_backward(v);
+  for (int64_t d : {160, 256}) {
+    expect_portable_backward(dense(DType::bf16, 1, 97, 130, 2, 1, d));
+    expect_portable_backward(with(dense(DType::f16, 1, 130, 77, 2, 2, d), kCausal));
+    expect_portable_backward(with(dense(DType::bf16, 2, 64, 100, 4, 2, d), kMasks[0]));
+  }
+}
+
+}  // namespace
+}  // namespace flashport::test::gpu
