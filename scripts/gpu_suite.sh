@@ -33,7 +33,7 @@ fi
 if has gpu; then
   step "gpu suite"
   if [[ -n "${GPU_FILTER:-}" ]]; then
-    build-gpu/tests/flashport_tests_gpu --gtest_filter="$GPU_FILTER" >"$OUT/gpu.log" 2>&1 || status=1
+    timeout "${GPU_TIMEOUT:-300}" build-gpu/tests/flashport_tests_gpu --gtest_filter="$GPU_FILTER" >"$OUT/gpu.log" 2>&1 || status=1
   else
     (cd build-gpu && ctest -L gpu --output-on-failure -j 1 --timeout 300 >"$OUT/gpu.log" 2>&1) || status=1
   fi
