@@ -4,7 +4,8 @@
 // a ring guarded by mbarriers; two consumer warpgroups (64 keys each) run the five GEMMs per step with
 // wgmma in the transposed orientation, so that P^T and dS^T come out of S^T = K Q^T and dP^T = V dO^T
 // already in the register layout of the A operand of dV += P^T dO and dK += dS^T Q. dS^T also goes to
-// shared memory for dQ = dS K, whose fp32 partials are added to the accumulator in global memory.
+// shared memory for dQ = dS K, whose fp32 partials two producer warps add to the accumulator in global
+// memory.
 // Shape from -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_M, FP_STAGES (tile_for in bwd_sm90_config.h).
 #include "cuda/common/rtc_compat.cuh"
 // (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
@@ -31,11 +32,21 @@ constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk 
 constexpr int kQChunkBytes = kBlockM * kChunkRowBytes;   // one 64-column chunk of Q or dO
 constexpr int kDsChunkBytes = kBlockN * kChunkRowBytes;  // 64 queries of dS^T for all keys
 constexpr int kQTileBytes = kChunks * kQChunkBytes;
-// dQ (kBlockM x kPadD) is split between the consumers as two 64 x 64 tiles: by rows when kBlockM is
-// 128 (kPadD 64), by columns when kBlockM is 64 (kPadD 128).
-constexpr bool kDqSplitRows = kBlockM == 128;
-static_assert((kBlockM == 128 && kPadD == 64) || (kBlockM == 64 && kPadD == 128), "tile_for's shapes only");
+// dQ (64 queries x kPadD) = dS K is split between the consumers as two 64 x 64 tiles: at kPadD 128 by
+// columns (each over all 128 keys: the consumers first wait for each other's half of dS^T), at kPadD 64
+// by keys (each over its own 64 keys, no wait; the dQ warps add the two partial tiles).
+constexpr bool kDqSplitKeys = kPadD == 64;
+constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // K of one consumer's dQ GEMM
+static_assert(kBlockM == 64 && (kPadD == 64 || kPadD == 128), "tile_for's shapes only");
 static_assert(kStages >= 1, "at least one Q / dO buffer");
+
+/// What every thread of the CTA knows about its work: the sequence, kv head, keys [n0, n0 + kBlockN)
+/// and the (query head, query block) steps, head-major: step t is head hk * group + t / n_m, query
+/// block m_begin + t % n_m.
+struct Work {
+  int b, hk, n0, group, m_begin, n_m, steps;
+  bwd::Seq seq;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory. Every tile is stored as 64-column chunks of rows x 128 bytes in the 128B-swizzle
@@ -48,11 +59,14 @@ struct alignas(1024) SharedStorage {
   u16 q[kStages][kChunks][kBlockM][64];
   u16 dout[kStages][kChunks][kBlockM][64];
   u16 ds[2][kBlockM / 64][kBlockN][64];  // double buffer: one barrier per step orders reuse
-  float lse2[kStages][kBlockM];          // LSE * log2(e); +inf for rows without keys or past the end
-  float dsum[kStages][kBlockM];          // D; 0 past the end
-  u64 bar_kv;                            // K and V landed
-  u64 bar_full[kStages];                 // Q, dO bytes landed and 32 LSE/D lanes arrived
-  u64 bar_empty[kStages];                // 8 consumer warps done with the stage
+  float dq[2][16][128][2];       // dQ tiles of the step in fragment order: [consumer][register pair][thread]
+  float lse2[kStages][kBlockM];  // LSE * log2(e); +inf for rows without keys or past the end
+  float dsum[kStages][kBlockM];  // D; 0 past the end
+  u64 bar_kv;                    // K and V landed
+  u64 bar_full[kStages];         // Q, dO bytes landed and 32 LSE/D lanes arrived
+  u64 bar_empty[kStages];        // 8 consumer warps done with the stage
+  u64 bar_dq_full;               // 256 consumer threads stored the step's dQ
+  u64 bar_dq_empty;              // the 64 dQ threads read it
 };
 static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, Tile{kBlockM, kStages}),
               "host and kernel disagree on the shared-memory size");
@@ -61,7 +75,8 @@ static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kStages}) <= kSmemLimit, "over 
 constexpr u32 kBarDs = 1;          // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kConsumerWarps = 8;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;  // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
-// 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the LSE/D warp needs more than the TMA-only 24.
+constexpr int kDqThreads = 64;     // warps 2 and 3 of the producer warpgroup add dQ to global memory
+// 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 
@@ -72,14 +87,6 @@ FP_DEV u32 bar_addr(const u64& bar) {
 FP_DEV int min_int(int a, int b) {
   return a < b ? a : b;
 }
-
-/// What every thread of the CTA knows about its work: the sequence, kv head, keys [n0, n0 + kBlockN)
-/// and the (query head, query block) steps, head-major: step t is head hk * group + t / n_m, query
-/// block m_begin + t % n_m.
-struct Work {
-  int b, hk, n0, group, m_begin, n_m, steps;
-  bwd::Seq seq;
-};
 
 FP_DEV Work make_work(const BwdParams& prm) {
   const AttnProblem& p = prm.p;
@@ -177,6 +184,48 @@ FP_DEV void produce_rows(const BwdSm90Params& prm, SharedStorage& s, const Work&
   }
 }
 
+/// Two floats at an 8-byte aligned shared address.
+FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
+  Float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(s_addr) : "memory");
+  return v;
+}
+
+/// Warps 2 and 3 (thread `wt` of 64): every step's dQ tiles from s.dq, added to the fp32 accumulator with
+/// vector reductions. Keeping the reductions off the consumers keeps their proxy fence (before each dS^T
+/// is read by wgmma) from waiting for outstanding global reductions. Slot idx = (consumer, register pair
+/// q, consumer thread) holds rows / columns of that thread's accumulator fragment (see add order in
+/// consume); consecutive slots of a warp are one consumer warp's fragment: 8 rows x 32 bytes per request.
+FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int wt) {
+  const AttnProblem& p = prm.bwd.p;
+  const i64 ld = prm.bwd.accum_ld;
+  const int len_q = w.seq.len_q;
+  for (int t = 0; t < w.steps; ++t) {
+    const int h = step_head(w, t), m0 = step_m0(w, t);
+    float* base = prm.bwd.dq_accum + ((i64)h * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b)) * ld;
+    sm90::mbar_wait(bar_addr(s.bar_dq_full), (u32)t & 1u);
+#pragma unroll 1
+    for (int k = 0; k < (kDqSplitKeys ? 1 : 2) * 16 * 128 / kDqThreads; ++k) {
+      const int idx = k * kDqThreads + wt;
+      const int tid = idx & 127, q = (idx >> 7) & 15, c = idx >> 11;
+      const int g = (tid & 31) >> 2, t4 = tid & 3;
+      const int row = 16 * (tid >> 5) + g + 8 * (q & 1);
+      const int col = (kDqSplitKeys ? 0 : 64 * c) + 8 * (q >> 1) + 2 * t4;
+      Float2 v = ld_shared_f32x2(smem_addr(&s.dq[c][q][tid][0]));
+      if (kDqSplitKeys) {  // slots of consumer 1 hold the same elements: summed here, skipped below
+        const Float2 v1 = ld_shared_f32x2(smem_addr(&s.dq[1][q][tid][0]));
+        v.x += v1.x, v.y += v1.y;
+      }
+      const int i = m0 + row;
+      if (i < len_q && col < kHeadDim)
+        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(base + (i64)i * ld + col),
+                     "f"(v.x), "f"(v.y)
+                     : "memory");
+    }
+    sm90::mbar_arrive(bar_addr(s.bar_dq_empty));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Consumer GEMMs (descriptors: sm90.cuh). Consumer c owns keys n0 + 64c .. + 63: the rows 64c.. of K
 // and V as K-major A operands. Q and dO serve as K-major B (S^T, dP^T: k steps along d) and as
@@ -204,7 +253,7 @@ FP_DEV void gemm_accumulate_kv(float (&acc)[kPadD / 2], const u32 (&a)[kBlockM /
 /// acc (64 queries x 64 columns of dQ) = dS (MN-major from dS^T) times K (MN-major), K = kBlockN keys.
 FP_DEV void gemm_dq(float (&acc)[32], u64 desc_ds, u64 desc_k) {
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk)
+  for (int kk = 0; kk < kDqKeys / 16; ++kk)
     sm90::Wgmma<64>::ss_mn(acc, sm90::desc_advance(desc_ds, kk * 16 * kChunkRowBytes),
                            sm90::desc_advance(desc_k, kk * 16 * kChunkRowBytes), kk == 0 ? 0u : 1u);
 }
@@ -213,44 +262,44 @@ FP_DEV void gemm_dq(float (&acc)[32], u64 desc_ds, u64 desc_k) {
 // Scores. Fragment element e = 4j + 2h + x of a (64 keys x kBlockM) accumulator is key row
 // 16 * warp + g + 8h of the consumer's 64, query column 8j + 2 * (lane % 4) + x of the step.
 
-/// Two floats at an 8-byte aligned shared address (the 4 lanes of a quad read different pairs, the 8
-/// quads of a warp the same 4: broadcast, conflict-free).
-FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
-  Float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(s_addr) : "memory");
-  return v;
-}
-
 /// P^T = exp2(S^T * scale * log2 e - LSE * log2 e), 0 outside each query's visible keys, in r_s;
-/// dS^T = P^T (dP^T - D) in r_dp.
+/// dS^T = P^T (dP^T - D) in r_dp. LSE / D of a column pair come from one 8-byte shared load (the 4 lanes
+/// of a quad read different pairs, the 8 quads the same: broadcast). Visibility in 32 bits: key j is
+/// visible to query i iff shift - wl <= j - i <= shift + wr and j < len_k (SPEC's window around the
+/// bottom-right diagonal; sem::visible_keys), queries past the sequence get P = 0 from their LSE. The mask
+/// is applied to every tile, branch-free: a branch around it (for tiles every query sees whole) makes
+/// ptxas serialise all wgmmas of the loop (C7512, "insufficient register resources").
 FP_DEV void scores_to_grads(float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2], const AttnProblem& p,
                             const SharedStorage& s, const Work& w, int stage, int m0, int key0, int tid) {
-  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int lane = tid & 31, t4 = lane & 3;
   const int len_q = w.seq.len_q, len_k = w.seq.len_k;
   const float scale_log2 = p.scale * sem::kLog2e;
-  // No per-element mask when every valid query of the step sees all 64 keys of this consumer (visible
-  // ranges grow with the query; queries past the sequence have P = 0 through their LSE).
-  const int last = min_int(m0 + kBlockM, len_q) - 1;
-  const bool full = key0 + 64 <= len_k &&
-                    sem::visible_keys(last, len_q, len_k, p.window_left, p.window_right).lo <= key0 &&
-                    sem::visible_keys(m0, len_q, len_k, p.window_left, p.window_right).hi >= key0 + 64;
-  const int j_row = key0 + 16 * (tid >> 5) + g;  // key of elements with h = 0 (h = 1: + 8)
+  constexpr int kFar = 1 << 30;  // |j - i| < 2^30: the host bounds sequence lengths by 2^30
+  const int shift = len_k - len_q;
+  const int lo_off = p.window_left < 0 || p.window_left >= kFar ? -kFar : shift - (int)p.window_left;
+  const int hi_off = p.window_right < 0 || p.window_right >= kFar ? kFar : shift + (int)p.window_right;
+  const int key = key0 + 16 * (tid >> 5) + (lane >> 2);  // key of the h = 0 elements (h = 1: + 8)
+  // visible iff 0 <= diff - lo_off <= hi_off - lo_off (unsigned: one compare), diff = key - query;
+  // rel0 is that offset for element (j = 0, h = 0, x = 0). Pinned here: otherwise ptxas computes the
+  // per-element offsets ahead of the wgmma wait and keeps them live beside S and dP (spills at d 64).
+  int rel0 = key - (m0 + 2 * t4) - lo_off;
+  u32 span = (u32)(hi_off - lo_off);
+  asm volatile("" : "+r"(rel0), "+r"(span));
+  const bool key_in[2] = {key < len_k, key + 8 < len_k};
 #pragma unroll
   for (int j = 0; j < kBlockM / 8; ++j) {
-    const int col = 8 * j + 2 * t4;
-    const Float2 lse2 = ld_shared_f32x2(smem_addr(&s.lse2[stage][col]));
-    const Float2 dsum = ld_shared_f32x2(smem_addr(&s.dsum[stage][col]));
+    const u32 col_addr = 4u * (8 * j + 2 * t4);
+    const Float2 lse2 = ld_shared_f32x2(smem_addr(&s.lse2[stage][0]) + col_addr);
+    const Float2 dsum = ld_shared_f32x2(smem_addr(&s.dsum[stage][0]) + col_addr);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int e = 4 * j + 2 * h + x;
-        bool visible = true;
-        if (!full) {
-          const int i = m0 + col + x, key = j_row + 8 * h;
-          visible = key < len_k && sem::is_visible(i, key, len_q, len_k, p.window_left, p.window_right);
-        }
-        const float prob = visible ? fast_exp2(r_s[e] * scale_log2 - (x ? lse2.y : lse2.x)) : 0.0f;
+        float arg = fmaf(r_s[e], scale_log2, -(x ? lse2.y : lse2.x));
+        const u32 rel = (u32)(rel0 + 8 * h - 8 * j - x);
+        if (!(key_in[h] && rel <= span)) arg = sem::kNegInf;
+        const float prob = fast_exp2(arg);  // 2^-inf = 0
         r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));
         r_s[e] = prob;
       }
@@ -267,6 +316,9 @@ FP_DEV void pack_operand(const float (&f)[kBlockM / 2], u32 (&r)[kBlockM / 4]) {
 FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
 }
+FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(s_addr), "f"(x), "f"(y) : "memory");
+}
 
 /// dS^T (packed) into buffer `buf`: key row 64c + 16 * warp + g + 8h, query pair 8j + 2t in chunk j / 8,
 /// 16-byte unit j % 8 swizzled by the row (conflict-free: the 8 rows g land in 8 different units).
@@ -280,29 +332,6 @@ FP_DEV void store_ds(SharedStorage& s, const u32 (&r_ds)[kBlockM / 4], int buf, 
       const int row = 64 * c + 16 * (tid >> 5) + g + 8 * h;  // row % 8 == g
       const u32 addr = base + (j / 8) * kDsChunkBytes + row * kChunkRowBytes + (((j % 8) ^ g) << 4) + 4 * t4;
       st_shared_u32(addr, r_ds[2 * j + h]);
-    }
-  }
-}
-
-/// Adds this consumer's dQ tile (rows row0.., columns col0.. of the step) to the fp32 accumulator.
-FP_DEV void add_dq(const BwdParams& prm, const Work& w, const float (&r_dq)[32], int h, int m0, int c,
-                   int tid) {
-  const AttnProblem& p = prm.p;
-  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int row0 = kDqSplitRows ? 64 * c : 0, col0 = kDqSplitRows ? 0 : 64 * c;
-  float* base = prm.dq_accum + ((i64)h * prm.rows_total + bwd::accum_row0(p, w.seq, w.b)) * prm.accum_ld;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int i = m0 + row0 + 16 * (tid >> 5) + g + 8 * hh;
-    if (i >= w.seq.len_q) continue;
-    float* row = base + (i64)i * prm.accum_ld;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = col0 + 8 * j + 2 * t4;
-      if (col >= p.d) continue;
-      asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row + col),
-                   "f"(r_dq[4 * j + 2 * hh]), "f"(r_dq[4 * j + 2 * hh + 1])
-                   : "memory");
     }
   }
 }
@@ -351,15 +380,18 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
     const u64 desc_k_rows = sm90::smem_desc(smem_addr(&s.k[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
     const u64 desc_v_rows = sm90::smem_desc(smem_addr(&s.v[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
     // dQ operands: dS rows (queries) 64c.. or all; K columns (d) 64c.. or all.
-    const u32 ds_off = kDqSplitRows ? c * kDsChunkBytes : 0;
-    const u64 desc_k_cols = sm90::smem_desc(smem_addr(&s.k[0][0][0]) + (kDqSplitRows ? 0 : c * kKVChunkBytes),
-                                            kKVChunkBytes, 1024);
+    // dQ operands: dS^T rows (keys) 64c.. (by keys) or all, K columns (d) 64c.. (by columns) or all.
+    const u32 ds_off = kDqSplitKeys ? c * 64 * kChunkRowBytes : 0;
+    const u64 desc_k_dq = sm90::smem_desc(
+        smem_addr(&s.k[0][0][0]) + (kDqSplitKeys ? c * 64 * kChunkRowBytes : c * kKVChunkBytes),
+        kKVChunkBytes, 1024);
+    const u32 s_dq = smem_addr(&s.dq[c][0][tid][0]);  // register pair q at + q * 1024 bytes
     sm90::mbar_wait(bar_addr(s.bar_kv), 0);
 
     for (int t = 0; t < w.steps; ++t) {
       const int stage = t % kStages, buf = t & 1;
       const u32 phase = (u32)(t / kStages) & 1u;
-      const int h = step_head(w, t), m0 = step_m0(w, t);
+      const int m0 = step_m0(w, t);
       const u32 s_q = smem_addr(&s.q[stage][0][0][0]), s_do = smem_addr(&s.dout[stage][0][0][0]);
       float r_s[kBlockM / 2], r_dp[kBlockM / 2];
       u32 r_p[kBlockM / 4], r_ds[kBlockM / 4];
@@ -385,9 +417,8 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       gemm_accumulate_kv(r_dv, r_p, sm90::smem_desc(s_do, kQChunkBytes, 1024));
       gemm_accumulate_kv(r_dk, r_ds, sm90::smem_desc(s_q, kQChunkBytes, 1024));
       sm90::wgmma_commit();
-      sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
-      gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[buf][0][0][0]) + ds_off, kDsChunkBytes, 1024),
-              desc_k_cols);
+      if (!kDqSplitKeys) sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
+      gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[buf][0][0][0]) + ds_off, kDsChunkBytes, 1024), desc_k_dq);
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
       sm90::pin_registers(r_dq);
@@ -396,7 +427,12 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_p);
       sm90::pin_registers(r_ds);
       release(s.bar_empty[stage], lane);
-      add_dq(prm.bwd, w, r_dq, h, m0, c, tid);
+      // dQ to the drain warps: wait until they read the previous step's, then store in fragment order
+      // (consecutive threads, consecutive 8 bytes: conflict-free).
+      if (t > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty), (u32)(t - 1) & 1u);
+#pragma unroll
+      for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
+      sm90::mbar_arrive(bar_addr(s.bar_dq_full));
     }
   }
   store_dk_dv(p, w, r_dk, r_dv, c, tid);
@@ -409,6 +445,8 @@ FP_DEV void init_barriers(SharedStorage& s) {
     sm90::mbar_init(bar_addr(s.bar_full[st]), kFullArrivals);
     sm90::mbar_init(bar_addr(s.bar_empty[st]), kConsumerWarps);
   }
+  sm90::mbar_init(bar_addr(s.bar_dq_full), 256);
+  sm90::mbar_init(bar_addr(s.bar_dq_empty), kDqThreads);
   sm90::fence_barrier_init();
 }
 
@@ -424,8 +462,10 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper_bwd::kThrea
                             const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_do) {
   using namespace flashport::cuda;
   using namespace flashport::cuda::hopper_bwd;
-  const Work w = make_work(prm.bwd);
-  if (w.n0 >= w.seq.rows_k) return;  // no key row of this block exists: nothing to write
+  // Each role computes its Work after the split: nothing computed here stays live across it (the code
+  // before setmaxnreg is register-allocated for the producer's small budget).
+  if ((int)blockIdx.x * kBlockN >= bwd::sequence(prm.bwd.p, (int)blockIdx.z + prm.bwd.batch_offset).rows_k)
+    return;  // no key row of this block exists: nothing to write
   extern __shared__ unsigned char smem_raw[];
   const u32 misalign = smem_addr(smem_raw) & 1023u;
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
@@ -434,6 +474,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper_bwd::kThrea
   __syncthreads();
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
+    const Work w = make_work(prm.bwd);
     if (w.steps == 0) return;
     if (threadIdx.x == 0) {
       sm90::tma_prefetch_desc(tma_q);
@@ -443,9 +484,11 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper_bwd::kThrea
       produce_tiles(prm, s, w, tma_q, tma_k, tma_v, tma_do);
     } else if (threadIdx.x / 32 == 1) {
       produce_rows(prm, s, w, (int)threadIdx.x & 31);
+    } else if (threadIdx.x >= 64) {
+      drain_dq(prm, s, w, (int)threadIdx.x - 64);
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
-    consume(prm, s, w, warpgroup - 1, (int)threadIdx.x - 128 * warpgroup);
+    consume(prm, s, make_work(prm.bwd), warpgroup - 1, (int)threadIdx.x - 128 * warpgroup);
   }
 }
