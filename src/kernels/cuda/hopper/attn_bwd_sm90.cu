@@ -191,36 +191,42 @@ FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
   return v;
 }
 
+FP_DEV void red_add_f32x2(float* g, Float2 v) {
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(g), "f"(v.x), "f"(v.y) : "memory");
+}
+
 /// Warps 2 and 3 (thread `wt` of 64): every step's dQ tiles from s.dq, added to the fp32 accumulator with
 /// vector reductions. Keeping the reductions off the consumers keeps their proxy fence (before each dS^T
-/// is read by wgmma) from waiting for outstanding global reductions. Slot idx = (consumer, register pair
-/// q, consumer thread) holds rows / columns of that thread's accumulator fragment (see add order in
-/// consume); consecutive slots of a warp are one consumer warp's fragment: 8 rows x 32 bytes per request.
+/// is read by wgmma) from waiting for outstanding global reductions.
+///
+/// s.dq[c][q][tid] holds register pair q of consumer c's thread tid: accumulator row 16 (tid / 32) +
+/// (tid % 32) / 4 + 8 (q % 2), columns 64c (split by columns) + 8 (q / 2) + 2 (tid % 4) + {0, 1}. Slot k
+/// of this thread is flat index 64k + wt = (c, q, tid) with c = k / 32, q = k / 2 % 16, tid = wt + 64 (k %
+/// 2): rows differ from the thread's first by 32 (k % 2) + 8 (k / 2 % 2), columns by 64c + 8 (k / 4 % 8), all
+/// compile-time once unrolled; a warp's request is one consumer warp's fragment, 8 rows x 32 bytes.
 FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int wt) {
   const AttnProblem& p = prm.bwd.p;
   const i64 ld = prm.bwd.accum_ld;
-  const int len_q = w.seq.len_q;
+  const int lane = wt & 31;
+  const int row0 = 16 * (wt >> 5) + (lane >> 2), col0 = 2 * (lane & 3);
+  const u32 s_slot0 = smem_addr(&s.dq[0][0][0][0]) + 8u * (u32)wt;
+  constexpr int kSlots = kDqSplitKeys ? 32 : 64;  // by keys: slot k + 32 (consumer 1) is added to slot k
   for (int t = 0; t < w.steps; ++t) {
     const int h = step_head(w, t), m0 = step_m0(w, t);
-    float* base = prm.bwd.dq_accum + ((i64)h * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b)) * ld;
+    float* g_row0 = prm.bwd.dq_accum +
+                    ((i64)h * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b) + m0 + row0) * ld + col0;
+    const int rows_left = w.seq.len_q - m0 - row0;  // row offsets r < rows_left are inside the sequence
     sm90::mbar_wait(bar_addr(s.bar_dq_full), (u32)t & 1u);
-#pragma unroll 1
-    for (int k = 0; k < (kDqSplitKeys ? 1 : 2) * 16 * 128 / kDqThreads; ++k) {
-      const int idx = k * kDqThreads + wt;
-      const int tid = idx & 127, q = (idx >> 7) & 15, c = idx >> 11;
-      const int g = (tid & 31) >> 2, t4 = tid & 3;
-      const int row = 16 * (tid >> 5) + g + 8 * (q & 1);
-      const int col = (kDqSplitKeys ? 0 : 64 * c) + 8 * (q >> 1) + 2 * t4;
-      Float2 v = ld_shared_f32x2(smem_addr(&s.dq[c][q][tid][0]));
-      if (kDqSplitKeys) {  // slots of consumer 1 hold the same elements: summed here, skipped below
-        const Float2 v1 = ld_shared_f32x2(smem_addr(&s.dq[1][q][tid][0]));
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      const int r = 32 * (k & 1) + 8 * ((k >> 1) & 1), col = 64 * (k >> 5) + 8 * ((k >> 2) & 7);
+      if (col + col0 >= kHeadDim || r >= rows_left) continue;
+      Float2 v = ld_shared_f32x2(s_slot0 + 512u * k);
+      if (kDqSplitKeys) {
+        const Float2 v1 = ld_shared_f32x2(s_slot0 + 512u * (k + 32));
         v.x += v1.x, v.y += v1.y;
       }
-      const int i = m0 + row;
-      if (i < len_q && col < kHeadDim)
-        asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(base + (i64)i * ld + col),
-                     "f"(v.x), "f"(v.y)
-                     : "memory");
+      red_add_f32x2(g_row0 + r * ld + col, v);
     }
     sm90::mbar_arrive(bar_addr(s.bar_dq_empty));
   }
