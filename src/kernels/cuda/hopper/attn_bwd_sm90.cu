@@ -76,6 +76,11 @@ constexpr u32 kBarDs = 1;          // named barrier: both consumers' dS^T stored
 constexpr int kConsumerWarps = 8;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;  // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
 constexpr int kDqThreads = 64;     // warps 2 and 3 of the producer warpgroup add dQ to global memory
+#ifndef FP_DQ_DRAIN
+#define FP_DQ_DRAIN 1
+#endif
+/// 1: consumers stage dQ in shared memory for the two drain warps; 0: consumers add it themselves.
+constexpr bool kDrainDq = FP_DQ_DRAIN != 0;
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
@@ -191,8 +196,13 @@ FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
   return v;
 }
 
-FP_DEV void red_add_f32x2(float* g, Float2 v) {
-  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(g), "f"(v.x), "f"(v.y) : "memory");
+/// Adds v to g[0..1] when `pred` (predicated inside the asm: no branch around it).
+FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::
+          "l"(g),
+      "f"(v.x), "f"(v.y), "r"((int)pred)
+      : "memory");
 }
 
 /// Warps 2 and 3 (thread `wt` of 64): every step's dQ tiles from s.dq, added to the fp32 accumulator with
@@ -211,22 +221,41 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
   const int row0 = 16 * (wt >> 5) + (lane >> 2), col0 = 2 * (lane & 3);
   const u32 s_slot0 = smem_addr(&s.dq[0][0][0][0]) + 8u * (u32)wt;
   constexpr int kSlots = kDqSplitKeys ? 32 : 64;  // by keys: slot k + 32 (consumer 1) is added to slot k
+  constexpr int kBatch = kDqSplitKeys ? 4 : 8;    // loads in flight within the 40 registers
   for (int t = 0; t < w.steps; ++t) {
     const int h = step_head(w, t), m0 = step_m0(w, t);
     float* g_row0 = prm.bwd.dq_accum +
                     ((i64)h * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b) + m0 + row0) * ld + col0;
     const int rows_left = w.seq.len_q - m0 - row0;  // row offsets r < rows_left are inside the sequence
+    // Slot k's row offset depends on k % 4 only: four row pointers and their bounds, then batches of 8
+    // shared loads followed by 8 predicated reductions (the asm order keeps the loads ahead).
+    float* g_rows[4];
+    bool row_in[4];
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int r = 32 * (rr & 1) + 8 * (rr >> 1);
+      g_rows[rr] = g_row0 + r * ld;
+      row_in[rr] = r < rows_left;
+    }
     sm90::mbar_wait(bar_addr(s.bar_dq_full), (u32)t & 1u);
 #pragma unroll
-    for (int k = 0; k < kSlots; ++k) {
-      const int r = 32 * (k & 1) + 8 * ((k >> 1) & 1), col = 64 * (k >> 5) + 8 * ((k >> 2) & 7);
-      if (col + col0 >= kHeadDim || r >= rows_left) continue;
-      Float2 v = ld_shared_f32x2(s_slot0 + 512u * k);
-      if (kDqSplitKeys) {
-        const Float2 v1 = ld_shared_f32x2(s_slot0 + 512u * (k + 32));
-        v.x += v1.x, v.y += v1.y;
+    for (int k0 = 0; k0 < kSlots; k0 += kBatch) {
+      Float2 v[kBatch];
+#pragma unroll
+      for (int k = k0; k < k0 + kBatch; ++k) {
+        v[k - k0] = ld_shared_f32x2(s_slot0 + 512u * k);
+        if (kDqSplitKeys) {
+          const Float2 v1 = ld_shared_f32x2(s_slot0 + 512u * (k + 32));
+          v[k - k0].x += v1.x, v[k - k0].y += v1.y;
+        }
       }
-      red_add_f32x2(g_row0 + r * ld + col, v);
+#pragma unroll
+      for (int k = k0; k < k0 + kBatch; ++k) {
+        const int col = 64 * (k >> 5) + 8 * ((k >> 2) & 7);
+        if (kHeadDim % 64 != 0 && col >= kHeadDim)
+          continue;  // d 96: padding columns (compile-time for t4 = 0)
+        red_add_f32x2_if(row_in[k & 3] && col + col0 < kHeadDim, g_rows[k & 3] + col, v[k - k0]);
+      }
     }
     sm90::mbar_arrive(bar_addr(s.bar_dq_empty));
   }
@@ -342,6 +371,27 @@ FP_DEV void store_ds(SharedStorage& s, const u32 (&r_ds)[kBlockM / 4], int buf, 
   }
 }
 
+/// FP_DQ_DRAIN=0: this consumer's dQ tile added to the accumulator directly (split by keys: both
+/// consumers add their partial tiles of the same elements).
+FP_DEV void add_dq(const BwdParams& prm, const Work& w, const float (&r_dq)[32], int h, int m0, int c,
+                   int tid) {
+  const AttnProblem& p = prm.p;
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int col0 = kDqSplitKeys ? 0 : 64 * c;
+  float* base = prm.dq_accum + ((i64)h * prm.rows_total + bwd::accum_row0(p, w.seq, w.b)) * prm.accum_ld;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int i = m0 + 16 * (tid >> 5) + g + 8 * hh;
+    float* row = base + (i64)i * prm.accum_ld;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = col0 + 8 * j + 2 * t4;
+      red_add_f32x2_if(i < w.seq.len_q && col < kHeadDim, row + col,
+                       Float2{r_dq[4 * j + 2 * hh], r_dq[4 * j + 2 * hh + 1]});
+    }
+  }
+}
+
 /// dK (times the softmax scale) and dV of this consumer's keys < rows_k, columns < d.
 FP_DEV void store_dk_dv(const AttnProblem& p, const Work& w, const float (&r_dk)[kPadD / 2],
                         const float (&r_dv)[kPadD / 2], int c, int tid) {
@@ -433,12 +483,16 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_p);
       sm90::pin_registers(r_ds);
       release(s.bar_empty[stage], lane);
-      // dQ to the drain warps: wait until they read the previous step's, then store in fragment order
-      // (consecutive threads, consecutive 8 bytes: conflict-free).
-      if (t > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty), (u32)(t - 1) & 1u);
+      if (kDrainDq) {
+        // dQ to the drain warps: wait until they read the previous step's, then store in fragment order
+        // (consecutive threads, consecutive 8 bytes: conflict-free).
+        if (t > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty), (u32)(t - 1) & 1u);
 #pragma unroll
-      for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
-      sm90::mbar_arrive(bar_addr(s.bar_dq_full));
+        for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
+        sm90::mbar_arrive(bar_addr(s.bar_dq_full));
+      } else {
+        add_dq(prm.bwd, w, r_dq, step_head(w, t), m0, c, tid);
+      }
     }
   }
   store_dk_dv(p, w, r_dk, r_dv, c, tid);
@@ -490,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper_bwd::kThrea
       produce_tiles(prm, s, w, tma_q, tma_k, tma_v, tma_do);
     } else if (threadIdx.x / 32 == 1) {
       produce_rows(prm, s, w, (int)threadIdx.x & 31);
-    } else if (threadIdx.x >= 64) {
+    } else if (kDrainDq && threadIdx.x >= 64) {
       drain_dq(prm, s, w, (int)threadIdx.x - 64);
     }
   } else {
