@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,14 @@ struct Driver {
   decltype(&::cuMemFreeAsync) free_async = nullptr;
   decltype(&::cuMemsetD8Async) memset_async = nullptr;
   decltype(&::cuPointerGetAttribute) pointer_attribute = nullptr;
+  // Optional (autotuning only): missing ones leave the driver usable; their callers throw.
+  decltype(&::cuDeviceGetName) device_name = nullptr;
+  decltype(&::cuEventCreate) event_create = nullptr;
+  decltype(&::cuEventRecord) event_record = nullptr;
+  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
+  decltype(&::cuEventElapsedTime) event_elapsed = nullptr;
+  decltype(&::cuEventDestroy) event_destroy = nullptr;
+  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   int devices = 0;
   int cuda_version = 0;     ///< what the driver supports, e.g. 13000
   std::string unavailable;  ///< why the driver cannot be used; empty when it can
@@ -60,13 +69,16 @@ Driver load_driver() {
     d.unavailable = "libcuda lacks cuGetProcAddress_v2 (driver older than CUDA 12)";
     return d;
   }
-  auto sym = [&](auto& fn, const char* name) {
+  auto optional_sym = [&](auto& fn, const char* name) {
     void* address = nullptr;
     CUdriverProcAddressQueryResult status{};
     if (get_proc(name, &address, kProcAddressVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) {
       address = nullptr;
     }
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(address);
+  };
+  auto sym = [&](auto& fn, const char* name) {
+    optional_sym(fn, name);
     if (!fn && d.unavailable.empty())
       d.unavailable =
           std::string("libcuda lacks ") + name + " (driver older than CUDA 12, or a stub library)";
@@ -93,6 +105,13 @@ Driver load_driver() {
   sym(d.free_async, "cuMemFreeAsync");
   sym(d.memset_async, "cuMemsetD8Async");
   sym(d.pointer_attribute, "cuPointerGetAttribute");
+  optional_sym(d.device_name, "cuDeviceGetName");
+  optional_sym(d.event_create, "cuEventCreate");
+  optional_sym(d.event_record, "cuEventRecord");
+  optional_sym(d.event_synchronize, "cuEventSynchronize");
+  optional_sym(d.event_elapsed, "cuEventElapsedTime");
+  optional_sym(d.event_destroy, "cuEventDestroy");
+  optional_sym(d.stream_is_capturing, "cuStreamIsCapturing");
   if (!d.unavailable.empty()) return d;
   d.driver_version(&d.cuda_version);
   if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
@@ -311,6 +330,59 @@ int device_arch(int device) {
 
 int device_sm_count(int device) {
   return attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "device");
+}
+
+std::string device_name(int device) {
+  const std::string who = "device";
+  const Driver& d = driver(who);
+  check_device(device, who);
+  if (!d.device_name) throw Error(who, "libcuda lacks cuDeviceGetName");
+  CUdevice dev = 0;
+  check(d.device_get(&dev, device), who, "cuDeviceGet");
+  char name[256] = {};
+  check(d.device_name(name, sizeof name - 1, dev), who, "cuDeviceGetName");
+  return name;
+}
+
+int driver_version() {
+  return driver_state().cuda_version;
+}
+
+float time_ms(int device, void* stream, const std::function<void()>& launch, int warmup, int reps) {
+  const std::string who;  // no single argument is at fault
+  const Driver& d = driver(who);
+  if (!d.event_create || !d.event_record || !d.event_synchronize || !d.event_elapsed || !d.event_destroy ||
+      !d.stream_is_capturing)
+    throw Error(who, "kernel timing: libcuda lacks the cuEvent / cuStreamIsCapturing functions");
+  if (reps < 1) throw Error(who, "kernel timing needs reps >= 1, got " + std::to_string(reps));
+  // Events belong to a context and must be recorded on a stream of the same one: the primary
+  // context, as launch() uses (the caller's stream comes from it too).
+  ContextScope scope(primary_context(device, who), who);
+  const auto cu_stream = static_cast<CUstream>(stream);
+  // Under graph capture the launches would be recorded, not run, and waiting on the event would
+  // invalidate the caller's capture: refuse before enqueuing anything.
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(d.stream_is_capturing(cu_stream, &capture), who, "cuStreamIsCapturing");
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE)
+    throw Error(who, "kernel timing: the stream is capturing a graph");
+  CUevent events[2] = {nullptr, nullptr};
+  struct Destroy {
+    const Driver& d;
+    CUevent* events;
+    ~Destroy() {
+      for (int i = 0; i < 2; ++i)
+        if (events[i]) d.event_destroy(events[i]);
+    }
+  } destroy{d, events};
+  for (CUevent& e : events) check(d.event_create(&e, CU_EVENT_DEFAULT), who, "cuEventCreate");
+  for (int i = 0; i < warmup; ++i) launch();
+  check(d.event_record(events[0], cu_stream), who, "cuEventRecord");
+  for (int i = 0; i < reps; ++i) launch();
+  check(d.event_record(events[1], cu_stream), who, "cuEventRecord");
+  check(d.event_synchronize(events[1]), who, "cuEventSynchronize");
+  float ms = 0.0f;
+  check(d.event_elapsed(&ms, events[0], events[1]), who, "cuEventElapsedTime");
+  return ms / static_cast<float>(reps);
 }
 
 bool driver_available() {

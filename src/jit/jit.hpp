@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +60,14 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
 int device_arch(int device);
 /// Number of multiprocessors of GPU `device`.
 int device_sm_count(int device);
+/// Product name of GPU `device` (cuDeviceGetName), e.g. "NVIDIA H200".
+std::string device_name(int device);
+/// CUDA version the driver supports (cuDriverGetVersion, e.g. 13000); 0 without libcuda.
+int driver_version();
+/// Milliseconds per call of `launch` (which enqueues work on `stream`) on GPU `device`: `warmup`
+/// untimed calls, then the mean of `reps` calls between two events. Synchronises on the end event,
+/// so only autotuning calls it. Throws flashport::Error when libcuda lacks the event functions.
+float time_ms(int device, void* stream, const std::function<void()>& launch, int warmup, int reps);
 /// True when libcuda loads and at least one GPU is visible.
 bool driver_available();
 /// Number of visible GPUs; 0 without a usable driver.

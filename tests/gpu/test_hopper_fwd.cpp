@@ -2,11 +2,16 @@
 // tensors) against the CPU oracle by SPEC's accuracy rule: every supported head dim, seqlen 1,
 // 113 x 203, multi-tile pipelines, causal / window / softcap / ALiBi, GQA 4 and 7, varlen with empty
 // sequences, seqused_k, strided layouts, the LSE, and every output element written exactly once.
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
 
+#include "backends/cuda/autotune.hpp"
 #include "backends/cuda/hopper_fwd.hpp"
 #include "core/attn_validate.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "jit/test_jit_util.hpp"
 
 namespace flashport::test::gpu {
 namespace {
@@ -30,9 +35,11 @@ bool have_sm90() {
 #define FP_SKIP_WITHOUT_SM90() \
   if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 (Hopper) GPU"
 
-/// hopper::forward on device copies of `in`, out and LSE poisoned (0xFF bytes = NaN). False (with a
-/// test failure) when the kernel declines the case.
-bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r) {
+using HopperRun = std::function<void(const AttnProblem&)>;
+
+/// `run` (hopper::forward unless given) on device copies of `in`, out and LSE poisoned (0xFF bytes =
+/// NaN). False (with a test failure) when the kernel declines the case.
+bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r, const HopperRun& run) {
   const DeviceTensor q = DeviceTensor::from_view(in.q.storage, in.q.view);
   const DeviceTensor k = DeviceTensor::from_view(in.k.storage, in.k.view);
   const DeviceTensor v = DeviceTensor::from_view(in.v.storage, in.v.view);
@@ -68,7 +75,7 @@ bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r) {
     a.impl = Impl::reference;
     forward(a);
   } else {
-    hopper::forward(p);
+    run(p);
   }
   out_host.storage = out.to_host(out_host.storage);
   out_host.view.data = out_host.storage.tv.data;
@@ -85,10 +92,10 @@ bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r) {
 }
 
 /// The Hopper result vs the oracle for out and LSE (accuracy rule), with no element left unwritten.
-void expect_hopper_accurate(const FwdCase& c, const FwdInputs& in) {
+void expect_hopper_accurate(const FwdCase& c, const FwdInputs& in, const HopperRun& run = hopper::forward) {
   SCOPED_TRACE(c.describe());
   GpuResult gpu;
-  if (!run_hopper(c, in, gpu)) return;
+  if (!run_hopper(c, in, gpu, run)) return;
   const FwdResult ref = run_cpu(c, in, Impl::reference);
   const FwdResult base = run_cpu(c, in, Impl::baseline);
   EXPECT_EQ(gpu.out_nan, 0) << "output elements unwritten (or padding overwritten)";
@@ -264,6 +271,61 @@ TEST(HopperFwd, SmallStridedLayouts) {
   transposed(in.k, 190, 2, 128);
   transposed(in.v, 190, 2, 128);
   expect_hopper_accurate(c, in);
+}
+
+// Autotuning in a fresh cache directory: every candidate is timed on the problem, the winner is
+// stored in the GPU's autotune file and its output (left in out / LSE) meets the accuracy rule; a
+// new process (store state dropped) reads the entry back instead of timing again.
+TEST(HopperFwd, SmallAutotune) {
+  FP_SKIP_WITHOUT_SM90();
+  if (cpu_mode()) GTEST_SKIP() << "autotuning times the kernel";
+  ScopedCacheDir cache;
+  cuda::autotune::reset_for_testing();
+  int device = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  const std::string file =
+      cache.path() + "/" + cuda::autotune::file_name(jit::device_name(device), jit::driver_version());
+  hopper::TunedShape tuned;
+  const auto tune = [&](const AttnProblem& p) { tuned = hopper::autotune_shape(p); };
+  const FwdCase c = with(dense(DType::bf16, 2, 300, 333, 4, 2, 128), kCausal);
+  testing::internal::CaptureStderr();
+  expect_hopper_accurate(c, make_inputs(c), tune);
+  const std::string err = testing::internal::GetCapturedStderr();
+  // The table's shape and the three d = 128 alternatives (hopper_fwd.cpp kAlternatives), each timed.
+  for (const char* shape : {"128x128x2 ", "128x176x2 ", "128x128x3 ", "128x128x2/emu1 "}) {
+    EXPECT_NE(err.find(std::string("flashport: autotune hopper_fwd d=128 causal=1 bf16: ") + shape),
+              std::string::npos)
+        << shape << "\n"
+        << err;
+  }
+  EXPECT_EQ(err.find("skipped"), std::string::npos) << err;
+  EXPECT_NE(err.find(" -> 128x"), std::string::npos) << err;
+  const std::string value = std::to_string(tuned.block_n) + ":" + std::to_string(tuned.stages) + ":" +
+                            std::to_string(tuned.exp_emu);
+  EXPECT_TRUE(value == "128:2:0" || value == "176:2:0" || value == "128:3:0" || value == "128:2:1") << value;
+
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  // The key gains " persistent=<mode>" under FLASHPORT_HOPPER_PERSISTENT.
+  const size_t line = text.str().find("hopper_fwd d=128 causal=1 dtype=bf16");
+  ASSERT_NE(line, std::string::npos) << file << "\n" << text.str();
+  EXPECT_EQ(text.str().find(" " + value + "\n", line), text.str().find('\n', line) - value.size() - 1)
+      << text.str();
+
+  // A new process: the entry is read back (no timing lines), the same shape runs, still accurate.
+  cuda::autotune::reset_for_testing();
+  hopper::TunedShape again;
+  testing::internal::CaptureStderr();
+  const FwdCase other = with(dense(DType::bf16, 1, 129, 500, 2, 1, 128), kCausal);  // same bucket
+  expect_hopper_accurate(other, make_inputs(other),
+                         [&](const AttnProblem& p) { again = hopper::autotune_shape(p); });
+  const std::string err_again = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err_again.find("flashport: autotune"), std::string::npos) << "tuned again: " << err_again;
+  EXPECT_EQ(again.block_n, tuned.block_n);
+  EXPECT_EQ(again.stages, tuned.stages);
+  EXPECT_EQ(again.exp_emu, tuned.exp_emu);
+  cuda::autotune::reset_for_testing();
 }
 
 }  // namespace

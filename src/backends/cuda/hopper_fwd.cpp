@@ -8,7 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
 
+#include "backends/cuda/autotune.hpp"
 #include "backends/cuda/tma_map.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/hopper/fwd_sm90_config.h"
@@ -55,7 +62,7 @@ constexpr bool shape_fits(int d, Shape s) {
 }
 
 /// Timing alternatives, compiled by variants() so CI checks them for spills (ptxas, CUDA 13: none
-/// spill, consumer peaks <= R235 of 240). Selected only through FLASHPORT_HOPPER_TILE.
+/// spill, consumer peaks <= R235 of 240). Selected through FLASHPORT_HOPPER_TILE or by autotuning.
 struct Alternative {
   int d;
   Shape shape;
@@ -73,13 +80,19 @@ constexpr bool alternatives_fit() {
 }
 static_assert(alternatives_fit(), "a Hopper timing alternative breaks the kernel's limits");
 
+/// The shape per head dim before autotuning: the table's, or FLASHPORT_HOPPER_TILE's.
+struct ShapeTable {
+  std::array<Shape, 5> shapes;
+  std::array<bool, 5> from_env;  // FLASHPORT_HOPPER_TILE set it (autotuning then leaves it alone)
+};
+
 /// FLASHPORT_HOPPER_TILE="d:block_n:stages[:exp_emu][,...]" (e.g. "64:192:2,128:176:2:0") replaces
 /// the shape of the named head dims; parsed once; malformed entries or shapes over the kernel's
 /// limits are ignored (the table's shape stays). For timing variants in one process.
-Shape shape_for(int d) {
-  static const std::array<Shape, 5> shapes = [] {
-    std::array<Shape, 5> r{};
-    for (int i = 0; i < 5; ++i) r[i] = {tile_for(kHeadDims[i]), 0};
+const ShapeTable& shape_table() {
+  static const ShapeTable table = [] {
+    ShapeTable r{};
+    for (int i = 0; i < 5; ++i) r.shapes[i] = {tile_for(kHeadDims[i]), 0};
     const char* env = std::getenv("FLASHPORT_HOPPER_TILE");
     for (const char* s = env; s && *s;) {
       int hd = 0, bn = 0, st = 0, emu = 0;
@@ -87,16 +100,26 @@ Shape shape_for(int d) {
       if (got >= 3) {
         const Shape shape{{kBlockM, bn, st}, got >= 4 ? emu : 0};
         for (int i = 0; i < 5; ++i)
-          if (kHeadDims[i] == hd && shape_fits(hd, shape)) r[i] = shape;
+          if (kHeadDims[i] == hd && shape_fits(hd, shape)) r.shapes[i] = shape, r.from_env[i] = true;
       }
       const char* comma = std::strchr(s, ',');
       s = comma ? comma + 1 : nullptr;
     }
     return r;
   }();
+  return table;
+}
+
+Shape shape_for(int d) {
   for (int i = 0; i < 5; ++i)
-    if (kHeadDims[i] == d) return shapes[i];
+    if (kHeadDims[i] == d) return shape_table().shapes[i];
   return {tile_for(d), 0};
+}
+
+bool shape_from_env(int d) {
+  for (int i = 0; i < 5; ++i)
+    if (kHeadDims[i] == d) return shape_table().from_env[i];
+  return false;
 }
 
 /// FLASHPORT_HOPPER_PERSISTENT=1|2 (read once) selects the persistent kernel (2: with O staged apart
@@ -131,9 +154,9 @@ struct Plans {
 };
 
 /// Tensor-map plans of q, k, v for `p` (varlen: one batch of total rows; coordinates start at
-/// cu_seqlens[b]). Sets `error` on the first failure.
-Plans plan_maps(const AttnProblem& p, std::string& error) {
-  const Tile tile = shape_for((int)p.d).tile;
+/// cu_seqlens[b]) whose K/V boxes are `tile`.block_n rows: the tile of the kernel that loads them.
+/// Sets `error` on the first failure (which does not depend on the tile).
+Plans plan_maps(const AttnProblem& p, const Tile& tile, std::string& error) {
   const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
   const long long q_rows = varlen_q ? p.total_q : p.sq;
   const long long k_rows = varlen_k ? p.total_k : p.sk;
@@ -145,6 +168,174 @@ Plans plan_maps(const AttnProblem& p, std::string& error) {
     if (error.empty() && !m->error.empty()) error = m->error;
   }
   return plans;
+}
+
+/// One kernel launch for `p`, prepared: kernel, parameters and tensor maps (encoded once, so timed
+/// repeats measure the kernel rather than the host).
+struct Launch {
+  const jit::Kernel* kernel = nullptr;
+  FwdSm90Params prm{};
+  TmaDesc tma_q{}, tma_k{}, tma_v{};
+  unsigned grid[3] = {1, 1, 1};
+  int smem = 0;
+};
+
+/// The launch of `p` with the tile and exp_emu of `chosen` (its persistent mode is decided here) on
+/// GPU `device`: compiles or loads the kernel on first use.
+Launch prepare(const AttnProblem& p, Shape chosen, int device) {
+  const int d = (int)p.d;
+  Shape shape = chosen;
+  const Tile tile = shape.tile;
+  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
+  const long long blocks = m_blocks * p.hq * p.batch;
+  shape.persistent = blocks < (1LL << 30) ? persistent_for(d) : 0;  // the kernel counts blocks in int
+  Launch l;
+  l.smem = smem_bytes(d, tile, separate_o(d, shape));
+  std::string error;
+  const Plans plans = plan_maps(p, tile, error);  // boxes of this tile: the kernel's TMA loads assume them
+  const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
+  const long long k_rows = p.cu_seqlens_k ? p.total_k : p.sk;
+  l.prm.p = p;
+  l.prm.dims_q = plans.q.pos;
+  l.prm.dims_k = plans.k.pos;
+  l.prm.dims_v = plans.v.pos;
+  l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
+  l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
+  l.tma_v = encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
+  l.kernel = &jit::get(make_spec(p.in_type, d, shape), device, l.smem);
+  if (shape.persistent) {
+    l.grid[0] = (unsigned)std::min<long long>(blocks, jit::device_sm_count(device));
+  } else {
+    l.grid[0] = (unsigned)m_blocks, l.grid[1] = (unsigned)p.hq, l.grid[2] = (unsigned)p.batch;
+  }
+  return l;
+}
+
+void run(Launch& l, void* stream) {
+  void* args[] = {&l.prm, &l.tma_q, &l.tma_k, &l.tma_v};
+  jit::launch(*l.kernel, l.grid[0], l.grid[1], l.grid[2], kThreads, l.smem, stream, args);
+}
+
+int device_of(const AttnProblem& p) {
+  const int device = jit::pointer_device(p.q.ptr);
+  if (device < 0) throw Error("q", "is not a CUDA device pointer");
+  return device;
+}
+
+// --- autotuning (FLASHPORT_AUTOTUNE=1) -----------------------------------------------------------
+
+/// "128x176x2", with "/emu<n>" when exponentials run on the FMA pipe.
+std::string shape_text(const Shape& s) {
+  std::string text = std::to_string(s.tile.block_m) + "x" + std::to_string(s.tile.block_n) + "x" +
+                     std::to_string(s.tile.stages);
+  return s.exp_emu ? text + "/emu" + std::to_string(s.exp_emu) : text;
+}
+
+/// The store's value "block_n:stages:exp_emu" and back; nullopt for text that is not three
+/// integers or a shape over the kernel's limits for `d`.
+std::string shape_value(const Shape& s) {
+  return std::to_string(s.tile.block_n) + ":" + std::to_string(s.tile.stages) + ":" +
+         std::to_string(s.exp_emu);
+}
+std::optional<Shape> parse_shape_value(int d, const std::string& value) {
+  int bn = 0, st = 0, emu = 0, used = 0;
+  if (std::sscanf(value.c_str(), "%d:%d:%d%n", &bn, &st, &emu, &used) != 3 || used != (int)value.size())
+    return std::nullopt;
+  const Shape shape{{kBlockM, bn, st}, emu};
+  return shape_fits(d, shape) ? std::optional<Shape>(shape) : std::nullopt;
+}
+
+/// Problems share a tuned shape per (head dim, dtype, causal, persistent mode). "Causal" is
+/// window_right == 0 (causal and left-windowed causal: the kernel skips the key tiles above the
+/// diagonal, so its best tile differs); every other mask tunes with the non-causal bucket.
+std::string tune_key(const AttnProblem& p) {
+  std::string key = "hopper_fwd d=" + std::to_string(p.d) + " causal=" + (p.window_right == 0 ? "1" : "0") +
+                    " dtype=" + (p.in_type == kBF16 ? "bf16" : "f16");
+  if (const int mode = persistent_for((int)p.d)) key += " persistent=" + std::to_string(mode);
+  return key;
+}
+
+/// The table's shape first, then the timing alternatives of the same head dim.
+std::vector<Shape> candidates(int d) {
+  std::vector<Shape> shapes = {{tile_for(d), 0}};
+  for (const Alternative& a : kAlternatives) {
+    const bool seen = std::any_of(shapes.begin(), shapes.end(), [&](const Shape& s) {
+      return std::tie(s.tile.block_n, s.tile.stages, s.exp_emu) ==
+             std::tie(a.shape.tile.block_n, a.shape.tile.stages, a.shape.exp_emu);
+    });
+    if (a.d == d && !seen) shapes.push_back(a.shape);
+  }
+  return shapes;
+}
+
+/// Times every candidate on `p` itself (2 warm-up + 5 timed launches each, synchronising) and
+/// returns the fastest, leaving the output of the last launch in p.o / p.lse. A candidate that
+/// fails to compile or time (e.g. on a stream capturing a CUDA graph) is skipped; nullopt when none
+/// could be timed.
+std::optional<Shape> time_candidates(const AttnProblem& p, int device, const std::string& label) {
+  std::optional<Shape> best;
+  float best_ms = 0.0f;
+  std::string summary;
+  for (const Shape& shape : candidates((int)p.d)) {
+    const std::string name = shape_text(shape);
+    try {
+      Launch l = prepare(p, shape, device);
+      const auto launch_once = [&] { run(l, p.stream); };
+      const float ms = jit::time_ms(device, p.stream, launch_once, 2, 5);
+      std::fprintf(stderr, "flashport: autotune %s: %s %.3f ms\n", label.c_str(), name.c_str(), ms);
+      char entry[96];
+      std::snprintf(entry, sizeof entry, "%s%s %.3f ms", summary.empty() ? "" : ", ", name.c_str(), ms);
+      summary += entry;
+      if (!best || ms < best_ms) best = shape, best_ms = ms;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "flashport: autotune %s: %s skipped (%s)\n", label.c_str(), name.c_str(),
+                   e.what());
+    }
+  }
+  const std::string winner = best ? shape_text(*best) : "none timed, the table's shape stays (not stored)";
+  std::fprintf(stderr, "flashport: autotune %s: %s -> %s\n", label.c_str(), summary.c_str(), winner.c_str());
+  return best;
+}
+
+/// The tuned shape of `p`'s bucket from the store, else timed now and stored.
+Shape tuned_shape(const AttnProblem& p, int device) {
+  const int d = (int)p.d;
+  const std::string key = tune_key(p);
+  if (const auto value = autotune::lookup(device, key)) {
+    if (const auto shape = parse_shape_value(d, *value)) return *shape;
+    std::fprintf(stderr, "flashport: autotune entry '%s %s' is not a valid shape; tuning again\n",
+                 key.c_str(), value->c_str());
+  }
+  const std::string label = "hopper_fwd d=" + std::to_string(d) +
+                            " causal=" + (p.window_right == 0 ? "1" : "0") + " " +
+                            (p.in_type == kBF16 ? "bf16" : "f16");
+  const std::optional<Shape> best = time_candidates(p, device, label);
+  if (!best) return {tile_for(d), 0};
+  autotune::store(device, key, shape_value(*best));
+  return *best;
+}
+
+/// The shape forward() launches for `p`: FLASHPORT_HOPPER_TILE's or the table's, or with
+/// FLASHPORT_AUTOTUNE=1 the tuned one, resolved once per (device, bucket) in this process.
+Shape chosen_shape(const AttnProblem& p, int device) {
+  const int d = (int)p.d;
+  if (!autotune::enabled() || shape_from_env(d)) return shape_for(d);
+  static std::mutex mutex;  // held while tuning, too: concurrent timings would disturb each other
+  static std::map<std::pair<int, std::string>, Shape> resolved;
+  std::lock_guard lock(mutex);
+  const auto slot = std::make_pair(device, tune_key(p));
+  auto it = resolved.find(slot);
+  if (it == resolved.end()) {
+    Shape shape = shape_for(d);
+    try {
+      shape = tuned_shape(p, device);
+    } catch (const Error& e) {  // tuning is an optimisation: the table's shape still runs
+      std::fprintf(stderr, "flashport: autotune %s failed (%s); using the table's shape\n",
+                   slot.second.c_str(), e.what());
+    }
+    it = resolved.emplace(slot, shape).first;
+  }
+  return it->second;
 }
 
 }  // namespace
@@ -167,44 +358,26 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.o.row_stride % 8 != 0 || p.o.head_stride % 8 != 0 || p.o.batch_stride % 8 != 0)
     return "the Hopper kernel needs out strides in multiples of 8 elements";
   std::string error;
-  plan_maps(p, error);
+  plan_maps(p, shape_for((int)p.d).tile, error);  // the errors do not depend on the tile
   return error;
 }
 
 void forward(const AttnProblem& p) {
   if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
-  const int d = (int)p.d;
-  Shape shape = shape_for(d);
-  const Tile tile = shape.tile;
-  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
-  const long long blocks = m_blocks * p.hq * p.batch;
-  shape.persistent = blocks < (1LL << 30) ? persistent_for(d) : 0;  // the kernel counts blocks in int
-  const int smem = smem_bytes(d, tile, separate_o(d, shape));
-  std::string error;
-  const Plans plans = plan_maps(p, error);
-  const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
-  const long long k_rows = p.cu_seqlens_k ? p.total_k : p.sk;
-  FwdSm90Params prm{};
-  prm.p = p;
-  prm.dims_q = plans.q.pos;
-  prm.dims_k = plans.k.pos;
-  prm.dims_v = plans.v.pos;
-  TmaDesc tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
-  TmaDesc tma_k = encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
-  TmaDesc tma_v = encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
+  const int device = device_of(p);
+  Launch l = prepare(p, chosen_shape(p, device), device);
+  run(l, p.stream);
+}
 
-  const int device = jit::pointer_device(p.q.ptr);
-  if (device < 0) throw Error("q", "is not a CUDA device pointer");
-  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d, shape), device, smem);
-  void* args[] = {&prm, &tma_q, &tma_k, &tma_v};
-  if (shape.persistent) {
-    const long long ctas = std::min<long long>(blocks, jit::device_sm_count(device));
-    jit::launch(kernel, (unsigned)ctas, 1, 1, kThreads, smem, p.stream, args);
-  } else {
-    jit::launch(kernel, (unsigned)m_blocks, (unsigned)p.hq, (unsigned)p.batch, kThreads, smem, p.stream,
-                args);
-  }
+TunedShape autotune_shape(const AttnProblem& p) {
+  if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
+  if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) throw Error("q", "autotuning needs a non-empty problem");
+  const int device = device_of(p);
+  const Shape shape = tuned_shape(p, device);
+  Launch l = prepare(p, shape, device);
+  run(l, p.stream);
+  return {shape.tile.block_n, shape.tile.stages, shape.exp_emu};
 }
 
 std::vector<jit::KernelSpec> variants(int arch) {

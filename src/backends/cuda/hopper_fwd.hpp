@@ -18,8 +18,23 @@ namespace flashport::cuda::hopper {
 std::string unsupported(const AttnProblem& p, int arch);
 
 /// Runs the forward of `p` on p.stream without synchronising. Throws Error when unsupported(p, 90)
-/// is not empty or a tensor map cannot be encoded.
+/// is not empty or a tensor map cannot be encoded. With FLASHPORT_AUTOTUNE=1 the first problem of
+/// each autotune bucket in a process takes autotune_shape()'s shape (tuning it when the store has
+/// none: that call synchronises); head dims FLASHPORT_HOPPER_TILE names keep its shape.
 void forward(const AttnProblem& p);
+
+/// A forward shape chosen by autotuning: the tile (block_m is always 128) and how many eighths of
+/// the exponentials run on the FMA pipe.
+struct TunedShape {
+  int block_n = 0, stages = 0, exp_emu = 0;
+};
+
+/// The autotuned shape of `p`'s bucket (head dim, causal = window_right == 0, dtype, persistent
+/// mode): read from the autotune store (autotune.hpp) or, on a miss, found by timing the table's
+/// shape and the timing alternatives on `p` itself and stored. Then runs the forward of `p` with
+/// it, so p.o / p.lse hold that shape's result. Synchronises p.stream; ignores FLASHPORT_AUTOTUNE
+/// and FLASHPORT_HOPPER_TILE (forward() consults it only with FLASHPORT_AUTOTUNE=1).
+TunedShape autotune_shape(const AttnProblem& p);
 
 /// Every Hopper forward kernel (element type x head dim) for `arch`; empty unless arch == 90.
 std::vector<jit::KernelSpec> variants(int arch);
