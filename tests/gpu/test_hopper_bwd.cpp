@@ -133,6 +133,24 @@ void expect_hopper_zero_grads(const FwdCase& c, int64_t q_rows, int64_t k_rows) 
   expect_zero_rows(gpu.dv, 0, k_rows, c.hk * c.dv, "dv");
 }
 
+/// Every query sees one key (sk = 1): P = 1, so dS = dP - D and dK are exactly 0, and so is the naive
+/// baseline's error (it forms D from the same dP), which leaves the accuracy rule only its 1e-5 slack.
+/// A kernel's D = rowsum(dO * O) comes from a different fp32 sum than its tensor-core dP (the H200 gave
+/// dK up to 1.2e-5 at d 96, fp16, summed over 203 queries), so dK is held to 1e-4 absolute instead: a
+/// wrong dK here is of the order of scale * |Q| * |dP| ~ 0.1. dQ and dV keep the rule.
+void expect_single_key_backward(const FwdCase& c) {
+  SCOPED_TRACE(c.describe());
+  const BwdInputs in = make_bwd_inputs(c);
+  if (!expect_goes_to_hopper(c, in.fwd)) return;
+  const Grads gpu = run_gpu_backward(c, in);
+  const Grads ref = run_reference(c, in);
+  const Grads base = run_baseline(c, in);
+  EXPECT_EQ(gpu.unwritten, 0) << "gradient elements unwritten";
+  EXPECT_TRUE(accuracy_rule(gpu.dq, base.dq, ref.dq, 3.0)) << "dq";
+  EXPECT_TRUE(accuracy_rule(gpu.dv, base.dv, ref.dv, 3.0)) << "dv";
+  EXPECT_LE(max_abs_diff(gpu.dk, ref.dk), 1e-4) << "dk";
+}
+
 constexpr Features kPlain{"plain", false, -1, -1, 0.0, 0, 0.0};
 constexpr Features kCausal{"causal", true, -1, -1, 0.0, 0, 0.0};
 constexpr Features kMasks[] = {
@@ -244,7 +262,7 @@ TEST(HopperBwd, SmallSeqlenOne) {
     const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
     expect_hopper_backward(dense(dt, 2, 1, 1, 2, 2, d));
     expect_hopper_backward(dense(dt, 3, 1, 203, 4, 1, d));
-    expect_hopper_backward(dense(dt, 1, 203, 1, 2, 1, d));
+    expect_single_key_backward(dense(dt, 1, 203, 1, 2, 1, d));
     expect_hopper_backward(with(dense(dt, 1, 1, 203, 4, 4, d), kCausal));
   }
   // One key, causal: only the last query sees it; the other 202 rows get dQ = 0.
