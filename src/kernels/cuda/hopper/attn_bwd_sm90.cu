@@ -416,8 +416,11 @@ FP_DEV void store_dk_dv(const AttnProblem& p, const Work& w, const float (&r_dk)
   }
 }
 
-/// One arrival per warp on a stage's empty barrier, after this warp's wgmmas reading it completed.
+/// One arrival per warp on a stage's empty barrier, after this warp's wgmmas reading it completed. The
+/// warp sync first orders every lane's shared reads of the stage (LSE, D) before lane 0's arrival, so the
+/// producer's next writes to the stage happen after them (compute-sanitizer racecheck flags it otherwise).
 FP_DEV void release(const u64& bar, int lane) {
+  __syncwarp();
   if (lane == 0) sm90::mbar_arrive(bar_addr(bar));
 }
 
