@@ -135,7 +135,7 @@ FP_DEV void tma_load_chunk(u32 s_dst, const TmaDesc& desc, const TmaDims& dims, 
 }
 
 /// One thread: K and V once, then Q and dO of every step through the ring. A stage is reused once all
-/// 8 consumer warps released it (the empty-barrier wait uses the opposite parity, so the first pass
+/// 256 consumer threads released it (the empty-barrier wait uses the opposite parity, so the first pass
 /// over the ring does not block).
 FP_DEV void produce_tiles(const BwdSm90Params& prm, SharedStorage& s, const Work& w, const TmaDesc& tma_q,
                           const TmaDesc& tma_k, const TmaDesc& tma_v, const TmaDesc& tma_do) {
