@@ -55,6 +55,23 @@ inline bool have_gpu() {
 #define FP_SKIP_WITHOUT_GPU() \
   if (!::flashport::test::gpu::have_gpu()) GTEST_SKIP() << "no CUDA GPU / CUDA backend"
 
+/// An sm_90 device with the CUDA backend (the Hopper kernels), or cpu_mode() (host "device" tensors, the
+/// support checks still run and the CPU reference stands in for the kernels: a dry run of the harness).
+/// Never in the emulator, which runs the portable kernels only.
+inline bool have_sm90() {
+  static const bool ok = [] {
+    if (cpu_mode()) return true;
+    if (kEmulated || !have_gpu()) return false;
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+    return prop.major == 9 && prop.minor == 0;
+  }();
+  return ok;
+}
+
+#define FP_SKIP_WITHOUT_SM90() \
+  if (!::flashport::test::gpu::have_sm90()) GTEST_SKIP() << "needs an sm_90 (Hopper) GPU"
+
 inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }

@@ -25,22 +25,6 @@ namespace {
 
 namespace hopper_bwd = cuda::hopper_bwd;
 
-/// An sm_90 device, or cpu_mode() (FLASHPORT_GPU_TESTS_ON_CPU=1: host "device" tensors, the support
-/// check still runs and the CPU backend stands in for the kernel: a dry run of this file's cases).
-bool have_sm90() {
-  static const bool ok = [] {
-    if (cpu_mode()) return true;
-    if (!have_gpu()) return false;
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-    return prop.major == 9 && prop.minor == 0;
-  }();
-  return ok;
-}
-
-#define FP_SKIP_WITHOUT_SM90() \
-  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 (Hopper) GPU"
-
 /// The Operand backward() makes of a dO or gradient view (core/api.cpp).
 Operand operand_of(const TensorView& t) {
   if (t.ndim == 4) return {t.data, t.stride[0], t.stride[1], t.stride[2]};

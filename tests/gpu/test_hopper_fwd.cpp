@@ -18,23 +18,6 @@ namespace {
 
 namespace hopper = cuda::hopper;
 
-/// An sm_90 device, or cpu_mode() (FLASHPORT_GPU_TESTS_ON_CPU=1: host "device" tensors, the support
-/// check still runs, the CPU reference stands in for the kernel: a dry run of this harness).
-bool have_sm90() {
-  static const bool ok = [] {
-    if (cpu_mode()) return true;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-    return prop.major == 9 && prop.minor == 0;
-  }();
-  return ok;
-}
-
-#define FP_SKIP_WITHOUT_SM90() \
-  if (!have_sm90()) GTEST_SKIP() << "needs an sm_90 (Hopper) GPU"
-
 using HopperRun = std::function<void(const AttnProblem&)>;
 
 /// `run` (hopper::forward unless given) on device copies of `in`, out and LSE poisoned (0xFF bytes =

@@ -268,21 +268,12 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
 
 /// acc (64 keys x kBlockM queries) = rows of `a` (K or V) times `b`^T (Q or dO), K = d.
 FP_DEV void gemm_keys_by_queries(float (&acc)[kBlockM / 2], u64 desc_a, u64 desc_b) {
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const u32 a_off = (kk / 4) * kKVChunkBytes + (kk % 4) * 32;
-    const u32 b_off = (kk / 4) * kQChunkBytes + (kk % 4) * 32;
-    sm90::Wgmma<kBlockM>::ss(acc, sm90::desc_advance(desc_a, a_off), sm90::desc_advance(desc_b, b_off),
-                             kk == 0 ? 0u : 1u);
-  }
+  sm90::gemm_ss_kmajor<kBlockM, kHeadDim, kKVChunkBytes, kQChunkBytes>(acc, desc_a, desc_b);
 }
 
 /// acc (64 keys x kPadD) += a (registers: P^T or dS^T, 64 keys x kBlockM queries) times b (dO or Q).
 FP_DEV void gemm_accumulate_kv(float (&acc)[kPadD / 2], const u32 (&a)[kBlockM / 4], u64 desc_b) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockM / 16; ++kk)
-    sm90::Wgmma<kPadD>::rs(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
-                           sm90::desc_advance(desc_b, kk * 16 * kChunkRowBytes), 1u);
+  sm90::gemm_rs_mn<kPadD, kBlockM>(acc, a, desc_b);
 }
 
 /// acc (64 queries x 64 columns of dQ) = dS (MN-major from dS^T) times K (MN-major), K = kBlockN keys.

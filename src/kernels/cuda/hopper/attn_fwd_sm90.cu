@@ -155,21 +155,12 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
 
 /// S = Q K^T for this warpgroup's 64 rows: HEAD_DIM / 16 wgmmas, the first overwriting S.
 FP_DEV void gemm_qk(float (&r_s)[kBlockN / 2], u64 desc_q, u64 desc_k) {
-#pragma unroll
-  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-    const u32 q_off = (kk / 4) * kBlockM * kChunkRowBytes + (kk % 4) * 32;
-    const u32 k_off = (kk / 4) * kKVChunkBytes + (kk % 4) * 32;
-    sm90::Wgmma<kBlockN>::ss(r_s, sm90::desc_advance(desc_q, q_off), sm90::desc_advance(desc_k, k_off),
-                             kk == 0 ? 0u : 1u);
-  }
+  sm90::gemm_ss_kmajor<kBlockN, kHeadDim, kBlockM * kChunkRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
 }
 
 /// O += P V: BLOCK_N / 16 wgmmas with P (bf16/f16 pairs in registers) as the A operand.
 FP_DEV void gemm_pv(float (&r_o)[kPvN / 2], const u32 (&r_p)[kBlockN / 4], u64 desc_v) {
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk)
-    sm90::Wgmma<kPvN>::rs(r_o, r_p[4 * kk], r_p[4 * kk + 1], r_p[4 * kk + 2], r_p[4 * kk + 3],
-                          sm90::desc_advance(desc_v, kk * 16 * kChunkRowBytes), 1u);
+  sm90::gemm_rs_mn<kPvN, kBlockN>(r_o, r_p, desc_v);
 }
 
 /// One arrival per warp on a stage's empty barrier, after this warp's wgmmas reading it completed.

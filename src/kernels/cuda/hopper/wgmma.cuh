@@ -119,3 +119,29 @@ FPW_DEFINE(240, 15, 120, 121, 122, 123, 124, 125)
 FPW_DEFINE(256, 16, 128, 129, 130, 131, 132, 133)
 
 #undef FPW_DEFINE
+
+namespace flashport::cuda::sm90 {
+
+/// D (64 x N) = A B^T over K = kK, both operands K-major 128B-swizzled tiles stored as 64-column chunks
+/// (sm90.cuh): k step kk is 32 bytes into its chunk, chunks kAChunk / kBChunk bytes apart. The first
+/// wgmma overwrites D.
+template <int N, int kK, u32 kAChunk, u32 kBChunk>
+FP_DEV void gemm_ss_kmajor(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    const u32 a_off = (kk / 4) * kAChunk + (kk % 4) * 32, b_off = (kk / 4) * kBChunk + (kk % 4) * 32;
+    Wgmma<N>::ss(d, desc_advance(desc_a, a_off), desc_advance(desc_b, b_off), kk == 0 ? 0u : 1u);
+  }
+}
+
+/// D (64 x N) += A B over K = kK: A in registers (accumulator pairs packed as in the header comment),
+/// B MN-major, k step of 16 rows = 16 x 128 bytes.
+template <int N, int kK>
+FP_DEV void gemm_rs_mn(float (&d)[N / 2], const u32 (&a)[kK / 4], u64 desc_b) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk)
+    Wgmma<N>::rs(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
+                 desc_advance(desc_b, kk * 16 * 128), 1u);
+}
+
+}  // namespace flashport::cuda::sm90
