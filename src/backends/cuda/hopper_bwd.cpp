@@ -3,7 +3,6 @@
 #include "backends/cuda/hopper_bwd.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/tma_map.hpp"
 #include "flashport/error.hpp"
@@ -27,25 +26,14 @@ constexpr bool tile_table_fits() {
 }
 static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the kernel's limits");
 
-/// FLASHPORT_HOPPER_BWD_DRAIN=0|1 (read once): who adds dQ to the fp32 accumulator, the two drain warps
-/// of the producer warpgroup (1, default) or the consumers themselves (0; kernel define FP_DQ_DRAIN).
-int drain_mode() {
-  static const int mode = [] {
-    const char* env = std::getenv("FLASHPORT_HOPPER_BWD_DRAIN");
-    return env && env[0] == '0' && env[1] == 0 ? 0 : 1;
-  }();
-  return mode;
-}
-
-jit::KernelSpec make_spec(int elem_type, int d, int drain) {
+jit::KernelSpec make_spec(int elem_type, int d) {
   const Tile t = tile_for(d);
   return {kSource,
           kEntry,
           {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
            {"FP_HEADDIM", std::to_string(d)},
            {"FP_BLOCK_M", std::to_string(t.block_m)},
-           {"FP_STAGES", std::to_string(t.stages)},
-           {"FP_DQ_DRAIN", std::to_string(drain)}},
+           {"FP_STAGES", std::to_string(t.stages)}},
           90};
 }
 
@@ -124,7 +112,7 @@ void launch_main(BwdParams& prm) {
 
   const int device = jit::pointer_device(p.q.ptr);
   if (device < 0) throw Error("q", "is not a CUDA device pointer");
-  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d, drain_mode()), device, smem);
+  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d), device, smem);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {
     kp.bwd.batch_offset = (int)b0;
@@ -137,8 +125,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   if (arch != 90) return specs;
   for (int elem_type : {(int)kF16, (int)kBF16})
-    for (int d : kHeadDims)
-      for (int drain : {1, 0}) specs.push_back(make_spec(elem_type, d, drain));
+    for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d));
   return specs;
 }
 

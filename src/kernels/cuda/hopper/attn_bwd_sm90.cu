@@ -76,11 +76,6 @@ constexpr u32 kBarDs = 1;              // named barrier: both consumers' dS^T st
 constexpr int kConsumerThreads = 256;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;      // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
 constexpr int kDqThreads = 64;         // warps 2 and 3 of the producer warpgroup add dQ to global memory
-#ifndef FP_DQ_DRAIN
-#define FP_DQ_DRAIN 1
-#endif
-/// 1: consumers stage dQ in shared memory for the two drain warps; 0: consumers add it themselves.
-constexpr bool kDrainDq = FP_DQ_DRAIN != 0;
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
@@ -362,27 +357,6 @@ FP_DEV void store_ds(SharedStorage& s, const u32 (&r_ds)[kBlockM / 4], int buf, 
   }
 }
 
-/// FP_DQ_DRAIN=0: this consumer's dQ tile added to the accumulator directly (split by keys: both
-/// consumers add their partial tiles of the same elements).
-FP_DEV void add_dq(const BwdParams& prm, const Work& w, const float (&r_dq)[32], int h, int m0, int c,
-                   int tid) {
-  const AttnProblem& p = prm.p;
-  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int col0 = kDqSplitKeys ? 0 : 64 * c;
-  float* base = prm.dq_accum + ((i64)h * prm.rows_total + bwd::accum_row0(p, w.seq, w.b)) * prm.accum_ld;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int i = m0 + 16 * (tid >> 5) + g + 8 * hh;
-    float* row = base + (i64)i * prm.accum_ld;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = col0 + 8 * j + 2 * t4;
-      red_add_f32x2_if(i < w.seq.len_q && col < kHeadDim, row + col,
-                       Float2{r_dq[4 * j + 2 * hh], r_dq[4 * j + 2 * hh + 1]});
-    }
-  }
-}
-
 /// dK (times the softmax scale) and dV of this consumer's keys < rows_k, columns < d.
 FP_DEV void store_dk_dv(const AttnProblem& p, const Work& w, const float (&r_dk)[kPadD / 2],
                         const float (&r_dv)[kPadD / 2], int c, int tid) {
@@ -477,16 +451,12 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_p);
       sm90::pin_registers(r_ds);
       release(s.bar_empty[stage], lane);
-      if (kDrainDq) {
-        // dQ to the drain warps: wait until they read the previous step's, then store in fragment order
-        // (consecutive threads, consecutive 8 bytes: conflict-free).
-        if (t > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty), (u32)(t - 1) & 1u);
+      // dQ to the drain warps: wait until they read the previous step's, then store in fragment order
+      // (consecutive threads, consecutive 8 bytes: conflict-free).
+      if (t > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty), (u32)(t - 1) & 1u);
 #pragma unroll
-        for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
-        sm90::mbar_arrive(bar_addr(s.bar_dq_full));
-      } else {
-        add_dq(prm.bwd, w, r_dq, step_head(w, t), m0, c, tid);
-      }
+      for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
+      sm90::mbar_arrive(bar_addr(s.bar_dq_full));
     }
   }
   store_dk_dv(p, w, r_dk, r_dv, c, tid);
@@ -538,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper_bwd::kThrea
       produce_tiles(prm, s, w, tma_q, tma_k, tma_v, tma_do);
     } else if (threadIdx.x / 32 == 1) {
       produce_rows(prm, s, w, (int)threadIdx.x & 31);
-    } else if (kDrainDq && threadIdx.x >= 64) {
+    } else if (threadIdx.x >= 64) {
       drain_dq(prm, s, w, (int)threadIdx.x - 64);
     }
   } else {
