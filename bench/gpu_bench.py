@@ -123,10 +123,26 @@ def main():
     print(f"results: {os.path.abspath(args.out)}")
 
 
+PERF_BEGIN, PERF_END = "<!-- gpu_bench.py: begin -->", "<!-- gpu_bench.py: end -->"
+
+
+def splice_perf_md(old_text, block):
+    """docs/PERF.md with the generated block between the markers replaced (prose and the CPU section
+    around it kept); without markers, the block goes after the title line."""
+    block = f"{PERF_BEGIN}\n{block.rstrip()}\n{PERF_END}"
+    if PERF_BEGIN in old_text and PERF_END in old_text:
+        head, rest = old_text.split(PERF_BEGIN, 1)
+        return head + block + rest.split(PERF_END, 1)[1]
+    title = "# flashport performance (GPU)\n\n"
+    body = old_text[len(title):] if old_text.startswith(title) else old_text
+    return title + block + "\n\n" + body
+
+
 def write_perf_md(rows, dev, mm_tflops, copy_gbs):
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    lines = [f"# flashport performance (GPU)", "",
-             f"{datetime.date.today()}, {dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+    # A snapshot without git history (the device copy) passes the commit in FLASHPORT_COMMIT.
+    commit = os.environ.get("FLASHPORT_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [f"{datetime.date.today()}, {dev}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
              f"commit {commit or 'n/a'}. Command: `scripts/gpu_suite.sh` (bench step: `python3 bench/gpu_bench.py "
              f"--perf-md`). bf16, batch*seqlen = 16384, nheads*d = 2048. TFLOPS by SPEC.md's FLOP model; median "
              f"of triton do_bench. Ceilings in the same run: cuBLAS bf16 8192^3 {mm_tflops:.0f} TFLOPS, copy "
@@ -145,11 +161,13 @@ def write_perf_md(rows, dev, mm_tflops, copy_gbs):
                      f"{fmt(cu.get('peer_tflops'))} | {fmt(fa.get('peer_tflops'))} | {ratio(cu.get('peer_tflops'))} | "
                      f"{ratio(fa.get('peer_tflops'))} | {'yes' if r['pass'] else 'NO'} |")
     os.makedirs("docs", exist_ok=True)
+    old_text = open("docs/PERF.md").read() if os.path.exists("docs/PERF.md") else ""
+    text = splice_perf_md(old_text, "\n".join(lines) + "\n\n![TFLOPS vs seqlen](perf_gpu.png)")
     with open("docs/PERF.md", "w") as f:
-        f.write("\n".join(lines) + "\n\n![TFLOPS vs seqlen](perf_gpu.png)\n")
+        f.write(text)
     if os.environ.get("OUT"):  # the device tool returns $OUT only
         with open(os.path.join(os.environ["OUT"], "PERF.md"), "w") as f:
-            f.write("\n".join(lines) + "\n\n![TFLOPS vs seqlen](perf_gpu.png)\n")
+            f.write(text)
     try:
         import matplotlib
         matplotlib.use("Agg")

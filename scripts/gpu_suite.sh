@@ -2,7 +2,8 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,sanitize,ncu,bench (default all but ncu).
-# GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label).
+# GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
+# git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/flashport-out}
