@@ -188,44 +188,65 @@ struct DeviceGrad {
   }
 };
 
+/// The public backward's arguments over device copies of `in` (gradients poisoned), kept alive together;
+/// built in place (views point into the members).
+struct GpuBackwardCall {
+  DeviceTensor q, k, v, out, dout, lse;
+  DeviceGrad dq, dk, dv;
+  std::vector<DeviceTensor> keep;  // index tensors, ALiBi slopes
+  BackwardArgs args;
+
+  /// `fwd` is referenced, not copied: its views point into its own storage (a copied FwdInputs keeps
+  /// views into the original's bytes).
+  GpuBackwardCall(const FwdCase& c, const FwdInputs& fwd, const HostTensor& out_h, const HostTensor& dout_h,
+                  const HostTensor& lse_h, bool deterministic = false)
+      : q(DeviceTensor::from_view(fwd.q.storage, fwd.q.view)),
+        k(DeviceTensor::from_view(fwd.k.storage, fwd.k.view)),
+        v(DeviceTensor::from_view(fwd.v.storage, fwd.v.view)),
+        out(DeviceTensor::from(out_h)),
+        dout(DeviceTensor::from(dout_h)),
+        lse(DeviceTensor::from(lse_h)),
+        dq(fwd.q),
+        dk(fwd.k),
+        dv(fwd.v) {
+    keep.reserve(4);
+    auto dev = [&](const HostTensor& h) {
+      keep.push_back(DeviceTensor::from(h));
+      return keep.back().view();
+    };
+    BackwardArgs& a = args;
+    a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view(), a.dout = dout.view(),
+    a.lse = lse.view();
+    a.dq = dq.dev.view(), a.dk = dk.dev.view(), a.dv = dv.dev.view();
+    a.options = options(c);
+    a.options.deterministic = deterministic;
+    if (c.alibi) a.options.alibi_slopes = dev(fwd.alibi);
+    TensorView cu_q, cu_k, used;
+    if (c.layout == Layout::varlen) cu_q = dev(fwd.cu_q), cu_k = dev(fwd.cu_k);
+    if (!c.used_k.empty()) used = dev(fwd.used_k);
+    set_layout(a, c, cu_q, cu_k, c.used_k.empty() ? nullptr : &used);
+  }
+  GpuBackwardCall(const GpuBackwardCall&) = delete;
+  GpuBackwardCall& operator=(const GpuBackwardCall&) = delete;
+};
+
 /// The CUDA backward (Impl::automatic on device tensors); `deterministic` sets the option.
 inline Grads run_gpu_backward(const FwdCase& c, const BwdInputs& in, bool deterministic = false) {
-  const DeviceTensor q = DeviceTensor::from_view(in.fwd.q.storage, in.fwd.q.view);
-  const DeviceTensor k = DeviceTensor::from_view(in.fwd.k.storage, in.fwd.k.view);
-  const DeviceTensor v = DeviceTensor::from_view(in.fwd.v.storage, in.fwd.v.view);
-  const DeviceTensor out = DeviceTensor::from(in.out), dout = DeviceTensor::from(in.dout);
-  const DeviceTensor lse = DeviceTensor::from(in.lse);
-  DeviceGrad dq(in.fwd.q), dk(in.fwd.k), dv(in.fwd.v);
-  std::vector<DeviceTensor> keep;
-  auto dev = [&](const HostTensor& h) {
-    keep.push_back(DeviceTensor::from(h));
-    return keep.back().view();
-  };
-  BackwardArgs a;
-  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view(), a.dout = dout.view(),
-  a.lse = lse.view();
-  a.dq = dq.dev.view(), a.dk = dk.dev.view(), a.dv = dv.dev.view();
-  a.options = options(c);
-  a.options.deterministic = deterministic;
-  if (c.alibi) a.options.alibi_slopes = dev(in.fwd.alibi);
-  TensorView cu_q, cu_k, used;
-  if (c.layout == Layout::varlen) cu_q = dev(in.fwd.cu_q), cu_k = dev(in.fwd.cu_k);
-  if (!c.used_k.empty()) used = dev(in.fwd.used_k);
-  set_layout(a, c, cu_q, cu_k, c.used_k.empty() ? nullptr : &used);
-  backward(a);
+  GpuBackwardCall call(c, in.fwd, in.out, in.dout, in.lse, deterministic);
+  backward(call.args);
   Grads g;
   const int64_t pad = c.layout == Layout::dense ? c.pad : 0;
-  g.dq = dq.gathered(c.d, pad, g.unwritten);
-  g.dk = dk.gathered(c.d, pad, g.unwritten);
-  g.dv = dv.gathered(c.dv, pad, g.unwritten);
+  g.dq = call.dq.gathered(c.d, pad, g.unwritten);
+  g.dk = call.dk.gathered(c.d, pad, g.unwritten);
+  g.dv = call.dv.gathered(c.dv, pad, g.unwritten);
   return g;
 }
 
-/// GPU gradients vs the oracle by the accuracy rule (3x the baseline's error), every element written.
-inline void expect_backward_accurate(const FwdCase& c) {
+/// GPU gradients for `in` vs the oracle by the accuracy rule (3x the baseline's error), every element
+/// written; returns them for further checks.
+inline Grads expect_backward_accurate_on(const FwdCase& c, const BwdInputs& in) {
   SCOPED_TRACE(c.describe());
-  const BwdInputs in = make_bwd_inputs(c);
-  const Grads gpu = run_gpu_backward(c, in);
+  Grads gpu = run_gpu_backward(c, in);
   const Grads ref = run_reference(c, in);
   const Grads base = run_baseline(c, in);
   EXPECT_EQ(gpu.unwritten, 0) << "gradient elements unwritten (or row padding overwritten)";
@@ -238,6 +259,12 @@ inline void expect_backward_accurate(const FwdCase& c) {
   EXPECT_TRUE(accuracy_rule(gpu.dq, base.dq, ref.dq, 3.0)) << "dq";
   EXPECT_TRUE(accuracy_rule(gpu.dk, base.dk, ref.dk, 3.0)) << "dk";
   EXPECT_TRUE(accuracy_rule(gpu.dv, base.dv, ref.dv, 3.0)) << "dv";
+  return gpu;
+}
+
+/// The same on fresh inputs for `c`.
+inline void expect_backward_accurate(const FwdCase& c) {
+  expect_backward_accurate_on(c, make_bwd_inputs(c));
 }
 
 }  // namespace flashport::test::gpu

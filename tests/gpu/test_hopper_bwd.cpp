@@ -32,51 +32,18 @@ Operand operand_of(const TensorView& t) {
 }
 
 /// Why the Hopper backward declines `c` on an sm_90 device; empty when it takes the case. The problem
-/// is built as backward() builds it (build_attention, attach_lse, dO and gradient operands) from
-/// device buffers allocated as run_gpu_backward allocates them, so pointers and strides are the ones
-/// the dispatcher will see. The values in the buffers do not matter to the check.
+/// is built as backward() builds it (build_attention, attach_lse, dO and gradient operands) from the
+/// device buffers run_gpu_backward uses, so pointers and strides are the ones the dispatcher will see.
+/// The values in the buffers do not matter to the check.
 std::string hopper_declines(const FwdCase& c, const FwdInputs& in) {
-  const DeviceTensor q = DeviceTensor::from_view(in.q.storage, in.q.view);
-  const DeviceTensor k = DeviceTensor::from_view(in.k.storage, in.k.view);
-  const DeviceTensor v = DeviceTensor::from_view(in.v.storage, in.v.view);
-  const DeviceTensor out = DeviceTensor::from(HostTensor(c.dtype, out_shape(c)));
-  const DeviceTensor dout = DeviceTensor::from(HostTensor(c.dtype, out_shape(c)));
-  const DeviceTensor lse = DeviceTensor::from(HostTensor(DType::f32, lse_shape(c)));
-  DeviceGrad dq(in.q), dk(in.k), dv(in.v);
-  std::vector<DeviceTensor> keep;
-  auto dev = [&](const HostTensor& h) {
-    keep.push_back(DeviceTensor::from(h));
-    return keep.back().view();
-  };
-  BackwardArgs a;
-  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view(), a.dout = dout.view(),
-  a.lse = lse.view();
-  a.dq = dq.dev.view(), a.dk = dk.dev.view(), a.dv = dv.dev.view();
-  a.options = options(c);
-  if (c.alibi) a.options.alibi_slopes = dev(in.alibi);
-  TensorView cu_q, cu_k, used;
-  if (c.layout == Layout::varlen) cu_q = dev(in.cu_q), cu_k = dev(in.cu_k);
-  if (!c.used_k.empty()) used = dev(in.used_k);
-  set_layout(a, c, cu_q, cu_k, c.used_k.empty() ? nullptr : &used);
+  const GpuBackwardCall call(c, in, HostTensor(c.dtype, out_shape(c)), HostTensor(c.dtype, out_shape(c)),
+                             HostTensor(DType::f32, lse_shape(c)));
+  const BackwardArgs& a = call.args;
   AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
   core::attach_lse(p, a.lse, a.q.device);
   p.dout = operand_of(a.dout);
   p.grad_q = operand_of(a.dq), p.grad_k = operand_of(a.dk), p.grad_v = operand_of(a.dv);
   return hopper_bwd::unsupported(p, 90);
-}
-
-/// expect_backward_accurate on given inputs (layouts make_bwd_inputs does not make, or gradients the
-/// caller checks further): the public backward by the accuracy rule, every element written.
-Grads expect_accurate_on(const FwdCase& c, const BwdInputs& in) {
-  SCOPED_TRACE(c.describe());
-  Grads gpu = run_gpu_backward(c, in);
-  const Grads ref = run_reference(c, in);
-  const Grads base = run_baseline(c, in);
-  EXPECT_EQ(gpu.unwritten, 0) << "gradient elements unwritten (or row padding overwritten)";
-  EXPECT_TRUE(accuracy_rule(gpu.dq, base.dq, ref.dq, 3.0)) << "dq";
-  EXPECT_TRUE(accuracy_rule(gpu.dk, base.dk, ref.dk, 3.0)) << "dk";
-  EXPECT_TRUE(accuracy_rule(gpu.dv, base.dv, ref.dv, 3.0)) << "dv";
-  return gpu;
 }
 
 /// Fails (and returns false) unless the Hopper backward takes `c` with the layouts of `in`.
@@ -111,7 +78,7 @@ void expect_hopper_zero_grads(const FwdCase& c, int64_t q_rows, int64_t k_rows) 
   SCOPED_TRACE(c.describe());
   const BwdInputs in = make_bwd_inputs(c);
   if (!expect_goes_to_hopper(c, in.fwd)) return;
-  const Grads gpu = expect_accurate_on(c, in);
+  const Grads gpu = expect_backward_accurate_on(c, in);
   expect_zero_rows(gpu.dq, 0, q_rows, c.hq * c.d, "dq");
   expect_zero_rows(gpu.dk, 0, k_rows, c.hk * c.d, "dk");
   expect_zero_rows(gpu.dv, 0, k_rows, c.hk * c.dv, "dv");
@@ -341,7 +308,7 @@ TEST(HopperBwd, SmallStridedLayouts) {
   in.dout = randn(c.dtype, out_shape(c));
   const FwdResult f = run_cpu(c, in.fwd, Impl::reference);
   in.out = f.out, in.lse = f.lse;
-  if (expect_goes_to_hopper(c, in.fwd)) expect_accurate_on(c, in);
+  if (expect_goes_to_hopper(c, in.fwd)) expect_backward_accurate_on(c, in);
 }
 
 // Several key blocks of 128 per sequence and several query blocks per key-block CTA: the Q / dO
