@@ -120,15 +120,6 @@ FP_DEV int step_m0(const Work& w, int t) {
 // ---------------------------------------------------------------------------------------------
 // Producer.
 
-/// Loads one 64-column chunk box at (column, head, row, batch) in the tensor-map dimensions the host chose.
-FP_DEV void tma_load_chunk(u32 s_dst, const TmaDesc& desc, const TmaDims& dims, u32 bar, int column, int head,
-                           int row, int batch) {
-  const int c1 = dims.head == 1 ? head : dims.row == 1 ? row : batch;
-  const int c2 = dims.head == 2 ? head : dims.row == 2 ? row : batch;
-  const int c3 = dims.head == 3 ? head : dims.row == 3 ? row : batch;
-  sm90::tma_load_4d(s_dst, desc, bar, column, c1, c2, c3);
-}
-
 /// One thread: K and V once, then Q and dO of every step through the ring. A stage is reused once all
 /// 256 consumer threads released it (the empty-barrier wait uses the opposite parity, so the first pass
 /// over the ring does not block).
@@ -141,8 +132,8 @@ FP_DEV void produce_tiles(const BwdSm90Params& prm, SharedStorage& s, const Work
   sm90::mbar_arrive_expect_tx(bar_kv, 2 * kChunks * kKVChunkBytes);
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch) {
-    tma_load_chunk(smem_addr(&s.k[ch][0][0]), tma_k, prm.dims_k, bar_kv, 64 * ch, w.hk, k_row, k_batch);
-    tma_load_chunk(smem_addr(&s.v[ch][0][0]), tma_v, prm.dims_v, bar_kv, 64 * ch, w.hk, k_row, k_batch);
+    sm90::tma_load_chunk(smem_addr(&s.k[ch][0][0]), tma_k, prm.dims_k, bar_kv, 64 * ch, w.hk, k_row, k_batch);
+    sm90::tma_load_chunk(smem_addr(&s.v[ch][0][0]), tma_v, prm.dims_v, bar_kv, 64 * ch, w.hk, k_row, k_batch);
   }
   const int q_batch = varlen ? 0 : w.b;
   for (int t = 0; t < w.steps; ++t) {
@@ -154,9 +145,10 @@ FP_DEV void produce_tiles(const BwdSm90Params& prm, SharedStorage& s, const Work
     sm90::mbar_arrive_expect_tx(full, 2 * kQTileBytes);
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch) {
-      tma_load_chunk(smem_addr(&s.q[stage][ch][0][0]), tma_q, prm.dims_q, full, 64 * ch, h, q_row, q_batch);
-      tma_load_chunk(smem_addr(&s.dout[stage][ch][0][0]), tma_do, prm.dims_do, full, 64 * ch, h, q_row,
-                     q_batch);
+      sm90::tma_load_chunk(smem_addr(&s.q[stage][ch][0][0]), tma_q, prm.dims_q, full, 64 * ch, h, q_row,
+                           q_batch);
+      sm90::tma_load_chunk(smem_addr(&s.dout[stage][ch][0][0]), tma_do, prm.dims_do, full, 64 * ch, h, q_row,
+                           q_batch);
     }
   }
 }

@@ -87,16 +87,6 @@ FP_DEV u32 bar_addr(const u64& bar) {
 // ---------------------------------------------------------------------------------------------
 // Producer: one thread issues every TMA load.
 
-/// Loads one 64-column chunk box (`rows` x 64 elements) at (column, head, row, batch), placing the
-/// three outer coordinates in the tensor-map dimensions the host chose.
-FP_DEV void tma_load_chunk(u32 s_dst, const TmaDesc& desc, const TmaDims& dims, u32 bar, int column, int head,
-                           int row, int batch) {
-  const int c1 = dims.head == 1 ? head : dims.row == 1 ? row : batch;
-  const int c2 = dims.head == 2 ? head : dims.row == 2 ? row : batch;
-  const int c3 = dims.head == 3 ? head : dims.row == 3 ? row : batch;
-  sm90::tma_load_4d(s_dst, desc, bar, column, c1, c2, c3);
-}
-
 /// Position in the K/V stage ring; carried from one query block to the next by persistent CTAs.
 struct Ring {
   int stage;
@@ -112,8 +102,8 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
   sm90::mbar_arrive_expect_tx(bar_q, kChunks * kBlockM * kChunkRowBytes);
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch)
-    tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, 64 * ch, (int)blk.h, blk.q_row,
-                   blk.q_batch);
+    sm90::tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, 64 * ch, (int)blk.h, blk.q_row,
+                         blk.q_batch);
 }
 
 /// Q, then K and V of every key tile from n_max - 1 down to n_min through the stage ring.
@@ -133,15 +123,15 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
     sm90::mbar_arrive_expect_tx(k_full, kKVTileBytes);
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch)
-      tma_load_chunk(smem_addr(&s.k[stage][ch][0][0]), tma_k, prm.dims_k, k_full, 64 * ch, (int)blk.hk, row,
-                     blk.k_batch);
+      sm90::tma_load_chunk(smem_addr(&s.k[stage][ch][0][0]), tma_k, prm.dims_k, k_full, 64 * ch, (int)blk.hk,
+                           row, blk.k_batch);
     if (kPersistent && n == blk.n_max - 1) load_q(prm, s, blk, tma_q, q_count);
     sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
     sm90::mbar_arrive_expect_tx(v_full, kKVTileBytes);
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch)
-      tma_load_chunk(smem_addr(&s.v[stage][ch][0][0]), tma_v, prm.dims_v, v_full, 64 * ch, (int)blk.hk, row,
-                     blk.k_batch);
+      sm90::tma_load_chunk(smem_addr(&s.v[stage][ch][0][0]), tma_v, prm.dims_v, v_full, 64 * ch, (int)blk.hk,
+                           row, blk.k_batch);
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
   ring = {stage, phase};

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "cuda/common/types.cuh"
-#include "cuda/hopper/fwd_sm90_config.h"
+#include "cuda/hopper/sm90_config.h"
 
 namespace flashport::cuda::sm90 {
 
@@ -66,6 +66,16 @@ FP_DEV void tma_load_4d(u32 dst, const hopper::TmaDesc& desc, u32 bar, int c0, i
       "%6}], [%2];" ::"r"(dst),
       "l"(reinterpret_cast<u64>(&desc)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
+}
+
+/// Loads one 64-column chunk box at (column, head, row, batch) of a (d, ...) operand map, placing the three
+/// outer coordinates in the tensor-map dimensions the host chose (backends/cuda/tma_map.hpp).
+FP_DEV void tma_load_chunk(u32 dst, const hopper::TmaDesc& desc, const hopper::TmaDims& dims, u32 bar,
+                           int column, int head, int row, int batch) {
+  const int c1 = dims.head == 1 ? head : dims.row == 1 ? row : batch;
+  const int c2 = dims.head == 2 ? head : dims.row == 2 ? row : batch;
+  const int c3 = dims.head == 3 ? head : dims.row == 3 ? row : batch;
+  tma_load_4d(dst, desc, bar, column, c1, c2, c3);
 }
 
 /// Fetches the tensor map into the TMA unit's descriptor cache ahead of the first load.
