@@ -1,8 +1,6 @@
 // FlashAttention-2 backward main kernel for sm_80+ (mma.sync m16n8k16): one CTA per (key block,
 // kv head, batch) keeps dK, dV of its keys in registers, walks the query blocks of every query head of
 // its GQA group that can see the block, and adds dQ partials to an fp32 accumulator.
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "cuda/bwd_params.cuh"
 #include "cuda/bwd_seq.cuh"
 #include "cuda/bwd_warp.cuh"

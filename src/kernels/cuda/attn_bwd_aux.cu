@@ -1,7 +1,5 @@
 // The two memory-bound kernels around the backward main loop: D = rowsum(dO * O) before it, and the
 // fp32 dQ accumulator (summed over its slices in slice order) -> dq in the input dtype after it.
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "cuda/bwd_params.cuh"
 #include "cuda/bwd_seq.cuh"
 #include "cuda/common/common.cuh"

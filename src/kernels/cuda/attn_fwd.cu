@@ -1,7 +1,5 @@
 // FlashAttention-2 forward for sm_80+ (mma.sync m16n8k16): one CTA per (query block, head, batch
 // [x split]), K/V streamed through shared memory with cp.async, online softmax in registers.
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "cuda/attn_fwd.cuh"
 
 namespace flashport::cuda::fwd {

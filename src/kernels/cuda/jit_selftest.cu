@@ -1,6 +1,5 @@
 // A tiny kernel for the JIT's own tests: it shows the pattern every kernel follows (no CUDA
 // toolkit header, plain types, core headers by path, inline PTX for what headers would provide).
-#include "cuda/common/rtc_compat.cuh"  // first, as in every kernel source
 
 #include "core/numeric.h"
 

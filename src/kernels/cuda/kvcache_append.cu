@@ -1,7 +1,5 @@
 // KV-cache update: appends k_new/v_new at cache_seqlens[b] + t (rotary on k), and rotates q for the
 // attention that follows. Element type is the runtime attn.in_type (memory-bound: no variants).
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "cuda/common/common.cuh"
 #include "cuda/kvcache_params.cuh"
 

@@ -1,6 +1,4 @@
 // merge_states: combines two partial attention states over disjoint key sets by their LSE.
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "cuda/common/common.cuh"
 #include "cuda/merge_params.cuh"
 

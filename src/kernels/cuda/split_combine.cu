@@ -1,6 +1,4 @@
 // Split-KV combine: merges the fp32 partial outputs and LSEs of the forward splits into O and LSE.
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "cuda/attn_fwd_params.cuh"
 #include "cuda/common/common.cuh"
 

@@ -7,8 +7,6 @@
 // shared memory for dQ = dS K, whose fp32 partials two producer warps add to the accumulator in global
 // memory.
 // Shape from -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_M, FP_STAGES (tile_for in bwd_sm90_config.h).
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "core/problem.h"
 #include "cuda/bwd_seq.cuh"
 #include "cuda/common/common.cuh"

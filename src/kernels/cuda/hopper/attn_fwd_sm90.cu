@@ -4,8 +4,6 @@
 // GEMMs (intra-warpgroup) and with the other warpgroup's GEMMs (ping-pong). Shape from -D FP_DTYPE,
 // FP_HEADDIM, FP_BLOCK_M, FP_BLOCK_N, FP_STAGES (tile_for in cuda/hopper/fwd_sm90_config.h);
 // FP_PERSISTENT=1 makes every CTA loop over query blocks (grid = SM count).
-#include "cuda/common/rtc_compat.cuh"
-// (rtc_compat first: it patches what core/semantics.h needs under NVRTC)
 #include "core/problem.h"
 #include "cuda/common/common.cuh"
 #include "cuda/hopper/fwd_sm90_config.h"

@@ -1,2 +1,0 @@
-// Emulator stand-in: nothing to patch for a host compiler.
-#pragma once
