@@ -362,47 +362,69 @@ inline FwdResult run_cpu(const FwdCase& c, const FwdInputs& in, Impl impl) {
 struct GpuResult : FwdResult {
   int64_t out_nan = 0, lse_nan = 0;
 };
+/// The public forward's arguments over device copies of `in`, out and LSE poisoned (0xFF bytes = NaN),
+/// kept alive together; built in place (views point into the members). `result` reads them back.
+struct GpuForwardCall {
+  DeviceTensor q, k, v;
+  HostOperand out_host;
+  DeviceTensor out;
+  HostTensor lse_host;
+  DeviceTensor lse;
+  std::vector<DeviceTensor> keep;  // index tensors, ALiBi slopes
+  ForwardArgs args;
+
+  GpuForwardCall(const FwdCase& c, const FwdInputs& in)
+      : q(DeviceTensor::from_view(in.q.storage, in.q.view)),
+        k(DeviceTensor::from_view(in.k.storage, in.k.view)),
+        v(DeviceTensor::from_view(in.v.storage, in.v.view)),
+        out_host(make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, false)),
+        out(DeviceTensor::from_view(out_host.storage, out_host.view)),
+        lse_host(DType::f32, lse_shape(c)),
+        lse(DeviceTensor::poisoned(lse_host)) {
+    fill_bytes(out.mem.get(), 0xFF, out.bytes);
+    keep.reserve(5);
+    auto dev = [&](const HostTensor& h) {
+      keep.push_back(DeviceTensor::from(h));
+      return keep.back().view();
+    };
+    ForwardArgs& a = args;
+    a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view();
+    a.lse = lse.view();
+    a.options = options(c);
+    if (c.alibi) a.options.alibi_slopes = dev(in.alibi);
+    if (c.layout == Layout::varlen) {
+      a.layout.cu_seqlens_q = dev(in.cu_q), a.layout.cu_seqlens_k = dev(in.cu_k);
+      a.layout.max_seqlen_q = c.max_q(), a.layout.max_seqlen_k = c.max_k();
+    }
+    if (c.layout == Layout::paged) a.layout.block_table = dev(in.block_table);
+    if (!c.used_k.empty()) a.layout.seqused_k = dev(in.used_k);
+  }
+  GpuForwardCall(const GpuForwardCall&) = delete;
+  GpuForwardCall& operator=(const GpuForwardCall&) = delete;
+
+  /// out and LSE after the run; unwritten elements and writes into the row padding counted as NaN.
+  GpuResult result(const FwdCase& c) {
+    GpuResult r;
+    out_host.storage = out.to_host(out_host.storage);
+    out_host.view.data = out_host.storage.tv.data;  // make_operand views start at the buffer
+    r.out = gather(out_host);
+    r.lse = lse.to_host(lse_host);
+    r.out_nan = count_nan(r.out), r.lse_nan = count_nan(r.lse);
+    // Padding channels of the output must stay untouched (still poisoned).
+    if (c.pad > 0) {
+      const int64_t row = c.dv + c.pad, rows = out_host.storage.numel() / row;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t ch = c.dv; ch < row; ++ch)
+          if (!std::isnan(out_host.storage.get(i * row + ch))) ++r.out_nan;  // counted as a stray write
+    }
+    return r;
+  }
+};
+
 inline GpuResult run_gpu(const FwdCase& c, const FwdInputs& in) {
-  const DeviceTensor q = DeviceTensor::from_view(in.q.storage, in.q.view);
-  const DeviceTensor k = DeviceTensor::from_view(in.k.storage, in.k.view);
-  const DeviceTensor v = DeviceTensor::from_view(in.v.storage, in.v.view);
-  HostOperand out_host =
-      make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, false);
-  const DeviceTensor out = DeviceTensor::from_view(out_host.storage, out_host.view);
-  fill_bytes(out.mem.get(), 0xFF, out.bytes);
-  HostTensor lse_host(DType::f32, lse_shape(c));
-  const DeviceTensor lse = DeviceTensor::poisoned(lse_host);
-  ForwardArgs a;
-  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view();
-  a.lse = lse.view();
-  a.options = options(c);
-  std::vector<DeviceTensor> keep;
-  auto dev = [&](const HostTensor& h) {
-    keep.push_back(DeviceTensor::from(h));
-    return keep.back().view();
-  };
-  if (c.alibi) a.options.alibi_slopes = dev(in.alibi);
-  if (c.layout == Layout::varlen) {
-    a.layout.cu_seqlens_q = dev(in.cu_q), a.layout.cu_seqlens_k = dev(in.cu_k);
-    a.layout.max_seqlen_q = c.max_q(), a.layout.max_seqlen_k = c.max_k();
-  }
-  if (c.layout == Layout::paged) a.layout.block_table = dev(in.block_table);
-  if (!c.used_k.empty()) a.layout.seqused_k = dev(in.used_k);
-  forward(a);
-  GpuResult r;
-  out_host.storage = out.to_host(out_host.storage);
-  out_host.view.data = out_host.storage.tv.data;  // make_operand views start at the buffer
-  r.out = gather(out_host);
-  r.lse = lse.to_host(lse_host);
-  r.out_nan = count_nan(r.out), r.lse_nan = count_nan(r.lse);
-  // Padding channels of the output must stay untouched (still poisoned).
-  if (c.pad > 0) {
-    const int64_t row = c.dv + c.pad, rows = out_host.storage.numel() / row;
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t ch = c.dv; ch < row; ++ch)
-        if (!std::isnan(out_host.storage.get(i * row + ch))) ++r.out_nan;  // counted as a stray write
-  }
-  return r;
+  GpuForwardCall call(c, in);
+  forward(call.args);
+  return call.result(c);
 }
 
 /// GPU forward vs the CPU oracle by the accuracy rule, for out and LSE; every element written.

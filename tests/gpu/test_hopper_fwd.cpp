@@ -23,30 +23,8 @@ using HopperRun = std::function<void(const AttnProblem&)>;
 /// `run` (hopper::forward unless given) on device copies of `in`, out and LSE poisoned (0xFF bytes =
 /// NaN). False (with a test failure) when the kernel declines the case.
 bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r, const HopperRun& run) {
-  const DeviceTensor q = DeviceTensor::from_view(in.q.storage, in.q.view);
-  const DeviceTensor k = DeviceTensor::from_view(in.k.storage, in.k.view);
-  const DeviceTensor v = DeviceTensor::from_view(in.v.storage, in.v.view);
-  HostOperand out_host =
-      make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, false);
-  const DeviceTensor out = DeviceTensor::from_view(out_host.storage, out_host.view);
-  fill_bytes(out.mem.get(), 0xFF, out.bytes);
-  HostTensor lse_host(DType::f32, lse_shape(c));
-  const DeviceTensor lse = DeviceTensor::poisoned(lse_host);
-  ForwardArgs a;
-  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view();
-  a.lse = lse.view();
-  a.options = options(c);
-  std::vector<DeviceTensor> keep;
-  auto dev = [&](const HostTensor& h) {
-    keep.push_back(DeviceTensor::from(h));
-    return keep.back().view();
-  };
-  if (c.alibi) a.options.alibi_slopes = dev(in.alibi);
-  if (c.layout == Layout::varlen) {
-    a.layout.cu_seqlens_q = dev(in.cu_q), a.layout.cu_seqlens_k = dev(in.cu_k);
-    a.layout.max_seqlen_q = c.max_q(), a.layout.max_seqlen_k = c.max_k();
-  }
-  if (!c.used_k.empty()) a.layout.seqused_k = dev(in.used_k);
+  GpuForwardCall call(c, in);
+  ForwardArgs& a = call.args;
   AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, nullptr);
   core::attach_lse(p, *a.lse, a.q.device);
   const std::string why = hopper::unsupported(p, 90);
@@ -60,17 +38,7 @@ bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r, const Hoppe
   } else {
     run(p);
   }
-  out_host.storage = out.to_host(out_host.storage);
-  out_host.view.data = out_host.storage.tv.data;
-  r.out = gather(out_host);
-  r.lse = lse.to_host(lse_host);
-  r.out_nan = count_nan(r.out), r.lse_nan = count_nan(r.lse);
-  if (c.pad > 0) {  // padding channels must stay poisoned
-    const int64_t row = c.dv + c.pad, rows = out_host.storage.numel() / row;
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t ch = c.dv; ch < row; ++ch)
-        if (!std::isnan(out_host.storage.get(i * row + ch))) ++r.out_nan;
-  }
+  r = call.result(c);
   return true;
 }
 
