@@ -2,11 +2,11 @@
 // against the CPU oracle by the accuracy rule, every gradient element written: each case is first
 // checked to reach the Hopper kernel (cuda::hopper_bwd::unsupported on the problem backward() builds),
 // so a support check that silently declines turns into a failure instead of a portable-kernel pass.
-// Covers head dims 64/96/128 in fp16/bf16, seqlen 1, sq < sk and sq > sk, rows without keys and keys
-// without queries (exact zero gradients), windows, GQA 4:1 / 7:1 / MQA, varlen with empty sequences,
-// seqused_k, padded and transposed strides, and multi-block sequences (~1100 tokens, a varlen batch
-// of 20). GpuBackwardPortable.SmallFeatures keeps small portable-only cases (softcap, ALiBi, dropout,
-// d 160 / 256) in the *Small* set that gpu_suite.sh runs under compute-sanitizer.
+// Covers head dims 64/96/128 (narrow kernel) and 256 (wide kernel) in fp16/bf16, seqlen 1, sq < sk and sq >
+// sk, rows without keys and keys without queries (exact zero gradients), windows, GQA 4:1 / 7:1 / MQA, varlen
+// with empty sequences, seqused_k, padded and transposed strides, and multi-block sequences (~1100 tokens, a
+// varlen batch of 20). GpuBackwardPortable.SmallFeatures keeps small portable-only cases (softcap, ALiBi,
+// dropout, d 160 / 192) in the *Small* set that gpu_suite.sh runs under compute-sanitizer.
 //
 // FLASHPORT_CUDA_BACKWARD=portable (read once per process) sends every case to the portable kernel:
 // the HopperBwd cases then still run, as an A/B check of the harness against the portable backward.
@@ -143,6 +143,7 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // Covered: the other head dims and dtype, masks, GQA/MQA, varlen, seqused_k, transposed strides.
   EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 64; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 96; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 256; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF16; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.window_right = 0; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.window_left = 37, x.window_right = 5; }));
@@ -156,7 +157,6 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // Not covered.
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 80; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 192; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 256; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF32; }));
@@ -184,7 +184,7 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.grad_v.ptr = static_cast<char*>(x.grad_v.ptr) + 8; }));
 
   const std::vector<jit::KernelSpec> specs = hopper_bwd::variants(90);
-  EXPECT_EQ(specs.size(), 6u);  // {f16, bf16} x d {64, 96, 128}
+  EXPECT_EQ(specs.size(), 8u);  // {f16, bf16} x d {64, 96, 128, 256}
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
     for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
@@ -198,7 +198,7 @@ TEST(HopperBwd, SmallSupportAndVariants) {
 
 TEST(HopperBwd, SmallHeadDims) {
   FP_SKIP_WITHOUT_SM90();
-  for (int64_t d : {64, 96, 128}) {
+  for (int64_t d : {64, 96, 128, 256}) {
     for (DType dt : {DType::bf16, DType::f16}) {
       expect_hopper_backward(dense(dt, 2, 113, 203, 2, 1, d));
       expect_hopper_backward(with(dense(dt, 1, 203, 113, 3, 3, d), kCausal));  // sq > sk
@@ -209,7 +209,7 @@ TEST(HopperBwd, SmallHeadDims) {
 TEST(HopperBwd, SmallSeqlenOne) {
   FP_SKIP_WITHOUT_SM90();
   int n = 0;
-  for (int64_t d : {64, 96, 128}) {
+  for (int64_t d : {64, 96, 128, 256}) {
     const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
     expect_hopper_backward(dense(dt, 2, 1, 1, 2, 2, d));
     expect_hopper_backward(dense(dt, 3, 1, 203, 4, 1, d));
@@ -226,11 +226,14 @@ TEST(HopperBwd, SmallZeroGradients) {
   FP_SKIP_WITHOUT_SM90();
   expect_hopper_zero_grads(with(dense(DType::bf16, 1, 300, 50, 2, 1, 128), kCausal), 250, 0);
   expect_hopper_zero_grads(with(dense(DType::f16, 1, 290, 161, 4, 2, 64), kCausal), 129, 0);
+  expect_hopper_zero_grads(with(dense(DType::f16, 1, 290, 161, 4, 2, 256), kCausal), 129, 0);
   FwdCase band = dense(DType::f16, 1, 40, 300, 2, 1, 64);
   band.wl = 0, band.wr = 0;  // query i sees only key i + 260
   expect_hopper_zero_grads(band, 0, 260);
   band = dense(DType::bf16, 1, 100, 300, 3, 3, 96);
   band.causal = true, band.wl = 10;  // query i sees keys i + 190 .. i + 200
+  expect_hopper_zero_grads(band, 0, 190);
+  band.dtype = DType::f16, band.d = band.dv = 256;
   expect_hopper_zero_grads(band, 0, 190);
 }
 
@@ -240,6 +243,8 @@ TEST(HopperBwd, SmallMasks) {
     SCOPED_TRACE(f.name);
     expect_hopper_backward(with(dense(DType::bf16, 2, 257, 300, 2, 1, 64), f));
     expect_hopper_backward(with(dense(DType::f16, 1, 300, 200, 2, 2, &f - kMasks < 2 ? 128 : 96), f));
+    expect_hopper_backward(
+        with(dense(&f - kMasks < 2 ? DType::bf16 : DType::f16, 1, 200, 270, 2, 1, 256), f));
   }
 }
 
@@ -250,6 +255,8 @@ TEST(HopperBwd, SmallGqa) {
   expect_hopper_backward(with(dense(DType::bf16, 1, 150, 150, 7, 1, 64), kCausal));    // 7:1 (MQA)
   expect_hopper_backward(dense(DType::f16, 1, 129, 257, 7, 1, 128));                   // 7:1 (MQA)
   expect_hopper_backward(with(dense(DType::bf16, 2, 200, 260, 4, 1, 96), kMasks[2]));  // MQA, window
+  expect_hopper_backward(with(dense(DType::f16, 1, 203, 113, 7, 1, 256), kCausal));    // 7:1, sq > sk
+  expect_hopper_backward(dense(DType::bf16, 1, 113, 203, 8, 2, 256));                  // 4:1
 }
 
 TEST(HopperBwd, SmallVarlen) {
@@ -266,6 +273,9 @@ TEST(HopperBwd, SmallVarlen) {
     c.dtype = DType::bf16, c.d = c.dv = 96, c.hq = 7, c.hk = 1;
     c.used_k = {50, 3, 0, 129, 1, 0, 0};
     expect_hopper_backward(c);
+    c.dtype = DType::f16, c.d = c.dv = 256, c.hq = 4, c.hk = 2;
+    c.used_k = {};
+    expect_hopper_backward(c);
   }
 }
 
@@ -277,6 +287,8 @@ TEST(HopperBwd, SmallDenseSequsedK) {
   expect_hopper_backward(with(c, kCausal));
   c.dtype = DType::f16, c.d = c.dv = 64, c.used_k = {1, 200, 64};
   expect_hopper_backward(with(c, kMasks[0]));
+  c.d = c.dv = 256, c.used_k = {70, 1, 260};
+  expect_hopper_backward(with(c, kCausal));
 }
 
 TEST(HopperBwd, SmallStridedLayouts) {
@@ -291,6 +303,9 @@ TEST(HopperBwd, SmallStridedLayouts) {
   expect_hopper_backward(padded);
   padded = with(dense(DType::bf16, 2, 100, 130, 2, 2, 96), kMasks[0]);
   padded.pad = 24;
+  expect_hopper_backward(padded);
+  padded = with(dense(DType::bf16, 2, 100, 130, 2, 1, 256), kCausal);
+  padded.pad = 8;
   expect_hopper_backward(padded);
 
   // (b, h, s, d) storage viewed as (b, s, h, d): head stride above row stride, in the inputs and in
@@ -311,13 +326,15 @@ TEST(HopperBwd, SmallStridedLayouts) {
   if (expect_goes_to_hopper(c, in.fwd)) expect_backward_accurate_on(c, in);
 }
 
-// Several key blocks of 128 per sequence and several query blocks per key-block CTA: the Q / dO
-// pipeline wraps many times, causal CTAs run different query-block counts, GQA sums a group of
-// heads into one dK / dV, and a varlen batch mixes long, short and empty sequences.
+// Several key blocks (of 128, of 64 at d 256) per sequence and several query blocks per key-block CTA: the Q
+// / dO pipeline wraps many times, causal CTAs run different query-block counts, GQA sums a group of heads
+// into one dK / dV, and a varlen batch mixes long, short and empty sequences.
 TEST(HopperBwd, ManyBlocks) {
   FP_SKIP_WITHOUT_SM90();
   expect_hopper_backward(dense(DType::bf16, 1, 1024, 1088, 2, 1, 128));
   expect_hopper_backward(with(dense(DType::f16, 1, 1100, 1100, 2, 2, 64), kCausal));
+  expect_hopper_backward(dense(DType::f16, 1, 1024, 1088, 2, 1, 256));
+  expect_hopper_backward(with(dense(DType::bf16, 1, 1100, 1100, 4, 2, 256), kCausal));
   // Group of 4 query heads per kv head; the first 76 queries see no key.
   expect_hopper_zero_grads(with(dense(DType::bf16, 1, 1100, 1024, 8, 2, 64), kCausal), 76, 0);
   FwdCase band = dense(DType::f16, 1, 1050, 1050, 2, 1, 128);
@@ -331,7 +348,7 @@ TEST(HopperBwd, ManyBlocks) {
 }
 
 // The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper
-// backward never takes: softcap, ALiBi, dropout (each with and without a window), d 160 and d 256.
+// backward never takes: softcap, ALiBi, dropout (each with and without a window), d 160 and d 192.
 TEST(GpuBackwardPortable, SmallFeatures) {
   FP_SKIP_WITHOUT_GPU();
   const Features features[] = {
@@ -350,7 +367,7 @@ TEST(GpuBackwardPortable, SmallFeatures) {
   FwdCase v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), features[6]), {0, 37, 130, 1, 0},
                      {5, 0, 129, 64, 0});
   expect_portable_backward(v);
-  for (int64_t d : {160, 256}) {
+  for (int64_t d : {160, 192}) {
     expect_portable_backward(dense(DType::bf16, 1, 97, 130, 2, 1, d));
     expect_portable_backward(with(dense(DType::f16, 1, 130, 77, 2, 2, d), kCausal));
     expect_portable_backward(with(dense(DType::bf16, 2, 64, 100, 4, 2, d), kMasks[0]));

@@ -11,9 +11,12 @@
 namespace flashport::cuda::hopper_bwd {
 namespace {
 
-constexpr const char* kSource = "cuda/hopper/attn_bwd_sm90.cu";
-constexpr const char* kEntry = "flashport_attn_bwd_sm90";
-constexpr int kHeadDims[] = {64, 96, 128};
+// d <= kNarrowMaxHeadDim: 128 keys per CTA, 64 per consumer; d 256: 64 keys shared by both consumers.
+constexpr const char* kNarrowSource = "cuda/hopper/attn_bwd_sm90.cu";
+constexpr const char* kNarrowEntry = "flashport_attn_bwd_sm90";
+constexpr const char* kWideSource = "cuda/hopper/attn_bwd_sm90_wide.cu";
+constexpr const char* kWideEntry = "flashport_attn_bwd_sm90_wide";
+constexpr int kHeadDims[] = {64, 96, 128, 256};
 constexpr long long kMaxGridYZ = 65535;
 
 constexpr bool tile_table_fits() {
@@ -28,8 +31,9 @@ static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the
 
 jit::KernelSpec make_spec(int elem_type, int d) {
   const Tile t = tile_for(d);
-  return {kSource,
-          kEntry,
+  const bool wide = d > kNarrowMaxHeadDim;
+  return {wide ? kWideSource : kNarrowSource,
+          wide ? kWideEntry : kNarrowEntry,
           {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
            {"FP_HEADDIM", std::to_string(d)},
            {"FP_BLOCK_M", std::to_string(t.block_m)},
@@ -54,11 +58,12 @@ Plans plan_maps(const AttnProblem& p, std::string& error) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
   const long long batch = varlen ? 1 : p.batch;
+  const int block_n = block_n_for((int)p.d);
   Plans plans;
   plans.q = hopper::plan_map("q", p.q, p.d, p.hq, q_rows, batch, tile.block_m);
   plans.dout = hopper::plan_map("dout", p.dout, p.dv, p.hq, q_rows, batch, tile.block_m);
-  plans.k = hopper::plan_map("k", p.k, p.d, p.hk, k_rows, batch, kBlockN);
-  plans.v = hopper::plan_map("v", p.v, p.dv, p.hk, k_rows, batch, kBlockN);
+  plans.k = hopper::plan_map("k", p.k, p.d, p.hk, k_rows, batch, block_n);
+  plans.v = hopper::plan_map("v", p.v, p.dv, p.hk, k_rows, batch, block_n);
   for (const hopper::MapPlan* m : {&plans.q, &plans.k, &plans.v, &plans.dout})
     if (error.empty() && !m->error.empty()) error = m->error;
   return plans;
@@ -72,7 +77,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.out_type != p.in_type) return "the Hopper backward needs out and dout in the input dtype";
   if (p.d != p.dv) return "the Hopper backward needs d == dv";
   if (std::find(std::begin(kHeadDims), std::end(kHeadDims), p.d) == std::end(kHeadDims))
-    return "the Hopper backward takes head dims 64, 96, 128";
+    return "the Hopper backward takes head dims 64, 96, 128, 256";
   if (p.softcap != 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f)
     return "softcap, ALiBi and dropout run on the portable backward";
   if (p.deterministic) return "deterministic mode runs on the portable backward";
@@ -99,7 +104,8 @@ void launch_main(BwdParams& prm) {
   const Plans plans = plan_maps(p, error);
   const bool varlen = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
-  const long long key_blocks = (p.sk + kBlockN - 1) / kBlockN;
+  const int block_n = block_n_for(d);
+  const long long key_blocks = (p.sk + block_n - 1) / block_n;
   if (key_blocks <= 0 || p.batch <= 0) return;
 
   BwdSm90Params kp{};
@@ -130,7 +136,8 @@ std::vector<jit::KernelSpec> variants(int arch) {
 }
 
 bool is_main_kernel(const jit::KernelSpec& spec) {
-  return spec.source == kSource && spec.entry == kEntry;
+  return (spec.source == kNarrowSource && spec.entry == kNarrowEntry) ||
+         (spec.source == kWideSource && spec.entry == kWideEntry);
 }
 
 }  // namespace flashport::cuda::hopper_bwd

@@ -1,5 +1,5 @@
 // The Hopper (sm_90a) backward main kernel's launcher: support check, TMA tensor maps and launch of
-// src/kernels/cuda/hopper/attn_bwd_sm90.cu. D = rowsum(dO * O) before it and the dQ conversion after
+// src/kernels/cuda/hopper/attn_bwd_sm90.cu (d <= 128) and attn_bwd_sm90_wide.cu (d 256). D = rowsum(dO * O) before it and the dQ conversion after
 // it are the portable aux kernels (backward.cpp runs them around either main kernel).
 #pragma once
 
@@ -13,7 +13,7 @@ namespace flashport::cuda::hopper_bwd {
 
 /// Empty when the Hopper backward covers `p` on a GPU of compute capability `arch` (major * 10 +
 /// minor); otherwise why not (the portable sm80+ backward then runs). Covers fp16/bf16, d == dv in
-/// {64, 96, 128}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA, 16-byte
+/// {64, 96, 128, 256}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA, 16-byte
 /// aligned rows. Not: softcap, ALiBi, dropout, deterministic mode, paged or kv-cache layouts.
 std::string unsupported(const AttnProblem& p, int arch);
 

@@ -13,47 +13,61 @@ using hopper::kSmemLimit;
 using hopper::TmaDesc;
 using hopper::TmaDims;
 
-/// Threads per CTA: warpgroup 0 produces (one thread issues TMA, one warp stages LSE and D, two warps
-/// add dQ to global memory), warpgroups 1 and 2 consume, each owning 64 of the CTA's keys (the M of one
-/// wgmma).
+/// Threads per CTA: warpgroup 0 produces (one thread issues TMA, one warp stages LSE and D; in the
+/// narrow kernel two warps add dQ to global memory), warpgroups 1 and 2 consume.
 inline constexpr int kThreads = 384;
-/// Keys per CTA: 64 per consumer warpgroup.
-inline constexpr int kBlockN = 128;
+
+/// Head dims above this run the wide kernel (attn_bwd_sm90_wide.cu).
+inline constexpr int kNarrowMaxHeadDim = 128;
+
+/// Keys per CTA. Narrow (d <= 128): 128, 64 per consumer warpgroup (the M of one wgmma). Wide (d 256):
+/// 64, shared by both consumers: dK + dV of 64 keys x 256 columns are 128 registers per thread when the
+/// consumers split the columns, 256 if one consumer owned a key's whole row.
+FP_HD constexpr int block_n_for(int d) {
+  return d > kNarrowMaxHeadDim ? 64 : 128;
+}
 
 /// One backward tile: query rows per step (the N of S^T = K Q^T) and Q/dO/LSE/D ring depth.
 struct Tile {
   int block_m, stages;
 };
 
-/// Per head dim (d == dv): 64 queries per step. Registers per consumer thread: dK + dV (64 keys x padded
-/// d, fp32) = d, S^T and dP^T = 64, their bf16 A operands 32, dQ (64 x 64) 32, under setmaxnreg's 232
-/// with room for addresses:
+/// Per head dim (d == dv): 64 queries per step. Registers per consumer thread (setmaxnreg 232 narrow,
+/// 240 wide, with room for addresses):
 ///   d    dK+dV   S+dP   dQ   dQ split between the consumers
 ///   64   64      64     32   by keys (each its own 64 keys, all 64 columns; partial tiles summed)
 ///   96   128     64     32   by columns (each 64 of the padded 128, all 128 keys)
 ///   128  128     64     32   by columns
-/// 128 queries per step at d 64 (S + dP 128 registers) spilled (ptxas, CUDA 13). d 192 and 256 would
-/// need 192-256 registers for dK + dV alone: they stay on the portable kernel.
+///   256  128     32     64   by columns (each 128; S^T and dP^T split by queries, 32 each)
+/// 128 queries per step at d 64 (S + dP 128 registers) spilled (ptxas, CUDA 13). d 192 would need the
+/// wide kernel's column split at 96 columns (not a whole swizzle atom): it stays on the portable kernel.
 FP_HD constexpr Tile tile_for(int d) {
   switch (d) {
     case 64:
     case 96:
     case 128:
+    case 256:
       return {64, 2};
     default:
       return {0, 0};
   }
 }
 
-/// Bytes of the kernel's SharedStorage (attn_bwd_sm90.cu static_asserts equality) plus 1 KB for aligning
-/// its base to the 1024-byte swizzle period: K and V (kBlockN rows), stages x (Q, dO) (block_m rows),
-/// each row d/64 chunks of 128 bytes; two dS^T buffers (kBlockN keys x block_m queries, 2 bytes); the
-/// step's dQ (two 64 x 64 fp32 tiles); stages x (LSE, D) (block_m floats); 3 + 2 x stages mbarriers;
+/// Bytes of the kernel's SharedStorage (the kernels static_assert equality) plus 1 KB for aligning its
+/// base to the 1024-byte swizzle period: K and V (block_n rows), stages x (Q, dO) (block_m rows), each
+/// row d/64 chunks of 128 bytes; stages x (LSE, D) (block_m floats); then
+///   narrow: two dS^T buffers (block_n keys x block_m queries, 2 bytes), the step's dQ (two 64 x 64 fp32
+///           tiles), 3 + 2 x stages mbarriers;
+///   wide:   two P^T and two dS^T buffers (64 keys x 64 queries), 1 + 2 x stages mbarriers;
 /// padded to 1024.
 FP_HD constexpr int smem_bytes(int d, Tile t) {
-  const int chunk_rows = kBlockN * 2 + t.stages * t.block_m * 2;
-  const int tiles = head_dim_chunks(d) * kChunkRowBytes * chunk_rows + 2 * kBlockN * t.block_m * 2;
-  const int rest = 2 * 64 * 64 * 4 + t.stages * t.block_m * 4 * 2 + 8 * (3 + 2 * t.stages);
+  const int block_n = block_n_for(d);
+  const bool wide = d > kNarrowMaxHeadDim;
+  const int chunk_rows = block_n * 2 + t.stages * t.block_m * 2;
+  const int tiles = head_dim_chunks(d) * kChunkRowBytes * chunk_rows +
+                    (wide ? 4 * 64 * 64 * 2 : 2 * block_n * t.block_m * 2);
+  const int rest =
+      (wide ? 0 : 2 * 64 * 64 * 4) + t.stages * t.block_m * 4 * 2 + 8 * ((wide ? 1 : 3) + 2 * t.stages);
   return (tiles + rest + 1023) / 1024 * 1024 + 1024;
 }
 

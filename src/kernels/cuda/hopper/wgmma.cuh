@@ -69,6 +69,7 @@ struct Wgmma;
 // K = N / 16 groups of 8 accumulators; A0.. are the operand numbers after the accumulators.
 // ss: D (+)= A(desc) * B(desc), K-major A and B (imm-trans 0, 0); scale_d = 0 overwrites D.
 // ss_mn: the same with MN-major A and B (imm-trans 1, 1: both stored with M / N contiguous).
+// ss_kmn: K-major A, MN-major B (imm-trans 0, 1).
 // rs: D (+)= A(regs) * B(desc) with B MN-major (imm-trans-b 1).
 #define FPW_DEFINE(N, K, A0, A1, A2, A3, A4, A5)                                                         \
   namespace flashport::cuda::sm90 {                                                                      \
@@ -87,6 +88,14 @@ struct Wgmma;
                    ", 0;\n"                                                                              \
                    "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
                    "}, %" #A0 ", %" #A1 ", p, 1, 1, 1, 1;\n}\n"                                          \
+                   : FPW_O##K                                                                            \
+                   : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
+    }                                                                                                    \
+    static FP_DEV void ss_kmn(float (&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                  \
+      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                              \
+                   ", 0;\n"                                                                              \
+                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
+                   "}, %" #A0 ", %" #A1 ", p, 1, 1, 0, 1;\n}\n"                                          \
                    : FPW_O##K                                                                            \
                    : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
     }                                                                                                    \
@@ -142,6 +151,16 @@ FP_DEV void gemm_rs_mn(float (&d)[N / 2], const u32 (&a)[kK / 4], u64 desc_b) {
   for (int kk = 0; kk < kK / 16; ++kk)
     Wgmma<N>::rs(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
                  desc_advance(desc_b, kk * 16 * 128), 1u);
+}
+
+/// D (64 x N) += A B over K = kK <= 64: A K-major in one 128B-swizzled chunk (k step 32 bytes), B MN-major
+/// (k step of 16 rows = 16 x 128 bytes).
+template <int N, int kK>
+FP_DEV void gemm_ss_kmn(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
+  static_assert(kK <= 64, "A's K must fit one 64-element chunk");
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk)
+    Wgmma<N>::ss_kmn(d, desc_advance(desc_a, kk * 32), desc_advance(desc_b, kk * 16 * 128), 1u);
 }
 
 }  // namespace flashport::cuda::sm90

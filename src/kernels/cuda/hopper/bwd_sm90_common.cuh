@@ -1,0 +1,315 @@
+// What the two Hopper (sm_90a) backward main kernels share: the shape constants from the -D macros,
+// the work of one CTA (its keys and the (query head, query block) steps that see them), the producer
+// warps (TMA of K / V once and of the Q / dO ring; LSE and D by one warp), the score -> gradient
+// elementwise stage, and the dK / dV epilogue. attn_bwd_sm90.cu (d <= 128: 128 keys per CTA, each
+// consumer warpgroup owns 64) and attn_bwd_sm90_wide.cu (d 256: 64 keys per CTA shared by both
+// consumers, which split the queries of S^T / dP^T and the columns of dV / dK / dQ) add their shared
+// storage and consumers. Functions touching shared memory take the kernel's storage type S, which
+// names the tiles and barriers the same way in both.
+#pragma once
+
+#include "core/problem.h"
+#include "cuda/bwd_seq.cuh"
+#include "cuda/common/common.cuh"
+#include "cuda/hopper/bwd_sm90_config.h"
+#include "cuda/hopper/sm90.cuh"
+#include "cuda/hopper/wgmma.cuh"
+
+#if !defined(FP_DTYPE) || !defined(FP_HEADDIM) || !defined(FP_BLOCK_M) || !defined(FP_STAGES)
+#error "the Hopper backward needs -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_M, FP_STAGES"
+#endif
+
+namespace flashport::cuda::hopper_bwd {
+
+using Elem = FP_DTYPE;
+constexpr int kHeadDim = FP_HEADDIM;            // d == dv
+constexpr int kBlockM = FP_BLOCK_M;             // queries per step: N of S^T = K Q^T, K of dV / dK
+constexpr int kStages = FP_STAGES;              // Q / dO / LSE / D ring depth
+constexpr int kBlockN = block_n_for(kHeadDim);  // keys per CTA
+constexpr int kChunks = head_dim_chunks(kHeadDim);
+constexpr int kPadD = kChunks * 64;  // N of dV / dK: whole 128B-swizzle atoms (d 96: 32 zero columns)
+constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk of K or V
+constexpr int kQChunkBytes = kBlockM * kChunkRowBytes;   // one 64-column chunk of Q or dO
+constexpr int kQTileBytes = kChunks * kQChunkBytes;
+static_assert(kStages >= 1, "at least one Q / dO buffer");
+
+constexpr int kConsumerThreads = 256;  // arrivals that release a stage
+constexpr u32 kFullArrivals = 33;      // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
+
+/// What every thread of the CTA knows about its work: the sequence, kv head, keys [n0, n0 + kBlockN)
+/// and the (query head, query block) steps, head-major: step t is head hk * group + t / n_m, query
+/// block m_begin + t % n_m.
+struct Work {
+  int b, hk, n0, group, m_begin, n_m, steps;
+  bwd::Seq seq;
+};
+
+FP_DEV u32 bar_addr(const u64& bar) {
+  return smem_addr(&bar);
+}
+
+FP_DEV int min_int(int a, int b) {
+  return a < b ? a : b;
+}
+
+FP_DEV Work make_work(const BwdParams& prm) {
+  const AttnProblem& p = prm.p;
+  Work w;
+  w.b = (int)blockIdx.z + prm.batch_offset;
+  w.hk = (int)blockIdx.y;
+  w.n0 = (int)blockIdx.x * kBlockN;
+  w.group = (int)(p.hq / p.hk);
+  w.seq = bwd::sequence(p, w.b);
+  w.m_begin = w.n_m = 0;
+  const int len_q = w.seq.len_q, len_k = w.seq.len_k;
+  if (w.n0 < len_k && len_q > 0) {
+    // Queries that see a key of [n0, n1): i + shift - wl <= j <= i + shift + wr for some j there.
+    const i64 n1 = min_int(w.n0 + kBlockN, len_k), shift = (i64)len_k - len_q;
+    const i64 i_lo = p.window_right < 0 ? 0 : w.n0 - p.window_right - shift;
+    const i64 i_hi = p.window_left < 0 ? len_q : n1 + p.window_left - shift;
+    const int lo = (int)clamp_i64(i_lo, 0, len_q), hi = (int)clamp_i64(i_hi, 0, len_q);
+    if (hi > lo) w.m_begin = lo / kBlockM, w.n_m = (hi + kBlockM - 1) / kBlockM - w.m_begin;
+  }
+  w.steps = w.group * w.n_m;
+  return w;
+}
+
+FP_DEV int step_head(const Work& w, int t) {
+  return w.hk * w.group + t / w.n_m;
+}
+FP_DEV int step_m0(const Work& w, int t) {
+  return (w.m_begin + t % w.n_m) * kBlockM;
+}
+
+/// False when no key row of this CTA's block exists (nothing to write): the whole CTA returns before
+/// any barrier.
+FP_DEV bool block_has_keys(const BwdParams& prm) {
+  return (int)blockIdx.x * kBlockN < bwd::sequence(prm.p, (int)blockIdx.z + prm.batch_offset).rows_k;
+}
+
+/// The dynamic shared memory as S, its base rounded up to the 1024-byte swizzle period (the host adds
+/// 1 KB for this).
+template <class S>
+FP_DEV S& aligned_storage(unsigned char* smem_raw) {
+  const u32 misalign = smem_addr(smem_raw) & 1023u;
+  return *reinterpret_cast<S*>(smem_raw + ((1024u - misalign) & 1023u));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producer.
+
+/// One thread: K and V once, then Q and dO of every step through the ring. A stage is reused once all
+/// 256 consumer threads released it (the empty-barrier wait uses the opposite parity, so the first pass
+/// over the ring does not block).
+template <class S>
+FP_DEV void produce_tiles(const BwdSm90Params& prm, S& s, const Work& w, const TmaDesc& tma_q,
+                          const TmaDesc& tma_k, const TmaDesc& tma_v, const TmaDesc& tma_do) {
+  const AttnProblem& p = prm.bwd.p;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int k_row = (varlen ? w.seq.k_start : 0) + w.n0, k_batch = varlen ? 0 : w.b;
+  const u32 bar_kv = bar_addr(s.bar_kv);
+  sm90::mbar_arrive_expect_tx(bar_kv, 2 * kChunks * kKVChunkBytes);
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch) {
+    sm90::tma_load_chunk(smem_addr(&s.k[ch][0][0]), tma_k, prm.dims_k, bar_kv, 64 * ch, w.hk, k_row, k_batch);
+    sm90::tma_load_chunk(smem_addr(&s.v[ch][0][0]), tma_v, prm.dims_v, bar_kv, 64 * ch, w.hk, k_row, k_batch);
+  }
+  const int q_batch = varlen ? 0 : w.b;
+  for (int t = 0; t < w.steps; ++t) {
+    const int stage = t % kStages;
+    const u32 phase = (u32)(t / kStages) & 1u;
+    const int h = step_head(w, t), q_row = (varlen ? w.seq.q_start : 0) + step_m0(w, t);
+    sm90::mbar_wait(bar_addr(s.bar_empty[stage]), phase ^ 1u);
+    const u32 full = bar_addr(s.bar_full[stage]);
+    sm90::mbar_arrive_expect_tx(full, 2 * kQTileBytes);
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      sm90::tma_load_chunk(smem_addr(&s.q[stage][ch][0][0]), tma_q, prm.dims_q, full, 64 * ch, h, q_row,
+                           q_batch);
+      sm90::tma_load_chunk(smem_addr(&s.dout[stage][ch][0][0]), tma_do, prm.dims_do, full, 64 * ch, h, q_row,
+                           q_batch);
+    }
+  }
+}
+
+/// One warp: LSE (as LSE * log2 e, +inf where the row sees no key or lies past the sequence, so that
+/// P = exp2(x - inf) = 0) and D of every step's query block into the ring, one arrival per lane.
+template <class S>
+FP_DEV void produce_rows(const BwdSm90Params& prm, S& s, const Work& w, int lane) {
+  const AttnProblem& p = prm.bwd.p;
+  constexpr float kInf = __builtin_bit_cast(float, 0x7f800000u);
+  for (int t = 0; t < w.steps; ++t) {
+    const int stage = t % kStages;
+    const u32 phase = (u32)(t / kStages) & 1u;
+    const int h = step_head(w, t), m0 = step_m0(w, t);
+    const i64 row0 = bwd::lse_row0(p, w.seq, w.b, h);
+    sm90::mbar_wait(bar_addr(s.bar_empty[stage]), phase ^ 1u);
+#pragma unroll
+    for (int r = lane; r < kBlockM; r += 32) {
+      const int i = m0 + r;
+      const bool in = i < w.seq.len_q;
+      const float lse = in ? p.lse[row0 + i] : -kInf;
+      s.lse2[stage][r] = lse == -kInf ? kInf : lse * sem::kLog2e;
+      s.dsum[stage][r] = in ? prm.bwd.dsum[row0 + i] : 0.0f;
+    }
+    sm90::mbar_arrive(bar_addr(s.bar_full[stage]));
+  }
+}
+
+/// The producer warpgroup's TMA thread and LSE / D warp; `else_fn` runs on its other warps.
+template <class S, class Else>
+FP_DEV void produce(const BwdSm90Params& prm, S& s, const Work& w, const TmaDesc& tma_q, const TmaDesc& tma_k,
+                    const TmaDesc& tma_v, const TmaDesc& tma_do, Else else_fn) {
+  if (threadIdx.x == 0) {
+    sm90::tma_prefetch_desc(tma_q);
+    sm90::tma_prefetch_desc(tma_k);
+    sm90::tma_prefetch_desc(tma_v);
+    sm90::tma_prefetch_desc(tma_do);
+    produce_tiles(prm, s, w, tma_q, tma_k, tma_v, tma_do);
+  } else if (threadIdx.x / 32 == 1) {
+    produce_rows(prm, s, w, (int)threadIdx.x & 31);
+  } else {
+    else_fn();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared and global memory access in inline PTX.
+
+/// Two floats at an 8-byte aligned shared address.
+FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
+  Float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(s_addr) : "memory");
+  return v;
+}
+
+/// Adds v to g[0..1] when `pred` (predicated inside the asm: no branch around it).
+FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::
+          "l"(g),
+      "f"(v.x), "f"(v.y), "r"((int)pred)
+      : "memory");
+}
+
+FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
+}
+FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(s_addr), "f"(x), "f"(y) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scores. Fragment element e = 4j + 2h + x of a (64 keys x kN) accumulator is key row
+// 16 * warp + g + 8h of the 64 at key0, query column q_off + 8j + 2 * (lane % 4) + x of the step.
+
+/// P^T = exp2(S^T * scale * log2 e - LSE * log2 e), 0 outside each query's visible keys, in r_s;
+/// dS^T = P^T (dP^T - D) in r_dp. LSE / D of a column pair come from one 8-byte shared load (the 4 lanes
+/// of a quad read different pairs, the 8 quads the same: broadcast). Visibility in 32 bits: key j is
+/// visible to query i iff shift - wl <= j - i <= shift + wr and j < len_k (SPEC's window around the
+/// bottom-right diagonal; sem::visible_keys), queries past the sequence get P = 0 from their LSE. The mask
+/// is applied to every tile, branch-free: a branch around it (for tiles every query sees whole) makes
+/// ptxas serialise all wgmmas of the loop (C7512, "insufficient register resources").
+template <int kN, class S>
+FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const AttnProblem& p, const S& s,
+                            const Work& w, int stage, int m0, int q_off, int key0, int tid) {
+  const int lane = tid & 31, t4 = lane & 3;
+  const int len_q = w.seq.len_q, len_k = w.seq.len_k;
+  const float scale_log2 = p.scale * sem::kLog2e;
+  constexpr int kFar = 1 << 30;  // |j - i| < 2^30: the host bounds sequence lengths by 2^30
+  const int shift = len_k - len_q;
+  const int lo_off = p.window_left < 0 || p.window_left >= kFar ? -kFar : shift - (int)p.window_left;
+  const int hi_off = p.window_right < 0 || p.window_right >= kFar ? kFar : shift + (int)p.window_right;
+  const int key = key0 + 16 * (tid >> 5) + (lane >> 2);  // key of the h = 0 elements (h = 1: + 8)
+  // visible iff 0 <= diff - lo_off <= hi_off - lo_off (unsigned: one compare), diff = key - query;
+  // rel0 is that offset for element (j = 0, h = 0, x = 0). Pinned here: otherwise ptxas computes the
+  // per-element offsets ahead of the wgmma wait and keeps them live beside S and dP (spills at d 64).
+  int rel0 = key - (m0 + q_off + 2 * t4) - lo_off;
+  u32 span = (u32)(hi_off - lo_off);
+  asm volatile("" : "+r"(rel0), "+r"(span));
+  const bool key_in[2] = {key < len_k, key + 8 < len_k};
+  const u32 s_lse2 = smem_addr(&s.lse2[stage][0]) + 4u * q_off,
+            s_dsum = smem_addr(&s.dsum[stage][0]) + 4u * q_off;
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    const u32 col_addr = 4u * (8 * j + 2 * t4);
+    const Float2 lse2 = ld_shared_f32x2(s_lse2 + col_addr);
+    const Float2 dsum = ld_shared_f32x2(s_dsum + col_addr);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int e = 4 * j + 2 * h + x;
+        float arg = fmaf(r_s[e], scale_log2, -(x ? lse2.y : lse2.x));
+        const u32 rel = (u32)(rel0 + 8 * h - 8 * j - x);
+        if (!(key_in[h] && rel <= span)) arg = sem::kNegInf;
+        const float prob = fast_exp2(arg);  // 2^-inf = 0
+        r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));
+        r_s[e] = prob;
+      }
+    }
+  }
+}
+
+/// fp32 fragment -> register A operand: pair (e, e + 1) becomes register e / 2, low half first.
+template <int kN>
+FP_DEV void pack_operand(const float (&f)[kN / 2], u32 (&r)[kN / 4]) {
+#pragma unroll
+  for (int q = 0; q < kN / 4; ++q) r[q] = Elem::pack(f[2 * q], f[2 * q + 1]);
+}
+
+/// Packed (64 keys x kN queries) fragment into a 128B-swizzled [key][64 queries] chunk at `base`, query
+/// columns from q_off: key row key_off + 16 * warp + g + 8h, query pair q_off + 8j + 2t, 16-byte unit
+/// (q_off / 8 + j) % 8 of chunk (q_off / 8 + j) / 8 swizzled by the row (conflict-free: the 8 rows g land
+/// in 8 different units).
+template <int kN, int kChunkBytes>
+FP_DEV void store_key_rows(u32 base, const u32 (&r)[kN / 4], int key_off, int q_off, int tid) {
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = key_off + 16 * (tid >> 5) + g + 8 * h;  // row % 8 == g
+      const int unit = q_off / 8 + j;
+      const u32 addr =
+          base + (unit / 8) * kChunkBytes + row * kChunkRowBytes + (((unit % 8) ^ g) << 4) + 4 * t4;
+      st_shared_u32(addr, r[2 * j + h]);
+    }
+  }
+}
+
+/// dK (times the softmax scale) and dV of 64 keys from key_off in the block (< rows_k), fragment columns
+/// col0 + 8j + 2t (< d).
+template <int kCols>
+FP_DEV void store_dk_dv(const AttnProblem& p, const Work& w, const float (&r_dk)[kCols / 2],
+                        const float (&r_dv)[kCols / 2], int key_off, int col0, int tid) {
+  const bool varlen = p.cu_seqlens_k != nullptr;
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  u16* g_dk = static_cast<u16*>(p.grad_k.ptr);
+  u16* g_dv = static_cast<u16*>(p.grad_v.ptr);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = w.n0 + key_off + 16 * (tid >> 5) + g + 8 * h;
+    if (key >= w.seq.rows_k) continue;
+    const i64 dk_row = bwd::row_offset(p.grad_k, varlen, w.b, w.seq.k_start, key, w.hk);
+    const i64 dv_row = bwd::row_offset(p.grad_v, varlen, w.b, w.seq.k_start, key, w.hk);
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int col = col0 + 8 * j + 2 * t4;
+      if (col >= kHeadDim) continue;
+      const int e = 4 * j + 2 * h;
+      *reinterpret_cast<u32*>(g_dk + dk_row + col) = Elem::pack(r_dk[e] * p.scale, r_dk[e + 1] * p.scale);
+      *reinterpret_cast<u32*>(g_dv + dv_row + col) = Elem::pack(r_dv[e], r_dv[e + 1]);
+    }
+  }
+}
+
+/// Every consumer thread arrives on a stage's empty barrier once this warp's wgmmas reading it completed:
+/// each thread's own shared reads of the stage (LSE, D) are then ordered before the producer's next writes
+/// by its own release (one arrival per warp after a warp sync is equivalent, but compute-sanitizer's
+/// racecheck does not see that ordering and reports the LSE/D writes as races).
+FP_DEV void release(const u64& bar) {
+  sm90::mbar_arrive(bar_addr(bar));
+}
+
+}  // namespace flashport::cuda::hopper_bwd
