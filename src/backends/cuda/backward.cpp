@@ -210,9 +210,11 @@ void launch_backward(const AttnProblem& p) {
   const int bucket = head_dim_bucket(p.d, p.dv);
   const BwdTile tile = backward_tile(arch, bucket);
 
+  const bool hopper = use_hopper_backward(p, arch);
   BwdParams prm{};
   prm.p = p;
-  prm.rows_total = p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
+  prm.accum_tiled = hopper && hopper_bwd::tiled_accumulator(p) ? 1 : 0;
+  prm.rows_total = prm.accum_tiled ? accum_rows_tiled(p) : p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
   prm.accum_ld = bucket;
   prm.vec = all_rows_aligned(p) ? 1 : 0;
   const long long key_blocks = (p.sk + tile.block_n - 1) / tile.block_n;
@@ -243,7 +245,7 @@ void launch_backward(const AttnProblem& p) {
       const jit::Kernel& dot = jit::get(backward_dot_spec(arch, p.in_type), device, 0);
       launch_chunked(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, p.stream);
     }
-    if (grid_x > 0 && use_hopper_backward(p, arch)) {
+    if (grid_x > 0 && hopper) {
       hopper_bwd::launch_main(prm);
     } else if (grid_x > 0) {
       const int smem =

@@ -94,9 +94,15 @@ std::string unsupported(const AttnProblem& p, int arch) {
   return error;
 }
 
+bool tiled_accumulator(const AttnProblem& p) {
+  return p.d > kNarrowMaxHeadDim;
+}
+
 void launch_main(BwdParams& prm) {
   const AttnProblem& p = prm.p;
   if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
+  if ((prm.accum_tiled != 0) != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != 256))
+    throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
   const Tile tile = tile_for(d);
   const int smem = smem_bytes(d, tile);

@@ -1,6 +1,7 @@
 // The Hopper (sm_90a) backward main kernel's launcher: support check, TMA tensor maps and launch of
-// src/kernels/cuda/hopper/attn_bwd_sm90.cu (d <= 128) and attn_bwd_sm90_wide.cu (d 256). D = rowsum(dO * O) before it and the dQ conversion after
-// it are the portable aux kernels (backward.cpp runs them around either main kernel).
+// src/kernels/cuda/hopper/attn_bwd_sm90.cu (d <= 128) and attn_bwd_sm90_wide.cu (d 256). D = rowsum(dO * O)
+// before it and the dQ conversion after it are the portable aux kernels (backward.cpp runs them around either
+// main kernel).
 #pragma once
 
 #include <string>
@@ -17,8 +18,12 @@ namespace flashport::cuda::hopper_bwd {
 /// aligned rows. Not: softcap, ALiBi, dropout, deterministic mode, paged or kv-cache layouts.
 std::string unsupported(const AttnProblem& p, int arch);
 
+/// True when the kernel for `p` adds dQ into a tiled accumulator (BwdParams::accum_tiled; d 256).
+bool tiled_accumulator(const AttnProblem& p);
+
 /// Runs the main kernel on prm.p.stream: prm.dsum must hold D, prm.dq_accum must be zeroed (one
-/// slice); writes dk, dv and adds the unscaled dQ partials into prm.dq_accum. Never synchronises.
+/// slice, tiled as tiled_accumulator says); writes dk, dv and adds the unscaled dQ partials into
+/// prm.dq_accum. Never synchronises.
 void launch_main(BwdParams& prm);
 
 /// Every Hopper backward kernel (element type x head dim) for `arch`; empty unless arch == 90.

@@ -64,25 +64,30 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dot_do_o(const __grid
 }
 
 /// dq[i, c] = scale * sum over slices s = 0, 1, ... (in that order) of dq_accum[s][h][row(i)][c], in the
-/// input dtype. Grid and rows as attn_bwd_dot_do_o; every row of the sequence and channel < d written.
+/// input dtype (tiled: element (i, c) at tile i / 64, accum_tile_offset(i % 64, c)). Grid and rows as
+/// attn_bwd_dot_do_o; every row of the sequence and channel < d written.
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_convert(const __grid_constant__ BwdParams prm) {
   const AttnProblem& p = prm.p;
   const int b = (int)blockIdx.z + prm.batch_offset, h = (int)blockIdx.y, lane = lane_id();
   const Seq seq = sequence(p, b);
   const bool varlen = p.cu_seqlens_q != nullptr;
   const i64 slice_stride = p.hq * prm.rows_total * prm.accum_ld;
-  const float* head_accum = prm.dq_accum + ((i64)h * prm.rows_total + accum_row0(p, seq, b)) * prm.accum_ld;
+  const bool tiled = prm.accum_tiled != 0;
+  const float* head_accum =
+      prm.dq_accum + ((i64)h * prm.rows_total + accum_row0(p, seq, b, tiled)) * prm.accum_ld;
   for (int k = 0; k < kAuxRowsPerWarp; ++k) {
     const int i = aux_row(k);
     if (i >= seq.len_q) break;
-    const float* acc = head_accum + (i64)i * prm.accum_ld;  // 16-byte aligned: accum_ld % 32 == 0
+    // Row i's columns c.. at acc + at(c) (16-byte aligned for c % 8 == 0: accum_ld % 32 == 0).
+    const float* acc = head_accum + (i64)(tiled ? i & ~63 : i) * prm.accum_ld;
+    auto at = [&](int c) { return tiled ? accum_tile_offset(i & 63, c) : c; };
     u16* dq = static_cast<u16*>(p.grad_q.ptr) + row_offset(p.grad_q, varlen, b, seq.q_start, i, h);
     if (prm.vec) {
       for (int c = lane * 8; c < p.d; c += 32 * 8) {
         float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int sl = 0; sl < prm.num_slices; ++sl) {
-          const U32x4 lo = ld_global_16(acc + sl * slice_stride + c),
-                      hi = ld_global_16(acc + sl * slice_stride + c + 4);
+          const U32x4 lo = ld_global_16(acc + sl * slice_stride + at(c)),
+                      hi = ld_global_16(acc + sl * slice_stride + at(c) + 4);
           s[0] += u32_as_float(lo.x), s[1] += u32_as_float(lo.y), s[2] += u32_as_float(lo.z);
           s[3] += u32_as_float(lo.w), s[4] += u32_as_float(hi.x), s[5] += u32_as_float(hi.y);
           s[6] += u32_as_float(hi.z), s[7] += u32_as_float(hi.w);
@@ -94,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_convert(const __gr
     } else {
       for (int c = lane; c < p.d; c += 32) {
         float s = 0.0f;
-        for (int sl = 0; sl < prm.num_slices; ++sl) s += acc[sl * slice_stride + c];
+        for (int sl = 0; sl < prm.num_slices; ++sl) s += acc[sl * slice_stride + at(c)];
         dq[c] = Elem::from_float(s * p.scale);
       }
     }

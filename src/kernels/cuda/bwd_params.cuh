@@ -15,16 +15,26 @@ namespace flashport::cuda {
 ///   Deterministic mode: the main kernel runs `num_slices` CTAs per (kv head, batch); CTA x owns slice x
 ///   alone and visits key blocks x, x + num_slices, ... in order, adding without atomics; dq_convert
 ///   sums the slices in slice order. Either way dQ = scale * sum(slices).
+///   `accum_tiled` (the Hopper d-256 kernel, one slice): rows are grouped in 64-row tiles stored in that
+///   kernel's register-fragment order (bwd::accum_tile_offset), so a warp's vector reduction covers whole
+///   128-byte lines; each sequence's tiles start at bwd::accum_row0's padded row.
 struct BwdParams {
   AttnProblem p;
   float* dsum;
   float* dq_accum;
-  long long rows_total;  // batch * sq (dense) or total_q (varlen)
-  long long accum_ld;    // row pitch of dq_accum in floats (the head-dim bucket)
+  long long rows_total;  // batch * sq (dense) or total_q (varlen); tiled: accum_rows_tiled
+  long long accum_ld;    // row pitch of dq_accum in floats (the head-dim bucket); 256 when tiled
+  int accum_tiled;       // 1: 64-row tiles in fragment order (see above), rows_total padded
   int num_slices;        // >= 1; > 1 only in deterministic mode
   int vec;               // 1: every operand row is 16-byte aligned (cp.async, 16-byte accesses)
   int batch_offset;      // batch entry of grid z = 0 (launches are chunked: grid z <= 65535)
 };
+
+/// Rows per head of a tiled dQ accumulator: each sequence's rows padded to whole 64-row tiles (varlen:
+/// sequence b starts at row (cu_seqlens_q[b] + 64 b) rounded down to 64, which never overlaps b - 1).
+FP_HD constexpr long long accum_rows_tiled(const AttnProblem& p) {
+  return p.cu_seqlens_q ? p.total_q + 64 * p.batch : p.batch * ((p.sq + 63) / 64 * 64);
+}
 
 /// Dynamic shared memory of the main kernel, bytes: `stages` (1 or 2) buffers of Q and dO tiles
 /// (block_m rows), K and V tiles (block_n rows), each row padded by 8 elements; then P and dS tiles

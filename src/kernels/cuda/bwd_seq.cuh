@@ -50,8 +50,19 @@ FP_DEV i64 lse_row0(const AttnProblem& p, const Seq& s, int b, int h) {
 }
 
 /// Row of (b, query 0) in one head of the dQ accumulator (rows_total rows per head); query i is at + i.
-FP_DEV i64 accum_row0(const AttnProblem& p, const Seq& s, int b) {
+/// Tiled (BwdParams::accum_tiled): a multiple of 64, padded as accum_rows_tiled says.
+FP_DEV i64 accum_row0(const AttnProblem& p, const Seq& s, int b, bool tiled = false) {
+  if (tiled) return p.cu_seqlens_q ? ((i64)s.q_start + 64 * b) / 64 * 64 : (i64)b * ((p.sq + 63) / 64 * 64);
   return p.cu_seqlens_q ? (i64)s.q_start : (i64)b * p.sq;
+}
+
+/// Offset of (row r < 64, column col < 256) inside a tiled accumulator's 64 x 256 tile: the Hopper d-256
+/// kernel's wgmma fragment order [consumer c = col / 128][warp = r / 16][j][h][lane][x] with col % 128 =
+/// 8j + 2t + x, r % 16 = g + 8h, lane = 4g + t. Eight columns from a multiple of 8 are 8 consecutive floats.
+FP_HD int accum_tile_offset(int r, int col) {
+  const int c = col >> 7, j = (col & 127) >> 3, t = (col >> 1) & 3, x = col & 1;
+  const int warp = r >> 4, h = (r >> 3) & 1, g = r & 7;
+  return ((((c * 4 + warp) * 16 + j) * 2 + h) * 32 + 4 * g + t) * 2 + x;
 }
 
 }  // namespace flashport::cuda::bwd
