@@ -94,6 +94,19 @@ def main():
                                                      is_causal=causal).transpose(1, 2)
             err = (ours.float() - ref.float()).abs().max().item()
         ok = err < 2e-2
+        if mode == "bwd":
+            # The gradients too: largest |ours - cuDNN| over dq, dk, dv, relative to that gradient's largest
+            # magnitude (gradients grow with the sequence length; outputs do not).
+            dout = torch.randn_like(q)
+            ours_g = torch.autograd.grad(flashport.flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                ref_out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                         is_causal=causal).transpose(1, 2)
+                ref_g = torch.autograd.grad(ref_out, (q, k, v), dout)
+            err = max(((a.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                      for a, r in zip(ours_g, ref_g))
+            ok = err < 2e-2
+            del dout, ours_g, ref_g, ref_out
         fl = flops(b, h, s, d, causal, mode)
         ms = time_ms(run_impl("flashport", q, k, v, causal, mode))
         for peer in peer_names or [None]:
@@ -112,7 +125,7 @@ def main():
         peers = " ".join(f"{x['peer'][11:]}={x['peer_tflops']:.0f}" if x["peer_tflops"] else f"{x['peer'][11:]}=-"
                          for x in rows[-len(peer_names):]) if peer_names else ""
         print(f"[{idx + 1}/{len(configs)}] {mode} d={d} s={s} causal={int(causal)}: flashport "
-              f"{r['tflops']:.0f} TFLOPS ({r['tflops'] / mm_tflops:.0%} of cuBLAS) | {peers} | err {err:.1e}",
+              f"{r['tflops']:.0f} TFLOPS ({r['tflops'] / mm_tflops:.0%} of cuBLAS) | {peers} | {'grad rel' if mode == 'bwd' else 'out'} err {err:.1e}",
               flush=True)
         del q, k, v
     with open(args.out, "w") as f:

@@ -213,7 +213,7 @@ void launch_backward(const AttnProblem& p) {
   const bool hopper = use_hopper_backward(p, arch);
   BwdParams prm{};
   prm.p = p;
-  prm.accum_tiled = hopper && hopper_bwd::tiled_accumulator(p) ? 1 : 0;
+  prm.accum_tiled = hopper ? hopper_bwd::tiled_accumulator(p) : 0;
   prm.rows_total = prm.accum_tiled ? accum_rows_tiled(p) : p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
   prm.accum_ld = bucket;
   prm.vec = all_rows_aligned(p) ? 1 : 0;

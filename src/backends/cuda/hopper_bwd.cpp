@@ -94,14 +94,14 @@ std::string unsupported(const AttnProblem& p, int arch) {
   return error;
 }
 
-bool tiled_accumulator(const AttnProblem& p) {
-  return p.d > kNarrowMaxHeadDim;
+int tiled_accumulator(const AttnProblem& p) {
+  return p.d > kNarrowMaxHeadDim ? 128 : p.d % 64 == 0 ? 64 : 0;
 }
 
 void launch_main(BwdParams& prm) {
   const AttnProblem& p = prm.p;
   if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
-  if ((prm.accum_tiled != 0) != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != 256))
+  if (prm.accum_tiled != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
   const Tile tile = tile_for(d);

@@ -18,8 +18,9 @@ namespace flashport::cuda::hopper_bwd {
 /// aligned rows. Not: softcap, ALiBi, dropout, deterministic mode, paged or kv-cache layouts.
 std::string unsupported(const AttnProblem& p, int arch);
 
-/// True when the kernel for `p` adds dQ into a tiled accumulator (BwdParams::accum_tiled; d 256).
-bool tiled_accumulator(const AttnProblem& p);
+/// BwdParams::accum_tiled for the kernel that runs `p`: the column-block width of its tiled dQ accumulator
+/// (64 at d 64 and 128, 128 at d 256), 0 for row-major (d 96).
+int tiled_accumulator(const AttnProblem& p);
 
 /// Runs the main kernel on prm.p.stream: prm.dsum must hold D, prm.dq_accum must be zeroed (one
 /// slice, tiled as tiled_accumulator says); writes dk, dv and adds the unscaled dQ partials into

@@ -64,8 +64,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dot_do_o(const __grid
 }
 
 /// dq[i, c] = scale * sum over slices s = 0, 1, ... (in that order) of dq_accum[s][h][row(i)][c], in the
-/// input dtype (tiled: element (i, c) at tile i / 64, accum_tile_offset(i % 64, c)). Grid and rows as
-/// attn_bwd_dot_do_o; every row of the sequence and channel < d written.
+/// input dtype (tiled: element (i, c) at tile i / 64, accum_tile_offset(i % 64, c, accum_tiled)). Grid and
+/// rows as attn_bwd_dot_do_o; every row of the sequence and channel < d written.
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_convert(const __grid_constant__ BwdParams prm) {
   const AttnProblem& p = prm.p;
   const int b = (int)blockIdx.z + prm.batch_offset, h = (int)blockIdx.y, lane = lane_id();
@@ -80,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_convert(const __gr
     if (i >= seq.len_q) break;
     // Row i's columns c.. at acc + at(c) (16-byte aligned for c % 8 == 0: accum_ld % 32 == 0).
     const float* acc = head_accum + (i64)(tiled ? i & ~63 : i) * prm.accum_ld;
-    auto at = [&](int c) { return tiled ? accum_tile_offset(i & 63, c) : c; };
+    auto at = [&](int c) { return tiled ? accum_tile_offset(i & 63, c, prm.accum_tiled) : c; };
     u16* dq = static_cast<u16*>(p.grad_q.ptr) + row_offset(p.grad_q, varlen, b, seq.q_start, i, h);
     if (prm.vec) {
       for (int c = lane * 8; c < p.d; c += 32 * 8) {

@@ -15,16 +15,17 @@ namespace flashport::cuda {
 ///   Deterministic mode: the main kernel runs `num_slices` CTAs per (kv head, batch); CTA x owns slice x
 ///   alone and visits key blocks x, x + num_slices, ... in order, adding without atomics; dq_convert
 ///   sums the slices in slice order. Either way dQ = scale * sum(slices).
-///   `accum_tiled` (the Hopper d-256 kernel, one slice): rows are grouped in 64-row tiles stored in that
-///   kernel's register-fragment order (bwd::accum_tile_offset), so a warp's vector reduction covers whole
-///   128-byte lines; each sequence's tiles start at bwd::accum_row0's padded row.
+///   `accum_tiled` = w > 0 (the Hopper kernels at d 64, 128, 256; one slice): rows are grouped in 64-row
+///   tiles of accum_ld == d columns stored in their register-fragment order for column blocks of width w
+///   (bwd::accum_tile_offset), so a warp's vector reduction covers whole 128-byte lines; each sequence's
+///   tiles start at bwd::accum_row0's padded row.
 struct BwdParams {
   AttnProblem p;
   float* dsum;
   float* dq_accum;
   long long rows_total;  // batch * sq (dense) or total_q (varlen); tiled: accum_rows_tiled
-  long long accum_ld;    // row pitch of dq_accum in floats (the head-dim bucket); 256 when tiled
-  int accum_tiled;       // 1: 64-row tiles in fragment order (see above), rows_total padded
+  long long accum_ld;    // row pitch of dq_accum in floats (the head-dim bucket); == d when tiled
+  int accum_tiled;       // 0: row-major; w: 64-row tiles in fragment order (see above), rows_total padded
   int num_slices;        // >= 1; > 1 only in deterministic mode
   int vec;               // 1: every operand row is 16-byte aligned (cp.async, 16-byte accesses)
   int batch_offset;      // batch entry of grid z = 0 (launches are chunked: grid z <= 65535)

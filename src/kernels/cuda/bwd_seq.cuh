@@ -56,13 +56,15 @@ FP_DEV i64 accum_row0(const AttnProblem& p, const Seq& s, int b, bool tiled = fa
   return p.cu_seqlens_q ? (i64)s.q_start : (i64)b * p.sq;
 }
 
-/// Offset of (row r < 64, column col < 256) inside a tiled accumulator's 64 x 256 tile: the Hopper d-256
-/// kernel's wgmma fragment order [consumer c = col / 128][warp = r / 16][j][h][lane][x] with col % 128 =
-/// 8j + 2t + x, r % 16 = g + 8h, lane = 4g + t. Eight columns from a multiple of 8 are 8 consecutive floats.
-FP_HD int accum_tile_offset(int r, int col) {
-  const int c = col >> 7, j = (col & 127) >> 3, t = (col >> 1) & 3, x = col & 1;
-  const int warp = r >> 4, h = (r >> 3) & 1, g = r & 7;
-  return ((((c * 4 + warp) * 16 + j) * 2 + h) * 32 + 4 * g + t) * 2 + x;
+/// Offset of (row r < 64, column col < ld) inside a tiled accumulator's 64 x ld tile, for column blocks
+/// of width w (BwdParams::accum_tiled): the Hopper kernels' wgmma fragment order [c = col / w][q][tid][x],
+/// where block column col % w = 8j + 2t + x, row r = 16 * warp + g + 8h, q = 2j + h and tid = 32 * warp
+/// + 4g + t. A warp's register pair q is then 256 contiguous bytes, and eight columns from a multiple of 8
+/// are 8 consecutive floats.
+FP_HD int accum_tile_offset(int r, int col, int w) {
+  const int c = col / w, cc = col % w, j = cc >> 3, t = (cc >> 1) & 3, x = col & 1;
+  const int q = 2 * j + ((r >> 3) & 1), tid = 32 * (r >> 4) + 4 * (r & 7) + t;
+  return ((c * (w / 4) + q) * 128 + tid) * 2 + x;
 }
 
 }  // namespace flashport::cuda::bwd

@@ -16,6 +16,7 @@ constexpr int kDsChunkBytes = kBlockN * kChunkRowBytes;  // 64 queries of dS^T f
 // columns (each over all 128 keys: the consumers first wait for each other's half of dS^T), at kPadD 64
 // by keys (each over its own 64 keys, no wait; the dQ warps add the two partial tiles).
 constexpr bool kDqSplitKeys = kPadD == 64;
+constexpr bool kTiledDq = kHeadDim == kPadD;  // the host's hopper_bwd::tiled_accumulator: d 64 and 128
 constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // K of one consumer's dQ GEMM
 static_assert(kBlockM == 64 && (kPadD == 64 || kPadD == 128), "tile_for's shapes only");
 
@@ -57,7 +58,10 @@ constexpr int kConsumerRegs = 232;
 /// (tid % 32) / 4 + 8 (q % 2), columns 64c (split by columns) + 8 (q / 2) + 2 (tid % 4) + {0, 1}. Slot k
 /// of this thread is flat index 64k + wt = (c, q, tid) with c = k / 32, q = k / 2 % 16, tid = wt + 64 (k %
 /// 2): rows differ from the thread's first by 32 (k % 2) + 8 (k / 2 % 2), columns by 64c + 8 (k / 4 % 8), all
-/// compile-time once unrolled; a warp's request is one consumer warp's fragment, 8 rows x 32 bytes.
+/// compile-time once unrolled. At d 64 and 128 the accumulator is tiled in this same order
+/// (BwdParams::accum_tiled = 64): slot k goes to float pair 64k + wt of the step's tile, so a warp's
+/// reduction covers 256 contiguous bytes. At d 96 (row-major, padded columns skipped) it covers 8 rows x
+/// 32 bytes, which L2 takes as 8 line reductions.
 FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int wt) {
   const AttnProblem& p = prm.bwd.p;
   const i64 ld = prm.bwd.accum_ld;
@@ -68,8 +72,10 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
   constexpr int kBatch = kDqSplitKeys ? 4 : 8;    // loads in flight within the 40 registers
   for (int t = 0; t < w.steps; ++t) {
     const int h = step_head(w, t), m0 = step_m0(w, t);
-    float* g_row0 = prm.bwd.dq_accum +
-                    ((i64)h * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b) + m0 + row0) * ld + col0;
+    float* g_row0 =
+        prm.bwd.dq_accum +
+        (kTiledDq ? ((i64)h * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * ld + 2 * wt
+                  : ((i64)h * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b) + m0 + row0) * ld + col0);
     const int rows_left = w.seq.len_q - m0 - row0;  // row offsets r < rows_left are inside the sequence
     // Slot k's row offset depends on k % 4 only: four row pointers and their bounds, then batches of 8
     // shared loads followed by 8 predicated reductions (the asm order keeps the loads ahead).
@@ -98,7 +104,10 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
         const int col = 64 * (k >> 5) + 8 * ((k >> 2) & 7);
         if (kHeadDim % 64 != 0 && col >= kHeadDim)
           continue;  // d 96: padding columns (compile-time for t4 = 0)
-        red_add_f32x2_if(row_in[k & 3] && col + col0 < kHeadDim, g_rows[k & 3] + col, v[k - k0]);
+        if (kTiledDq)
+          red_add_f32x2_if(row_in[k & 3], g_row0 + 128 * k, v[k - k0]);
+        else
+          red_add_f32x2_if(row_in[k & 3] && col + col0 < kHeadDim, g_rows[k & 3] + col, v[k - k0]);
       }
     }
     sm90::mbar_arrive(bar_addr(s.bar_dq_empty));

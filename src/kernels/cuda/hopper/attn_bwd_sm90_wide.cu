@@ -46,8 +46,8 @@ constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
 
 /// Adds consumer c's dQ tile of the step (64 queries x columns 128c..) to the tiled fp32 accumulator
-/// (BwdParams::accum_tiled): register pair e = 4j + 2h of every thread goes to its fragment-order slot
-/// (bwd::accum_tile_offset), so one warp's vector reduction covers 256 contiguous bytes, two whole
+/// (BwdParams::accum_tiled = 128): register pair e = 4j + 2h of every thread goes to its fragment-order
+/// slot (bwd::accum_tile_offset), so one warp's vector reduction covers 256 contiguous bytes, two whole
 /// 128-byte lines. Row-major rows would make it 8 rows x 32 bytes, and L2 takes a reduction per line
 /// touched: the H200 ran this kernel at 289 TFLOPS (d 256, 16k) with row-major and 361 with contiguous
 /// addresses. Rows past the sequence are skipped (their dQ is 0).
@@ -57,14 +57,14 @@ FP_DEV void add_dq(const BwdSm90Params& prm, const Work& w, const float (&r_dq)[
   const int lane = tid & 31, warp = tid >> 5;
   float* tile =
       prm.bwd.dq_accum + ((i64)h_q * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * kPadD;
-  float* g = tile + 2 * ((c * 4 + warp) * 16 * 2 * 32 + lane);  // pair (j, h) at + 2 * 32 * (2j + h)
+  float* g = tile + 2 * (c * (kColsHalf / 4) * 128 + tid);  // pair q = 2j + h at + 2 * 128 * q
   const int rows_left = w.seq.len_q - m0 - 16 * warp - (lane >> 2);
 #pragma unroll
   for (int j = 0; j < kColsHalf / 8; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int e = 4 * j + 2 * h;
-      red_add_f32x2_if(8 * h < rows_left, g + 64 * (2 * j + h), Float2{r_dq[e], r_dq[e + 1]});
+      red_add_f32x2_if(8 * h < rows_left, g + 256 * (2 * j + h), Float2{r_dq[e], r_dq[e + 1]});
     }
   }
 }
