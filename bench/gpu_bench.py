@@ -72,7 +72,11 @@ def main():
     ap.add_argument("--modes", default="fwd,bwd")
     ap.add_argument("--peers", default="cudnn,fa2", help="comma list of cudnn, fa2; 'none' times flashport alone")
     ap.add_argument("--perf-md", action="store_true", help="rewrite docs/PERF.md and docs/perf_gpu.png")
+    ap.add_argument("--replot", metavar="JSONL", help="only redraw docs/perf_gpu.png from an earlier --out file")
     args = ap.parse_args()
+    if args.replot:
+        replot(args.replot, None)
+        return 0
     peer_names = [] if args.peers == "none" else args.peers.split(",")
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
@@ -181,34 +185,63 @@ def write_perf_md(rows, dev, mm_tflops, copy_gbs):
     if os.environ.get("OUT"):  # the device tool returns $OUT only
         with open(os.path.join(os.environ["OUT"], "PERF.md"), "w") as f:
             f.write(text)
+    plot(by, dev, ["docs/perf_gpu.png"] + ([os.path.join(os.environ["OUT"], "perf_gpu.png")]
+                                             if os.environ.get("OUT") else []))
+
+
+def plot(by, dev, paths):
+    """TFLOPS vs seqlen: one panel per (mode, head dim); flashport, cuDNN and FA2 in fixed colours,
+    non-causal solid, causal dashed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        modes = sorted({r["mode"] for r in rows})
-        fig, axes = plt.subplots(len(modes), 1, figsize=(10, 4 * len(modes)), squeeze=False)
-        for ax, mode in zip(axes[:, 0], modes):
-            for (m, d, causal), style in [((mode, d, c), "-" if not c else "--") for d in (64, 128, 256)
-                                          for c in (False, True)]:
-                pts = sorted((s, p) for (mm, dd, cc, s), p in by.items() if (mm, dd, cc) == (m, d, causal))
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    modes = sorted({m for m, _, _, _ in by})
+    dims = sorted({d for _, d, _, _ in by})
+    impls = [(None, "flashport", "tab:blue", "o"), ("torch-sdpa-cudnn", "cuDNN", "tab:orange", "x"),
+             ("torch-sdpa-fa2", "FA2", "tab:green", "+")]
+    fig, axes = plt.subplots(len(modes), len(dims), figsize=(4.2 * len(dims), 3.6 * len(modes)), squeeze=False,
+                             sharex=True)
+    for row, mode in enumerate(modes):
+        for col, d in enumerate(dims):
+            ax = axes[row, col]
+            for causal in (False, True):
+                pts = sorted((s, p) for (m, dd, c, s), p in by.items() if (m, dd, c) == (mode, d, causal))
                 if not pts:
                     continue
                 xs = [s for s, _ in pts]
-                ax.plot(xs, [next(iter(p.values()))["tflops"] for _, p in pts], style, marker="o",
-                        label=f"flashport d{d}{' causal' if causal else ''}")
-                ax.plot(xs, [p.get("torch-sdpa-cudnn", {}).get("peer_tflops") or 0 for _, p in pts], style,
-                        marker="x", alpha=0.5, label=f"cuDNN d{d}{' causal' if causal else ''}")
+                for peer, name, colour, marker in impls:
+                    ys = [(next(iter(p.values()))["tflops"] if peer is None else
+                           p.get(peer, {}).get("peer_tflops")) for _, p in pts]
+                    if all(y is None for y in ys):
+                        continue
+                    ax.plot(xs, [y if y is not None else float("nan") for y in ys], "--" if causal else "-",
+                            color=colour, marker=marker, label=f"{name}{' causal' if causal else ''}")
             ax.set_xscale("log", base=2)
-            ax.set_title(f"{mode}, bf16, {dev}")
-            ax.set_xlabel("seqlen")
-            ax.set_ylabel("TFLOPS")
-            ax.legend(fontsize=6, ncol=3)
-        fig.tight_layout()
-        fig.savefig("docs/perf_gpu.png", dpi=110)
-        if os.environ.get("OUT"):
-            fig.savefig(os.path.join(os.environ["OUT"], "perf_gpu.png"), dpi=110)
-    except ImportError:
-        print("matplotlib missing: no plot")
+            ax.set_title(f"{mode} d{d}", fontsize=10)
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            if row == len(modes) - 1:
+                ax.set_xlabel("seqlen")
+            if col == 0:
+                ax.set_ylabel("TFLOPS")
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"bf16, {dev}, batch*seqlen = 16k, nheads*d = 2048")
+    fig.tight_layout()
+    for path in paths:
+        fig.savefig(path, dpi=110)
+
+
+def replot(jsonl, dev):
+    """Redraws docs/perf_gpu.png from a --out file of an earlier run (no GPU needed)."""
+    by = {}
+    for line in open(jsonl):
+        r = json.loads(line)
+        by.setdefault((r["mode"], r["d"], r["causal"], r["sq"]), {})[r["peer"]] = r
+    plot(by, dev or r.get("device", ""), ["docs/perf_gpu.png"])
 
 
 if __name__ == "__main__":
