@@ -139,41 +139,10 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
   store_dk_dv<kColsHalf>(p, w, r_dk, r_dv, 0, kColsHalf * c, tid);
 }
 
-FP_DEV void init_barriers(SharedStorage& s) {
-  sm90::mbar_init(bar_addr(s.bar_kv), 1);
-#pragma unroll
-  for (int st = 0; st < kStages; ++st) {
-    sm90::mbar_init(bar_addr(s.bar_full[st]), kFullArrivals);
-    sm90::mbar_init(bar_addr(s.bar_empty[st]), kConsumerThreads);
-  }
-  sm90::fence_barrier_init();
-}
+/// Nothing besides the ring: no dQ hand-off, and producer warps 2 and 3 stay idle.
+FP_DEV void init_more_barriers(SharedStorage&) {}
+FP_DEV void produce_more(const BwdSm90Params&, SharedStorage&, const Work&) {}
 
 }  // namespace flashport::cuda::hopper_bwd
 
-/// Grid (key blocks of 64, hk, batch chunk from prm.bwd.batch_offset); 384 threads; smem_bytes(d, tile)
-/// of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper_bwd::kThreads, 1)
-    flashport_attn_bwd_sm90_wide(const __grid_constant__ flashport::cuda::hopper_bwd::BwdSm90Params prm,
-                                 const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_q,
-                                 const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_k,
-                                 const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_v,
-                                 const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_do) {
-  using namespace flashport::cuda;
-  using namespace flashport::cuda::hopper_bwd;
-  if (!block_has_keys(prm.bwd)) return;
-  extern __shared__ unsigned char smem_raw[];
-  SharedStorage& s = aligned_storage<SharedStorage>(smem_raw);
-  const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
-  if (threadIdx.x == 0) init_barriers(s);
-  __syncthreads();
-  if (warpgroup == 0) {
-    sm90::setmaxnreg_dec<kProducerRegs>();
-    const Work w = make_work(prm.bwd);
-    if (w.steps == 0) return;
-    produce(prm, s, w, tma_q, tma_k, tma_v, tma_do, [] {});
-  } else {
-    sm90::setmaxnreg_inc<kConsumerRegs>();
-    consume(prm, s, make_work(prm.bwd), warpgroup - 1, (int)threadIdx.x - 128 * warpgroup);
-  }
-}
+FLASHPORT_BWD_SM90_KERNEL(flashport_attn_bwd_sm90_wide)

@@ -156,20 +156,54 @@ FP_DEV void produce_rows(const BwdSm90Params& prm, S& s, const Work& w, int lane
   }
 }
 
-/// The producer warpgroup's TMA thread and LSE / D warp; `else_fn` runs on its other warps.
-template <class S, class Else>
-FP_DEV void produce(const BwdSm90Params& prm, S& s, const Work& w, const TmaDesc& tma_q, const TmaDesc& tma_k,
-                    const TmaDesc& tma_v, const TmaDesc& tma_do, Else else_fn) {
+/// The ring's mbarriers: K/V landed (one arrival plus bytes), each stage full (TMA thread + LSE/D lanes)
+/// and empty (every consumer thread).
+template <class S>
+FP_DEV void init_ring_barriers(S& s) {
+  sm90::mbar_init(bar_addr(s.bar_kv), 1);
+#pragma unroll
+  for (int st = 0; st < kStages; ++st) {
+    sm90::mbar_init(bar_addr(s.bar_full[st]), kFullArrivals);
+    sm90::mbar_init(bar_addr(s.bar_empty[st]), kConsumerThreads);
+  }
+}
+
+/// The whole kernel after its parameters: the role split of the 384 threads. Each kernel file supplies,
+/// for its storage type S (found by argument-dependent lookup): init_more_barriers(s), produce_more(prm,
+/// s, w) for producer warps 2 and 3, and consume(prm, s, w, c, tid) for consumer warpgroup c. Each role
+/// computes its Work after the split: nothing computed before setmaxnreg stays live across it (that code
+/// is register-allocated for the producer's small budget).
+template <class S, int kProducerRegs, int kConsumerRegs>
+FP_DEV void run_roles(const BwdSm90Params& prm, const TmaDesc& tma_q, const TmaDesc& tma_k,
+                      const TmaDesc& tma_v, const TmaDesc& tma_do) {
+  if (!block_has_keys(prm.bwd)) return;
+  extern __shared__ unsigned char smem_raw[];
+  S& s = aligned_storage<S>(smem_raw);
+  const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
   if (threadIdx.x == 0) {
-    sm90::tma_prefetch_desc(tma_q);
-    sm90::tma_prefetch_desc(tma_k);
-    sm90::tma_prefetch_desc(tma_v);
-    sm90::tma_prefetch_desc(tma_do);
-    produce_tiles(prm, s, w, tma_q, tma_k, tma_v, tma_do);
-  } else if (threadIdx.x / 32 == 1) {
-    produce_rows(prm, s, w, (int)threadIdx.x & 31);
+    init_ring_barriers(s);
+    init_more_barriers(s);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (warpgroup == 0) {
+    sm90::setmaxnreg_dec<kProducerRegs>();
+    const Work w = make_work(prm.bwd);
+    if (w.steps == 0) return;
+    if (threadIdx.x == 0) {
+      sm90::tma_prefetch_desc(tma_q);
+      sm90::tma_prefetch_desc(tma_k);
+      sm90::tma_prefetch_desc(tma_v);
+      sm90::tma_prefetch_desc(tma_do);
+      produce_tiles(prm, s, w, tma_q, tma_k, tma_v, tma_do);
+    } else if (threadIdx.x / 32 == 1) {
+      produce_rows(prm, s, w, (int)threadIdx.x & 31);
+    } else {
+      produce_more(prm, s, w);
+    }
   } else {
-    else_fn();
+    sm90::setmaxnreg_inc<kConsumerRegs>();
+    consume(prm, s, make_work(prm.bwd), warpgroup - 1, (int)threadIdx.x - 128 * warpgroup);
   }
 }
 
@@ -313,3 +347,17 @@ FP_DEV void release(const u64& bar) {
 }
 
 }  // namespace flashport::cuda::hopper_bwd
+
+/// Defines the kernel `name`: grid (key blocks of kBlockN, hk, batch chunk from prm.bwd.batch_offset),
+/// kThreads threads, smem_bytes(d, tile) of dynamic shared memory; run_roles over the including file's
+/// SharedStorage, kProducerRegs and kConsumerRegs.
+#define FLASHPORT_BWD_SM90_KERNEL(name)                                                       \
+  extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper_bwd::kThreads, 1)      \
+      name(const __grid_constant__ flashport::cuda::hopper_bwd::BwdSm90Params prm,            \
+           const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_q,                    \
+           const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_k,                    \
+           const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_v,                    \
+           const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_do) {                 \
+    using namespace flashport::cuda::hopper_bwd;                                              \
+    run_roles<SharedStorage, kProducerRegs, kConsumerRegs>(prm, tma_q, tma_k, tma_v, tma_do); \
+  }

@@ -71,34 +71,23 @@ struct Wgmma;
 // ss_mn: the same with MN-major A and B (imm-trans 1, 1: both stored with M / N contiguous).
 // ss_kmn: K-major A, MN-major B (imm-trans 0, 1).
 // rs: D (+)= A(regs) * B(desc) with B MN-major (imm-trans-b 1).
+// One SS method: the shared-memory operands' transposes TA, TB as literal immediates.
+#define FPW_SS_METHOD(NAME, N, K, A0, A1, A2, TA, TB)                                                  \
+  static FP_DEV void NAME(float(&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                              \
+                 ", 0;\n"                                                                              \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
+                 "}, %" #A0 ", %" #A1 ", p, 1, 1, " #TA ", " #TB ";\n}\n"                              \
+                 : FPW_O##K                                                                            \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
+  }
 #define FPW_DEFINE(N, K, A0, A1, A2, A3, A4, A5)                                                         \
   namespace flashport::cuda::sm90 {                                                                      \
   template <>                                                                                            \
   struct Wgmma<N> {                                                                                      \
-    static FP_DEV void ss(float (&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                      \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                              \
-                   ", 0;\n"                                                                              \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
-                   "}, %" #A0 ", %" #A1 ", p, 1, 1, 0, 0;\n}\n"                                          \
-                   : FPW_O##K                                                                            \
-                   : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
-    }                                                                                                    \
-    static FP_DEV void ss_mn(float (&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                   \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                              \
-                   ", 0;\n"                                                                              \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
-                   "}, %" #A0 ", %" #A1 ", p, 1, 1, 1, 1;\n}\n"                                          \
-                   : FPW_O##K                                                                            \
-                   : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
-    }                                                                                                    \
-    static FP_DEV void ss_kmn(float (&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                  \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                              \
-                   ", 0;\n"                                                                              \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
-                   "}, %" #A0 ", %" #A1 ", p, 1, 1, 0, 1;\n}\n"                                          \
-                   : FPW_O##K                                                                            \
-                   : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
-    }                                                                                                    \
+    FPW_SS_METHOD(ss, N, K, A0, A1, A2, 0, 0)                                                            \
+    FPW_SS_METHOD(ss_mn, N, K, A0, A1, A2, 1, 1)                                                         \
+    FPW_SS_METHOD(ss_kmn, N, K, A0, A1, A2, 0, 1)                                                        \
     static FP_DEV void rs(float (&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, u32 scale_d) {  \
       asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A5                                              \
                    ", 0;\n"                                                                              \
@@ -128,6 +117,7 @@ FPW_DEFINE(240, 15, 120, 121, 122, 123, 124, 125)
 FPW_DEFINE(256, 16, 128, 129, 130, 131, 132, 133)
 
 #undef FPW_DEFINE
+#undef FPW_SS_METHOD
 
 namespace flashport::cuda::sm90 {
 
