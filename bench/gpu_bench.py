@@ -143,13 +143,17 @@ def main():
 PERF_BEGIN, PERF_END = "<!-- gpu_bench.py: begin -->", "<!-- gpu_bench.py: end -->"
 
 
-def splice_perf_md(old_text, block):
-    """docs/PERF.md with the generated block between the markers replaced (prose and the CPU section
-    around it kept); without markers, the block goes after the title line."""
-    block = f"{PERF_BEGIN}\n{block.rstrip()}\n{PERF_END}"
-    if PERF_BEGIN in old_text and PERF_END in old_text:
-        head, rest = old_text.split(PERF_BEGIN, 1)
-        return head + block + rest.split(PERF_END, 1)[1]
+def splice_perf_md(old_text, block, begin=PERF_BEGIN, end=PERF_END):
+    """docs/PERF.md with the generated block between the markers begin / end replaced (prose and the other
+    sections kept). Without the markers: this script's block goes after the title line, another script's
+    (the decode benchmark's) before the CPU section."""
+    block = f"{begin}\n{block.rstrip()}\n{end}"
+    if begin in old_text and end in old_text:
+        head, rest = old_text.split(begin, 1)
+        return head + block + rest.split(end, 1)[1]
+    if begin != PERF_BEGIN:
+        cpu = old_text.find("\n## CPU")
+        return old_text + "\n" + block + "\n" if cpu < 0 else old_text[:cpu + 1] + block + "\n\n" + old_text[cpu + 1:]
     title = "# flashport performance (GPU)\n\n"
     body = old_text[len(title):] if old_text.startswith(title) else old_text
     return title + block + "\n\n" + body
