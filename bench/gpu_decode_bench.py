@@ -58,7 +58,12 @@ def main():
     ap.add_argument("--out", default="bench_gpu_decode.jsonl")
     ap.add_argument("--perf-md", action="store_true", help="rewrite the decode section of docs/PERF.md + PNG")
     ap.add_argument("--quick", action="store_true", help="a few cells only (smoke test)")
+    ap.add_argument("--replot", metavar="JSONL", help="only redraw docs/perf_decode.png from an earlier --out file")
     args = ap.parse_args()
+    if args.replot:
+        rows = [json.loads(line) for line in open(args.replot)]
+        plot(rows, rows[0]["device"], rows[0]["ceiling_gbs"], ["docs/perf_decode.png"])
+        return 0
     dev = torch.cuda.get_device_name()
     _, copy_gbs = ceilings()
     print(f"device {dev}; copy ceiling {copy_gbs:.0f} GB/s", flush=True)
@@ -159,7 +164,8 @@ def write_perf_md(rows, dev, copy_gbs):
 
 
 def plot(rows, dev, copy_gbs, paths):
-    """GB/s vs context, one panel per (heads, layout), one line per batch; the copy ceiling dashed."""
+    """GB/s vs context, one panel per (heads, layout), one line per batch (cuDNN dashed where it ran); the
+    copy ceiling dotted grey."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -177,9 +183,15 @@ def plot(rows, dev, copy_gbs, paths):
             for b in sorted({r["batch"] for r in rows}):
                 pts = sorted((r["context"], r["gbs"]) for r in rows
                              if (r["hq"], r["hk"]) == hh and r["layout"] == layout and r["batch"] == b)
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=f"batch {b}")
-            ax.axhline(copy_gbs, color="gray", linestyle="--", linewidth=1, label="copy ceiling")
+                if not pts:
+                    continue
+                line, = ax.plot(*zip(*pts), marker="o", label=f"batch {b}")
+                peer = sorted((r["context"], r["peer_gbs"].get("cudnn")) for r in rows
+                              if (r["hq"], r["hk"]) == hh and r["layout"] == layout and r["batch"] == b)
+                if any(g for _, g in peer):
+                    ax.plot([c for c, _ in peer], [g if g else float("nan") for _, g in peer], "--", marker="x",
+                            color=line.get_color(), alpha=0.6, label=f"cuDNN batch {b}")
+            ax.axhline(copy_gbs, color="gray", linestyle=":", linewidth=1, label="copy ceiling")
             ax.set_xscale("log", base=2)
             ax.set_title(f"{hh[0]}/{hh[1]} heads, {layout}", fontsize=10)
             ax.set_ylim(bottom=0)
