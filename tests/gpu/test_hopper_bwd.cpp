@@ -170,6 +170,18 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   }));
   EXPECT_TRUE(declines([=](AttnProblem& x) { x.kv_batch_idx = index, x.kv_rows = 2; }));
   EXPECT_TRUE(declines([=](AttnProblem& x) { x.leftpad_k = index; }));
+  // 4096 one-query sequences: the tiled dQ accumulator (64 rows per sequence) would be 64x the row-major
+  // one, 512 MB of padding; the same count of 100-query sequences stays under the bound (the padding
+  // below the row-major size).
+  EXPECT_TRUE(declines([=](AttnProblem& x) {
+    x.cu_seqlens_q = x.cu_seqlens_k = index;
+    x.batch = 4096, x.total_q = 4096, x.total_k = 4096 * 3;
+  }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.batch = 4096, x.sq = 1; }));
+  EXPECT_FALSE(declines([=](AttnProblem& x) {
+    x.cu_seqlens_q = x.cu_seqlens_k = index;
+    x.batch = 4096, x.total_q = 4096 * 100, x.total_k = 4096 * 100;
+  }));
   // Rows of the operands the main kernel loads or stores must be 16-byte aligned (dQ goes through the
   // fp32 accumulator and O only into D = rowsum(dO * O), both portable aux kernels: not checked here).
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 4; }));

@@ -69,6 +69,17 @@ Plans plan_maps(const AttnProblem& p, std::string& error) {
   return plans;
 }
 
+/// The tiled dQ accumulator pads every sequence to whole 64-row tiles: up to 63 rows more per sequence
+/// (dense) or 64 (varlen). A batch of many short sequences would multiply its size (10k one-token
+/// sequences: 64x), so past the row-major size or 256 MB of padding, whichever is larger, the portable
+/// kernel (row-major accumulator) runs instead.
+bool tiled_padding_too_large(const AttnProblem& p) {
+  const long long rows = p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
+  const long long row_bytes = p.hq * p.d * (long long)sizeof(float);
+  const long long extra = (accum_rows_tiled(p) - rows) * row_bytes;
+  return extra > std::max(rows * row_bytes, 256LL << 20);
+}
+
 }  // namespace
 
 std::string unsupported(const AttnProblem& p, int arch) {
@@ -84,6 +95,9 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.block_table || p.kv_batch_idx || p.leftpad_k)
     return "paged and kv-cache layouts have no backward here";
   if (!(p.scale > 0.0f)) return "the Hopper backward needs a positive softmax scale";
+  if (tiled_accumulator(p) && tiled_padding_too_large(p))
+    return "many sequences shorter than 64 queries: the Hopper backward's tiled dQ accumulator would pad "
+           "each to 64 rows";
   if (p.hk > kMaxGridYZ) return "more than 65535 kv heads";
   if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30)) return "sequence lengths must be below 2^30";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "varlen needs cu_seqlens_q and _k";

@@ -15,7 +15,8 @@ namespace flashport::cuda::hopper_bwd {
 /// Empty when the Hopper backward covers `p` on a GPU of compute capability `arch` (major * 10 +
 /// minor); otherwise why not (the portable sm80+ backward then runs). Covers fp16/bf16, d == dv in
 /// {64, 96, 128, 256}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA, 16-byte
-/// aligned rows. Not: softcap, ALiBi, dropout, deterministic mode, paged or kv-cache layouts.
+/// aligned rows. Not: softcap, ALiBi, dropout, deterministic mode, paged or kv-cache layouts, nor batches of
+/// sequences so short that the tiled dQ accumulator's per-sequence padding would outgrow it.
 std::string unsupported(const AttnProblem& p, int arch);
 
 /// BwdParams::accum_tiled for the kernel that runs `p`: the column-block width of its tiled dQ accumulator
