@@ -224,19 +224,25 @@ def plot(by, dev, paths):
                         continue
                     ax.plot(xs, [y if y is not None else float("nan") for y in ys], "--" if causal else "-",
                             color=colour, marker=marker, label=f"{name}{' causal' if causal else ''}")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{mode} d{d}", fontsize=10)
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-            if row == len(modes) - 1:
-                ax.set_xlabel("seqlen")
-            if col == 0:
-                ax.set_ylabel("TFLOPS")
+            style_panel(ax, f"{mode} d{d}", "seqlen" if row == len(modes) - 1 else None,
+                        "TFLOPS" if col == 0 else None)
     axes[0, 0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"bf16, {dev}, batch*seqlen = 16k, nheads*d = 2048")
     fig.tight_layout()
     for path in paths:
         fig.savefig(path, dpi=110)
+
+
+def style_panel(ax, title, xlabel=None, ylabel=None):
+    """One panel of a sequence-length / context sweep: log2 x axis from the data, y from 0, light grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
 
 
 def replot(jsonl, dev):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_bench import ceilings, splice_perf_md, time_ms  # noqa: E402
+from gpu_bench import ceilings, splice_perf_md, style_panel, time_ms  # noqa: E402
 
 import flashport  # noqa: E402
 
@@ -192,14 +192,8 @@ def plot(rows, dev, copy_gbs, paths):
                     ax.plot([c for c, _ in peer], [g if g else float("nan") for _, g in peer], "--", marker="x",
                             color=line.get_color(), alpha=0.6, label=f"cuDNN batch {b}")
             ax.axhline(copy_gbs, color="gray", linestyle=":", linewidth=1, label="copy ceiling")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{hh[0]}/{hh[1]} heads, {layout}", fontsize=10)
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-            if i == len(heads) - 1:
-                ax.set_xlabel("context")
-            if j == 0:
-                ax.set_ylabel("GB/s of K/V read")
+            style_panel(ax, f"{hh[0]}/{hh[1]} heads, {layout}", "context" if i == len(heads) - 1 else None,
+                        "GB/s of K/V read" if j == 0 else None)
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(f"decode, bf16, d 128, {dev}")
     fig.tight_layout()
