@@ -214,7 +214,7 @@ void launch_backward(const AttnProblem& p) {
   BwdParams prm{};
   prm.p = p;
   prm.accum_tiled = hopper ? hopper_bwd::tiled_accumulator(p) : 0;
-  prm.rows_total = prm.accum_tiled ? accum_rows_tiled(p) : p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
+  prm.rows_total = prm.accum_tiled ? accum_rows_tiled(p) : accum_rows(p);
   prm.accum_ld = bucket;
   prm.vec = all_rows_aligned(p) ? 1 : 0;
   const long long key_blocks = (p.sk + tile.block_n - 1) / tile.block_n;

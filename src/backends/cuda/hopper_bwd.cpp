@@ -11,7 +11,7 @@
 namespace flashport::cuda::hopper_bwd {
 namespace {
 
-// d <= kNarrowMaxHeadDim: 128 keys per CTA, 64 per consumer; d 256: 64 keys shared by both consumers.
+// Narrow (d <= 128): 128 keys per CTA, 64 per consumer; d 256: 64 keys shared by both consumers.
 constexpr const char* kNarrowSource = "cuda/hopper/attn_bwd_sm90.cu";
 constexpr const char* kNarrowEntry = "flashport_attn_bwd_sm90";
 constexpr const char* kWideSource = "cuda/hopper/attn_bwd_sm90_wide.cu";
@@ -31,7 +31,7 @@ static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the
 
 jit::KernelSpec make_spec(int elem_type, int d) {
   const Tile t = tile_for(d);
-  const bool wide = d > kNarrowMaxHeadDim;
+  const bool wide = wide_kernel(d);
   return {wide ? kWideSource : kNarrowSource,
           wide ? kWideEntry : kNarrowEntry,
           {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
@@ -74,7 +74,7 @@ Plans plan_maps(const AttnProblem& p, std::string& error) {
 /// sequences: 64x), so past the row-major size or 256 MB of padding, whichever is larger, the portable
 /// kernel (row-major accumulator) runs instead.
 bool tiled_padding_too_large(const AttnProblem& p) {
-  const long long rows = p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
+  const long long rows = accum_rows(p);
   const long long row_bytes = p.hq * p.d * (long long)sizeof(float);
   const long long extra = (accum_rows_tiled(p) - rows) * row_bytes;
   return extra > std::max(rows * row_bytes, 256LL << 20);
@@ -109,7 +109,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
 }
 
 int tiled_accumulator(const AttnProblem& p) {
-  return p.d > kNarrowMaxHeadDim ? 128 : p.d % 64 == 0 ? 64 : 0;
+  return wide_kernel((int)p.d) ? 128 : p.d % 64 == 0 ? 64 : 0;
 }
 
 void launch_main(BwdParams& prm) {

@@ -31,10 +31,20 @@ struct BwdParams {
   int batch_offset;      // batch entry of grid z = 0 (launches are chunked: grid z <= 65535)
 };
 
+/// `rows` rounded up to whole 64-row tiles of a tiled dQ accumulator.
+FP_HD constexpr long long round_up_tile(long long rows) {
+  return (rows + 63) / 64 * 64;
+}
+
+/// Rows per head of a row-major dQ accumulator: batch * sq (dense) or total_q (varlen).
+FP_HD constexpr long long accum_rows(const AttnProblem& p) {
+  return p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
+}
+
 /// Rows per head of a tiled dQ accumulator: each sequence's rows padded to whole 64-row tiles (varlen:
 /// sequence b starts at row (cu_seqlens_q[b] + 64 b) rounded down to 64, which never overlaps b - 1).
 FP_HD constexpr long long accum_rows_tiled(const AttnProblem& p) {
-  return p.cu_seqlens_q ? p.total_q + 64 * p.batch : p.batch * ((p.sq + 63) / 64 * 64);
+  return p.cu_seqlens_q ? p.total_q + 64 * p.batch : p.batch * round_up_tile(p.sq);
 }
 
 /// Dynamic shared memory of the main kernel, bytes: `stages` (1 or 2) buffers of Q and dO tiles

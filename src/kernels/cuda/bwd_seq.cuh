@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/problem.h"
+#include "cuda/bwd_params.cuh"
 #include "cuda/common/index.cuh"
 
 namespace flashport::cuda::bwd {
@@ -52,7 +53,7 @@ FP_DEV i64 lse_row0(const AttnProblem& p, const Seq& s, int b, int h) {
 /// Row of (b, query 0) in one head of the dQ accumulator (rows_total rows per head); query i is at + i.
 /// Tiled (BwdParams::accum_tiled): a multiple of 64, padded as accum_rows_tiled says.
 FP_DEV i64 accum_row0(const AttnProblem& p, const Seq& s, int b, bool tiled = false) {
-  if (tiled) return p.cu_seqlens_q ? ((i64)s.q_start + 64 * b) / 64 * 64 : (i64)b * ((p.sq + 63) / 64 * 64);
+  if (tiled) return p.cu_seqlens_q ? ((i64)s.q_start + 64 * b) / 64 * 64 : (i64)b * round_up_tile(p.sq);
   return p.cu_seqlens_q ? (i64)s.q_start : (i64)b * p.sq;
 }
 

@@ -7,7 +7,8 @@
 //   dQ = dS K                    by columns, added to the fp32 accumulator in global memory by the
 //                                consumer itself (no shared memory is left for staging it).
 // No GEMM is computed twice; the price is the S^T / dP^T wgmmas at N = 32 and A operands read from
-// shared memory. The producer warpgroup (TMA thread, LSE / D warp) is attn_bwd_sm90.cu's.
+// shared memory. The producer warpgroup (TMA thread, LSE / D warp) is bwd_sm90_common.cuh's, as for the
+// narrow kernel.
 // Shape from -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_M, FP_STAGES (tile_for in bwd_sm90_config.h).
 #include "cuda/hopper/bwd_sm90_common.cuh"
 

@@ -17,14 +17,17 @@ using hopper::TmaDims;
 /// narrow kernel two warps add dQ to global memory), warpgroups 1 and 2 consume.
 inline constexpr int kThreads = 384;
 
-/// Head dims above this run the wide kernel (attn_bwd_sm90_wide.cu).
-inline constexpr int kNarrowMaxHeadDim = 128;
+/// Head dims above 128 run the wide kernel (attn_bwd_sm90_wide.cu), the others the narrow one
+/// (attn_bwd_sm90.cu).
+FP_HD constexpr bool wide_kernel(int d) {
+  return d > 128;
+}
 
 /// Keys per CTA. Narrow (d <= 128): 128, 64 per consumer warpgroup (the M of one wgmma). Wide (d 256):
 /// 64, shared by both consumers: dK + dV of 64 keys x 256 columns are 128 registers per thread when the
 /// consumers split the columns, 256 if one consumer owned a key's whole row.
 FP_HD constexpr int block_n_for(int d) {
-  return d > kNarrowMaxHeadDim ? 64 : 128;
+  return wide_kernel(d) ? 64 : 128;
 }
 
 /// One backward tile: query rows per step (the N of S^T = K Q^T) and Q/dO/LSE/D ring depth.
@@ -62,7 +65,7 @@ FP_HD constexpr Tile tile_for(int d) {
 /// padded to 1024.
 FP_HD constexpr int smem_bytes(int d, Tile t) {
   const int block_n = block_n_for(d);
-  const bool wide = d > kNarrowMaxHeadDim;
+  const bool wide = wide_kernel(d);
   const int chunk_rows = block_n * 2 + t.stages * t.block_m * 2;
   const int tiles = head_dim_chunks(d) * kChunkRowBytes * chunk_rows +
                     (wide ? 4 * 64 * 64 * 2 : 2 * block_n * t.block_m * 2);
