@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ._common import FP8_MAX, error
-from ._torch_ops import bwd, fwd
+from ._torch_ops import _tracing, bwd, run_bwd, run_fwd
 
 
 def quantize(x: Tensor, nheads_k: int, cu_seqlens: Optional[Tensor], fp8_dtype: torch.dtype,
@@ -85,9 +85,9 @@ def fwd_fp8(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """(out in q's dtype, softmax_lse, S_dmask) of attention over the fp8-quantised inputs."""
     (q8, qd), (k8, kd), (v8, vd) = _quantize_all(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, fp8_dtype)
-    return fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, None, block_table, alibi_slopes, qd, kd, vd, rng_state,
-               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
-               deterministic, return_softmax, q.dtype)
+    return run_fwd(q8, k8, v8, cu_seqlens_q, cu_seqlens_k, None, block_table, alibi_slopes, qd, kd, vd, rng_state,
+                   max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p,
+                   deterministic, return_softmax, q.dtype)
 
 
 @fwd_fp8.register_fake
@@ -118,7 +118,8 @@ def _backward(ctx, dout, dlse, ds_dmask):
     q_dq = dequantize(q8, qd, hk, cu_q, q.dtype)
     k_dq = dequantize(k8, kd, hk, cu_k_q, k.dtype, paged)
     v_dq = dequantize(v8, vd, hk, cu_k_q, v.dtype, paged)
-    dq, dk, dv = bwd(dout, q_dq, k_dq, v_dq, out, lse, cu_q, cu_k, None, block_table, alibi, rng_state, *ctx.params)
+    op = bwd if _tracing(dout) else run_bwd
+    dq, dk, dv = op(dout, q_dq, k_dq, v_dq, out, lse, cu_q, cu_k, None, block_table, alibi, rng_state, *ctx.params)
     return (dq, dk, dv) + (None,) * 16
 
 

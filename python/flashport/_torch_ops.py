@@ -2,10 +2,15 @@
 
 Each op has a fake (meta) implementation, so torch.compile(fullgraph=True) traces through it, and fwd /
 fwd_fp8 have autograd formulas that call flashport's backward. Outputs are allocated here with torch and
-handed to C++ zero-copy over DLPack; CUDA work runs on torch's current stream of the tensors' device.
+handed to C++ zero-copy; CUDA work runs on torch's current stream of the tensors' device.
+
+Eager calls skip the custom-op dispatcher (its Python layers cost several hundred microseconds per call
+with autograd): `call_fwd` / `call_kvcache` / `call_merge` run the same implementation functions
+(`run_fwd`, `run_bwd`, ...) directly, under a plain autograd.Function when gradients are needed, and use
+the registered ops only while something traces (torch.compile, export, fake or functional tensors,
+dispatch modes, functorch transforms). One body per op either way.
 """
 
-import contextlib
 from typing import Optional, Tuple
 
 import torch
@@ -27,23 +32,42 @@ def check_device(x: Optional[Tensor], name: str) -> None:
         raise error(name, f"is on device '{x.device}', which flashport does not support (cpu and cuda are)")
 
 
-def _stream_and_guard(x: Tensor):
-    """(raw cudaStream_t of torch's current stream, device guard). torch's default stream reports 0,
-    the legacy default stream's null handle, which is what the C++ API takes."""
-    if x.device.type == "cuda":
-        return torch.cuda.current_stream(x.device).cuda_stream, torch.cuda.device(x.device)
-    return 0, contextlib.nullcontext()
+# torch's tensor types and dtypes, so the binding reads torch tensors from their attributes instead of
+# exporting a DLPack capsule per tensor (which also needed a detach() for tensors that require grad).
+_C.register_torch(torch.Tensor, torch.nn.Parameter,
+                  {getattr(torch, name): name for name in ("float64", "float32", "float16", "bfloat16", "int32",
+                                                           "int64", *FP8_MAX) if hasattr(torch, name)})
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(x: Tensor) -> int:
+    """The raw cudaStream_t of torch's current stream on x's device (0 on the CPU). torch's default
+    stream reports 0, the legacy default stream's null handle, which is what the C++ API takes. The C++
+    side takes its CUDA context from the tensors' device, so no device guard is needed here."""
+    if not x.is_cuda:
+        return 0
+    if _raw_stream is not None:  # a C function; torch.cuda.current_stream builds a Stream object
+        return _raw_stream(x.get_device())
+    return torch.cuda.current_stream(x.device).cuda_stream
+
+
+def _tracing(x: Tensor) -> bool:
+    """True when the registered custom ops must be used: torch.compile / export tracing, tensor
+    subclasses (fake, functional, DTensor, ...), torch dispatch modes, functorch transforms."""
+    return (type(x) not in _PLAIN or torch.compiler.is_compiling() or _dispatch_modes() > 0
+            or _functorch_layer() is not None)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_layer = torch._C._functorch.peek_interpreter_stack
 
 
 def _contig(x: Optional[Tensor]) -> Optional[Tensor]:
     if x is None:
         return None
     return x.contiguous() if x.dim() and x.size(-1) > 1 and x.stride(-1) != 1 else x
-
-
-def _d(x: Optional[Tensor]) -> Optional[Tensor]:
-    """Detached view: DLPack refuses to export tensors that require grad (autograd is handled above)."""
-    return None if x is None else x.detach()
 
 
 def _rng(rng_state: Optional[Tensor]) -> Tuple[int, int]:
@@ -75,6 +99,24 @@ def _s_dmask_shape(q, k, block_table, varlen, return_softmax):
 # Forward / backward.
 
 
+def run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
+            v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+            softcap, dropout_p, deterministic, return_softmax, out_dtype):
+    """flashport::fwd's implementation: (out, softmax_lse, S_dmask); rng_state is a host int64 (seed,
+    offset) pair (None: no dropout)."""
+    varlen = cu_seqlens_q is not None
+    q, k, v = _contig(q), _contig(k), _contig(v)
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=_out_dtype(q, out_dtype), device=q.device)
+    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
+    s_shape = _s_dmask_shape(q, k, block_table, varlen, return_softmax)
+    s_dmask = torch.empty(s_shape, dtype=torch.float32, device=q.device)
+    seed, offset = _rng(rng_state)
+    _C.forward(q, k, v, out, lse, s_dmask if len(s_shape) == 4 else None, cu_seqlens_q, cu_seqlens_k, seqused_k,
+               max_seqlen_q, max_seqlen_k, block_table, softmax_scale, causal, window_left, window_right, softcap,
+               alibi_slopes, dropout_p, seed, offset, q_descale, k_descale, v_descale, _stream(q))
+    return out, lse, s_dmask
+
+
 @torch.library.custom_op("flashport::fwd", mutates_args=())
 def fwd(
     q: Tensor, k: Tensor, v: Tensor,
@@ -87,22 +129,9 @@ def fwd(
     deterministic: bool, return_softmax: bool, out_dtype: Optional[torch.dtype],
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """(out, softmax_lse, S_dmask); rng_state is a host int64 (seed, offset) pair (None: no dropout)."""
-    varlen = cu_seqlens_q is not None
-    q, k, v = _contig(q), _contig(k), _contig(v)
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=_out_dtype(q, out_dtype), device=q.device)
-    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    s_shape = _s_dmask_shape(q, k, block_table, varlen, return_softmax)
-    s_dmask = torch.empty(s_shape, dtype=torch.float32, device=q.device)
-    seed, offset = _rng(rng_state)
-    stream, guard = _stream_and_guard(q)
-    with guard:
-        _C.forward(_d(q), _d(k), _d(v), out, lse=lse, s_dmask=s_dmask if len(s_shape) == 4 else None,
-                   cu_seqlens_q=_d(cu_seqlens_q), cu_seqlens_k=_d(cu_seqlens_k), seqused_k=_d(seqused_k),
-                   max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, block_table=_d(block_table),
-                   softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
-                   softcap=softcap, alibi_slopes=_d(alibi_slopes), dropout_p=dropout_p, seed=seed, offset=offset,
-                   q_descale=_d(q_descale), k_descale=_d(k_descale), v_descale=_d(v_descale), stream=stream)
-    return out, lse, s_dmask
+    return run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
+                   v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, dropout_p, deterministic, return_softmax, out_dtype)
 
 
 @fwd.register_fake
@@ -116,6 +145,19 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi
     return out, lse, s_dmask
 
 
+def run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+            rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+            dropout_p, deterministic):
+    """flashport::bwd's implementation: (dq, dk, dv) in the dtypes of q, k, v."""
+    dout, q, k, v, out = (_contig(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    seed, offset = _rng(rng_state)
+    _C.backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                max_seqlen_k, block_table, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                dropout_p, seed, offset, deterministic, _stream(q))
+    return dq, dk, dv
+
+
 @torch.library.custom_op("flashport::bwd", mutates_args=())
 def bwd(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
@@ -125,18 +167,9 @@ def bwd(
     window_left: int, window_right: int, softcap: float, dropout_p: float, deterministic: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in the dtypes of q, k, v."""
-    dout, q, k, v, out = (_contig(t) for t in (dout, q, k, v, out))
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    seed, offset = _rng(rng_state)
-    stream, guard = _stream_and_guard(q)
-    with guard:
-        _C.backward(_d(dout), _d(q), _d(k), _d(v), _d(out), _d(softmax_lse), dq, dk, dv,
-                    cu_seqlens_q=_d(cu_seqlens_q), cu_seqlens_k=_d(cu_seqlens_k), seqused_k=_d(seqused_k),
-                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, block_table=_d(block_table),
-                    softmax_scale=softmax_scale, causal=causal, window_left=window_left, window_right=window_right,
-                    softcap=softcap, alibi_slopes=_d(alibi_slopes), dropout_p=dropout_p, seed=seed, offset=offset,
-                    deterministic=deterministic, stream=stream)
-    return dq, dk, dv
+    return run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                   alibi_slopes, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, dropout_p, deterministic)
 
 
 @bwd.register_fake
@@ -158,15 +191,65 @@ def _fwd_backward(ctx, dout, dlse, ds_dmask):
         raise error("q", "fp8 inputs have no backward here; use the *_fp8_func entry points, which quantise "
                          "high-precision inputs and differentiate through the dequantised values")
     q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state = ctx.saved_tensors
-    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
+    op = bwd if _tracing(dout) else run_bwd
+    dq, dk, dv = op(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
     return (dq, dk, dv) + (None,) * 20
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """flashport::fwd with its autograd formula, for eager calls: the same run_fwd, setup and backward
+    as the registered op, without the custom-op dispatcher."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = run_fwd(*inputs)
+        _fwd_setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1], output[2])
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse, ds_dmask):
+        return _fwd_backward(ctx, dout, dlse, ds_dmask)
+
+
+def call_fwd(*inputs):
+    """flashport::fwd(*inputs) for a caller: the registered op while tracing, else the eager twin (with
+    autograd only when an input needs a gradient)."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    if _tracing(q):
+        return fwd(*inputs)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _EagerAttention.apply(*inputs)
+    return run_fwd(*inputs)
+
+
 # ---------------------------------------------------------------------------------------------
 # KV cache and merge (no autograd, like flash-attn).
+
+
+def run_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                block_table, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
+                window_right, softcap, rotary_interleaved, num_splits):
+    """flashport::fwd_kvcache's implementation: (out, softmax_lse) after appending k/v into the caches in
+    place. Head dims that are not a multiple of 8 are zero-padded like flash-attn: the padded caches are
+    copies, written back after."""
+    q, k, v = _contig(q), _contig(k), _contig(v)
+    d, dv = q.shape[-1], v_cache.shape[-1]
+    pad = lambda t: t if t is None or t.shape[-1] % 8 == 0 else torch.nn.functional.pad(t, (0, padded(t.shape[-1]) - t.shape[-1]))
+    q_w, k_w, v_w, kc_w, vc_w = pad(q), pad(k), pad(v), pad(k_cache), pad(v_cache)
+    out = torch.empty(q.shape[:-1] + (vc_w.shape[-1],), dtype=_out_dtype(q, None), device=q.device)
+    lse = torch.empty(_lse_shape(q, False), dtype=torch.float32, device=q.device)
+    _C.forward_kvcache(q_w, kc_w, vc_w, out, lse, k_w, v_w, cache_seqlens, cache_batch_idx, cache_leftpad,
+                       block_table, rotary_cos, rotary_sin, rotary_interleaved, num_splits, softmax_scale, causal,
+                       window_left, window_right, softcap, alibi_slopes, q_descale, k_descale, v_descale, _stream(q))
+    if k is not None and kc_w is not k_cache:
+        k_cache.copy_(kc_w[..., : k_cache.shape[-1]])
+    if v is not None and vc_w is not v_cache:
+        v_cache.copy_(vc_w[..., : v_cache.shape[-1]])
+    return (out[..., :dv].contiguous() if out.shape[-1] != dv else out), lse
 
 
 @torch.library.custom_op("flashport::fwd_kvcache", mutates_args=("k_cache", "v_cache"))
@@ -178,28 +261,10 @@ def fwd_kvcache(
     v_descale: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int, window_right: int,
     softcap: float, rotary_interleaved: bool, num_splits: int,
 ) -> Tuple[Tensor, Tensor]:
-    """(out, softmax_lse) after appending k/v into the caches in place. Head dims that are not a
-    multiple of 8 are zero-padded like flash-attn: the padded caches are copies, written back after."""
-    q, k, v = _contig(q), _contig(k), _contig(v)
-    d, dv = q.shape[-1], v_cache.shape[-1]
-    pad = lambda t: t if t is None or t.shape[-1] % 8 == 0 else torch.nn.functional.pad(t, (0, padded(t.shape[-1]) - t.shape[-1]))
-    q_w, k_w, v_w, kc_w, vc_w = pad(q), pad(k), pad(v), pad(k_cache), pad(v_cache)
-    out = torch.empty(q.shape[:-1] + (vc_w.shape[-1],), dtype=_out_dtype(q, None), device=q.device)
-    lse = torch.empty(_lse_shape(q, False), dtype=torch.float32, device=q.device)
-    stream, guard = _stream_and_guard(q)
-    with guard:
-        _C.forward_kvcache(_d(q_w), _d(kc_w), _d(vc_w), out, lse=lse, k=_d(k_w), v=_d(v_w),
-                           cache_seqlens=_d(cache_seqlens), cache_batch_idx=_d(cache_batch_idx),
-                           cache_leftpad=_d(cache_leftpad), block_table=_d(block_table), rotary_cos=_d(rotary_cos),
-                           rotary_sin=_d(rotary_sin), rotary_interleaved=rotary_interleaved, num_splits=num_splits,
-                           softmax_scale=softmax_scale, causal=causal, window_left=window_left,
-                           window_right=window_right, softcap=softcap, alibi_slopes=_d(alibi_slopes),
-                           q_descale=_d(q_descale), k_descale=_d(k_descale), v_descale=_d(v_descale), stream=stream)
-        if k is not None and kc_w is not k_cache:
-            k_cache.copy_(kc_w[..., : k_cache.shape[-1]])
-        if v is not None and vc_w is not v_cache:
-            v_cache.copy_(vc_w[..., : v_cache.shape[-1]])
-    return (out[..., :dv].contiguous() if out.shape[-1] != dv else out), lse
+    """(out, softmax_lse) after appending k/v into the caches in place (see run_kvcache)."""
+    return run_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                       cache_leftpad, block_table, alibi_slopes, q_descale, k_descale, v_descale, softmax_scale,
+                       causal, window_left, window_right, softcap, rotary_interleaved, num_splits)
 
 
 @fwd_kvcache.register_fake
@@ -211,15 +276,26 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, *args):
 @torch.library.custom_op("flashport::merge_states", mutates_args=())
 def merge_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """(out, lse) of two partial attentions over disjoint key sets, merged by their log-sum-exp."""
+    return run_merge(out_a, lse_a, out_b, lse_b)
+
+
+def run_merge(out_a, lse_a, out_b, lse_b):
     out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
     lse = torch.empty(lse_a.shape, dtype=torch.float32, device=lse_a.device)
-    stream, guard = _stream_and_guard(out_a)
-    with guard:
-        _C.merge_states(_d(_contig(out_a)), _d(lse_a), _d(_contig(out_b)), _d(lse_b), out,
-                        lse=lse, stream=stream)
+    _C.merge_states(_contig(out_a), lse_a, _contig(out_b), lse_b, out, lse, _stream(out_a))
     return out, lse
 
 
 @merge_states.register_fake
 def _merge_states_fake(out_a, lse_a, out_b, lse_b):
     return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape, dtype=torch.float32)
+
+
+def call_kvcache(*inputs):
+    """flashport::fwd_kvcache(*inputs): the registered op while tracing, else its implementation."""
+    return fwd_kvcache(*inputs) if _tracing(inputs[0]) else run_kvcache(*inputs)
+
+
+def call_merge(*inputs):
+    """flashport::merge_states(*inputs): the registered op while tracing, else its implementation."""
+    return merge_states(*inputs) if _tracing(inputs[0]) else run_merge(*inputs)

@@ -68,7 +68,7 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
                                                rng_state, max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr,
                                                softcap, dropout_p, bool(deterministic), return_softmax, fp8_dtype)
     else:
-        out, lse, s_dmask = _torch_ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+        out, lse, s_dmask = _torch_ops.call_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                                            q_descale, k_descale, v_descale, rng_state, max_seqlen_q, max_seqlen_k,
                                            scale, bool(causal), wl, wr, softcap, dropout_p, bool(deterministic),
                                            return_softmax, None)
@@ -100,7 +100,7 @@ def kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=Non
                                    device=k_cache.device)
     scale = softmax_scale(softmax_scale_, q.shape[-1])
     wl, wr = window(window_size, causal)
-    out, lse = _torch_ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+    out, lse = _torch_ops.call_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                       cache_leftpad, block_table, alibi_slopes, q_descale, k_descale, v_descale, scale,
                                       bool(causal), wl, wr, check_float(softcap, "softcap", 0.0),
                                       bool(rotary_interleaved), check_int(num_splits, "num_splits", 0))
@@ -111,7 +111,7 @@ def merge_states(out_a, lse_a, out_b, lse_b):
     for x, name in ((out_a, "out_a"), (lse_a, "lse_a"), (out_b, "out_b"), (lse_b, "lse_b")):
         check_tensor(x, name)
     check_ndim(out_a, 4, "out_a", "(batch, seqlen, nheads, headdim)")
-    return _torch_ops.merge_states(out_a, lse_a, out_b, lse_b)
+    return _torch_ops.call_merge(out_a, lse_a, out_b, lse_b)
 
 
 def default_fp8_dtype():

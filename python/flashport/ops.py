@@ -1,14 +1,16 @@
 """Low-level entry points: flashport's C++ API with caller-allocated outputs, for any DLPack tensors
 (torch, numpy, cupy, jax, ...) zero-copy. Nothing is allocated, padded or checked here beyond what the
-C++ core validates.
+C++ core validates. Arguments may be passed by position in the order below or by keyword. Plain torch
+tensors (once flashport's torch path is imported) are read from their attributes rather than through
+DLPack, so they need not be detached.
 
-- forward(q, k, v, out, *, lse, s_dmask, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+- forward(q, k, v, out, lse, s_dmask, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
   max_seqlen_k, block_table, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
   dropout_p, seed, offset, q_descale, k_descale, v_descale, stream, impl)
-- backward(dout, q, k, v, out, lse, dq, dk, dv, *, ...same layout and options..., deterministic, stream, impl)
-- forward_kvcache(q, k_cache, v_cache, out, *, lse, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
+- backward(dout, q, k, v, out, lse, dq, dk, dv, ...same layout and options..., deterministic, stream, impl)
+- forward_kvcache(q, k_cache, v_cache, out, lse, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
   block_table, rotary_cos, rotary_sin, rotary_interleaved, num_splits, ..., stream, impl)
-- merge_states(out_a, lse_a, out_b, lse_b, out, *, lse, stream)
+- merge_states(out_a, lse_a, out_b, lse_b, out, lse, stream)
 - cast(src, dst): host-side dtype conversion with the library's rounding (numpy has no bf16/fp8).
 - inspect(tensor): (dtype, shape, strides, (device, index), pointer) as flashport sees a tensor.
 

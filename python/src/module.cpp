@@ -8,6 +8,8 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cpu/elem.hpp"
 #include "flashport/flashport.hpp"
@@ -118,6 +120,69 @@ TensorView view_from(const Array& a, const char* name, std::optional<DType> forc
   return view;
 }
 
+/// torch tensors read straight from their attributes instead of a DLPack capsule: torch's
+/// `__dlpack__` costs about 12 us a tensor (Python code, plus a `detach()` for tensors that require
+/// grad), these reads about 1 us. The torch path registers torch's types at import; everything
+/// else (numpy, cupy, jax, tensor subclasses, torch tensors on other devices) goes through DLPack.
+struct TorchTypes {
+  nb::object tensor, parameter;                      // torch.Tensor, torch.nn.Parameter (exact types)
+  std::vector<std::pair<nb::object, DType>> dtypes;  // torch.float16 -> f16, ...
+  nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device;  // interned names
+};
+TorchTypes* g_torch = nullptr;  // leaked on purpose: never released after the interpreter is gone
+
+void register_torch(nb::handle tensor, nb::handle parameter, nb::dict dtypes) {
+  TorchTypes t;
+  t.tensor = nb::borrow(tensor);
+  t.parameter = nb::borrow(parameter);
+  for (auto [key, value] : dtypes) {
+    const std::optional<DType> code = dtype_from_name(nb::cast<std::string>(value));
+    if (!code) fail("dtypes", "unknown dtype name '" + nb::cast<std::string>(value) + "'");
+    t.dtypes.emplace_back(nb::borrow(key), *code);
+  }
+  for (auto [slot, name] : {std::pair{&t.data_ptr, "data_ptr"},
+                            {&t.shape, "shape"},
+                            {&t.stride, "stride"},
+                            {&t.dtype, "dtype"},
+                            {&t.is_cuda, "is_cuda"},
+                            {&t.is_cpu, "is_cpu"},
+                            {&t.get_device, "get_device"}})
+    *slot = nb::steal(PyUnicode_InternFromString(name));
+  delete g_torch;
+  g_torch = new TorchTypes(std::move(t));
+}
+
+/// The view of a plain torch tensor on the CPU or a CUDA device; nullopt for anything else (the
+/// caller then imports it through DLPack, which also produces the errors for unsupported objects).
+std::optional<TensorView> torch_view(nb::handle obj, const char* name) {
+  if (!g_torch) return std::nullopt;
+  const nb::handle type = obj.type();
+  if (!type.is(g_torch->tensor) && !type.is(g_torch->parameter)) return std::nullopt;
+  const bool cuda = nb::cast<bool>(obj.attr(g_torch->is_cuda));
+  if (!cuda && !nb::cast<bool>(obj.attr(g_torch->is_cpu))) return std::nullopt;
+  const nb::handle dtype = obj.attr(g_torch->dtype);
+  TensorView view;
+  bool known = false;
+  for (const auto& [object, code] : g_torch->dtypes)
+    if (dtype.is(object)) view.dtype = code, known = true;
+  if (!known) fail(name, "unsupported torch dtype " + nb::cast<std::string>(nb::str(dtype)));
+  const nb::object shape_obj = obj.attr(g_torch->shape), stride_obj = obj.attr(g_torch->stride)();
+  const nb::tuple shape = nb::borrow<nb::tuple>(shape_obj), stride = nb::borrow<nb::tuple>(stride_obj);
+  if (shape.size() > (size_t)flashport::kMaxDims)
+    fail(name, "has " + std::to_string(shape.size()) + " dimensions; at most " +
+                   std::to_string(flashport::kMaxDims) + " are supported");
+  view.ndim = (int)shape.size();
+  for (int i = 0; i < view.ndim; ++i) {
+    view.shape[i] = nb::cast<int64_t>(shape[i]);
+    view.stride[i] = nb::cast<int64_t>(stride[i]);
+  }
+  view.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(obj.attr(g_torch->data_ptr)()));
+  view.device =
+      cuda ? flashport::Device{flashport::DeviceType::cuda, nb::cast<int>(obj.attr(g_torch->get_device)())}
+           : flashport::Device{flashport::DeviceType::cpu, 0};
+  return view;
+}
+
 /// Splits an argument into (array object, dtype override): a tensor, or a tuple (tensor, "float8_e4m3fn").
 std::pair<nb::handle, std::optional<DType>> unpack(nb::handle obj, const char* name) {
   if (!nb::isinstance<nb::tuple>(obj)) return {obj, std::nullopt};
@@ -136,6 +201,7 @@ std::string py_type_name(nb::handle obj) {
 
 /// A read-only input. Never copies: anything that is not a DLPack/buffer-protocol tensor is rejected.
 TensorView input(nb::handle obj, const char* name, Holder& hold) {
+  if (std::optional<TensorView> view = torch_view(obj, name)) return *view;
   auto [arr_obj, forced] = unpack(obj, name);
   nb::ndarray<nb::ro> arr;
   if (!nb::try_cast(arr_obj, arr, /*convert=*/false))
@@ -152,6 +218,7 @@ std::optional<TensorView> opt_input(nb::handle obj, const char* name, Holder& ho
 
 /// A tensor flashport writes into: must be writable (read-only numpy arrays are refused).
 TensorView output(nb::handle obj, const char* name, Holder& hold) {
+  if (std::optional<TensorView> view = torch_view(obj, name)) return *view;
   auto [arr_obj, forced] = unpack(obj, name);
   nb::ndarray<> arr;
   if (!nb::try_cast(arr_obj, arr, /*convert=*/false))
@@ -382,7 +449,7 @@ NB_MODULE(_C, m) {
   });
 
   const nb::none none;
-  m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, nb::kw_only(), "lse"_a = none, "s_dmask"_a = none,
+  m.def("forward", &forward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a = none, "s_dmask"_a = none,
         "cu_seqlens_q"_a = none, "cu_seqlens_k"_a = none, "seqused_k"_a = none, "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0, "block_table"_a = none, "softmax_scale"_a = none, "causal"_a = false,
         "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.0, "alibi_slopes"_a = none,
@@ -391,23 +458,26 @@ NB_MODULE(_C, m) {
         "Attention forward into caller-allocated `out` (and optional `lse`, `s_dmask`). `stream` is the raw "
         "cudaStream_t handle (0: legacy default stream).");
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a,
-        nb::kw_only(), "cu_seqlens_q"_a = none, "cu_seqlens_k"_a = none, "seqused_k"_a = none,
-        "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "block_table"_a = none, "softmax_scale"_a = none,
-        "causal"_a = false, "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.0,
-        "alibi_slopes"_a = none, "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0, "deterministic"_a = false,
-        "stream"_a = 0, "impl"_a = "automatic", "Attention backward into caller-allocated dq, dk, dv.");
-  m.def("forward_kvcache", &forward_kvcache, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, nb::kw_only(),
-        "lse"_a = none, "k"_a = none, "v"_a = none, "cache_seqlens"_a = none, "cache_batch_idx"_a = none,
+        "cu_seqlens_q"_a = none, "cu_seqlens_k"_a = none, "seqused_k"_a = none, "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0, "block_table"_a = none, "softmax_scale"_a = none, "causal"_a = false,
+        "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.0, "alibi_slopes"_a = none,
+        "dropout_p"_a = 0.0, "seed"_a = 0, "offset"_a = 0, "deterministic"_a = false, "stream"_a = 0,
+        "impl"_a = "automatic", "Attention backward into caller-allocated dq, dk, dv.");
+  m.def("forward_kvcache", &forward_kvcache, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a = none,
+        "k"_a = none, "v"_a = none, "cache_seqlens"_a = none, "cache_batch_idx"_a = none,
         "cache_leftpad"_a = none, "block_table"_a = none, "rotary_cos"_a = none, "rotary_sin"_a = none,
         "rotary_interleaved"_a = true, "num_splits"_a = 0, "softmax_scale"_a = none, "causal"_a = false,
         "window_left"_a = -1, "window_right"_a = -1, "softcap"_a = 0.0, "alibi_slopes"_a = none,
         "q_descale"_a = none, "k_descale"_a = none, "v_descale"_a = none, "stream"_a = 0,
         "impl"_a = "automatic", "Append k/v into the cache in place (optional rotary), then attend over it.");
-  m.def("merge_states", &merge_states, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, nb::kw_only(),
-        "lse"_a = none, "stream"_a = 0, "Merge two partial attentions by their log-sum-exp.");
+  m.def("merge_states", &merge_states, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a = none,
+        "stream"_a = 0, "Merge two partial attentions by their log-sum-exp.");
   m.def("cast", &cast, "src"_a, "dst"_a, "Host-side elementwise dtype conversion (round to nearest even).");
   m.def("inspect", &inspect, "tensor"_a,
         "How flashport sees a DLPack tensor: (dtype, shape, strides, device, ptr).");
+  m.def("register_torch", &register_torch, "tensor"_a, "parameter"_a, "dtypes"_a,
+        "Read torch.Tensor / nn.Parameter arguments from their attributes (no DLPack capsule); "
+        "`dtypes` maps torch dtypes to flashport dtype names.");
   m.def("version", &flashport::version);
   m.def("available_backends", &flashport::available_backends);
 }

@@ -196,3 +196,48 @@ def test_bad_inputs_name_the_argument():
 def test_unsupported_device_is_named():
     q = torch.randn(1, 4, 2, 16)
     expect_error("k", flashport.flash_attn_func, q, q.to("meta"), q)
+
+
+def test_eager_path_skips_the_custom_op_and_matches_it(device, monkeypatch):
+    """Eager calls run the op's implementation without the custom-op dispatcher, with the same outputs
+    and gradients as the registered op (which torch.compile sees)."""
+    dtype = work_dtype(device)
+    q, k, v = (torch.randn(2, 33, 4, 40, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+    g = torch.randn(2, 33, 4, 40, dtype=dtype, device=device)
+    want = flashport.flash_attn_func(q, k, v, causal=True, softcap=15.0)
+    want_grads = torch.autograd.grad(want, (q, k, v), g)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the eager path went through the custom op")
+
+    monkeypatch.setattr(_torch_ops, "fwd", refuse)
+    monkeypatch.setattr(_torch_ops, "bwd", refuse)
+    got = flashport.flash_attn_func(q, k, v, causal=True, softcap=15.0)
+    assert got.grad_fn is not None and type(got.grad_fn).__name__.startswith("_EagerAttention")
+    got_grads = torch.autograd.grad(got, (q, k, v), g)
+    monkeypatch.undo()
+    # The registered op with its autograd formula, called directly.
+    op_out = _torch_ops.fwd(*fwd_args(q, k, v))[0]
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    plain = flashport.flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(op_out, plain, atol=0, rtol=0)
+    with torch.no_grad():
+        assert flashport.flash_attn_func(q, k, v, causal=True).grad_fn is None
+
+
+def test_low_level_call_reads_grad_tensors_and_parameters(device):
+    """The binding reads torch tensors from their attributes: tensors that require grad, nn.Parameter,
+    strided views (offset data pointers) and positional arguments all reach C++ unchanged."""
+    dtype = work_dtype(device)
+    base = torch.randn(1, 9, 6, 32, dtype=dtype, device=device)
+    q = torch.nn.Parameter(base[:, :, :2])  # a view: head stride 32, row stride 192
+    k = base[:, :, 2:4].clone().requires_grad_()
+    v = base[:, :, 4:].clone()
+    out = torch.full((1, 9, 2, 32), float("nan"), dtype=dtype, device=device)
+    lse = torch.full((1, 2, 9), float("nan"), device=device)
+    flashport.ops.forward(q, k, v, out, lse, None, None, None, None, 0, 0, None, None, True)
+    ref, _ = attention_ref(q.detach(), k.detach(), v, causal=True)
+    assert (out.double().cpu() - ref).abs().max() < (2e-2 if dtype != torch.float32 else 1e-5)
+    assert not torch.isnan(lse).any()
