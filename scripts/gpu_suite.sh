@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
-# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,sanitize,ncu,bench (default all but ncu).
+# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,sanitize,ncu,bench,overhead,train,memory
+# (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
+# alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
+# before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
+# peak-memory benchmark.
 # GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
 set -uo pipefail
@@ -65,6 +69,30 @@ fi
 if has ncu; then
   step "ncu counters of the Hopper forward"
   OUT="$OUT/ncu" bash scripts/ncu_hopper_fwd.sh 2>&1 | tail -30
+fi
+if has overhead; then
+  step "per-call overhead: C++ host time, then through Python vs SDPA"
+  build-gpu/bench/host_overhead_bench 2>&1 | tee "$OUT/host_overhead.log"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  python3 bench/overhead_bench.py --perf-md --out "$OUT/overhead.jsonl" 2>&1 | tee "$OUT/overhead.log" || status=1
+  if [[ -d .base ]]; then
+    echo "--- the same on the tree in .base/ (before the change)"
+    python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/flashport-base ./.base >"$OUT/pip_base.log" 2>&1 \
+      && PYTHONPATH=/tmp/flashport-base python3 bench/overhead_bench.py --out "$OUT/overhead_base.jsonl" 2>&1 | tail -9
+  fi
+fi
+if has train; then
+  step "train_gpt: GPT-2 small, batch 8 x 1024, per attention backend"
+  for attn in ${TRAIN_ATTN:-flashport sdpa-flash sdpa-cudnn}; do
+    python3 examples/train_gpt.py --attn "$attn" ${TRAIN_ARGS:-} --log "$OUT/train_$attn.jsonl" 2>&1 | tail -4 || status=1
+  done
+  python3 examples/train_gpt.py --plot "$OUT"/train_*.jsonl --out docs/train_gpt_loss.png 2>&1 | tail -8
+  cp docs/train_gpt_loss.png "$OUT/" 2>/dev/null
+fi
+if has memory; then
+  step "peak memory of forward + backward vs sequence length"
+  python3 bench/memory_bench.py --out "$OUT/memory.jsonl" 2>&1 | tail -20 || status=1
+  cp docs/perf_memory.png "$OUT/" 2>/dev/null
 fi
 if has bench; then
   step "benchmark"

@@ -4,10 +4,13 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
 
 #include "flashport/error.hpp"
 #include "jit/detail.hpp"
@@ -48,6 +51,7 @@ struct Driver {
   decltype(&::cuEventElapsedTime) event_elapsed = nullptr;
   decltype(&::cuEventDestroy) event_destroy = nullptr;
   decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
+  decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   int devices = 0;
   int cuda_version = 0;     ///< what the driver supports, e.g. 13000
   std::string unavailable;  ///< why the driver cannot be used; empty when it can
@@ -112,6 +116,7 @@ Driver load_driver() {
   optional_sym(d.event_elapsed, "cuEventElapsedTime");
   optional_sym(d.event_destroy, "cuEventDestroy");
   optional_sym(d.stream_is_capturing, "cuStreamIsCapturing");
+  optional_sym(d.stream_synchronize, "cuStreamSynchronize");
   if (!d.unavailable.empty()) return d;
   d.driver_version(&d.cuda_version);
   if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
@@ -159,8 +164,16 @@ void check_device(int device, const std::string& who) {
   }
 }
 
+/// Per-device values read once and kept (every launch needs them; the driver calls behind them cost
+/// more than the rest of a small launch). Devices past kCachedDevices are looked up each time.
+constexpr int kCachedDevices = 64;
+std::atomic<CUcontext> g_contexts[kCachedDevices];
+std::atomic<int> g_archs[kCachedDevices], g_sm_counts[kCachedDevices];  // 0: not read yet
+
 /// The primary context of `device`, retained once per process and kept for its lifetime.
 CUcontext primary_context(int device, const std::string& who) {
+  if (device >= 0 && device < kCachedDevices)
+    if (CUcontext ctx = g_contexts[device].load(std::memory_order_acquire)) return ctx;
   static std::mutex mutex;
   static std::map<int, CUcontext> contexts;
   check_device(device, who);
@@ -172,6 +185,7 @@ CUcontext primary_context(int device, const std::string& who) {
     check(d.device_get(&dev, device), who, "cuDeviceGet");
     check(d.primary_retain(&ctx, dev), who, "cuDevicePrimaryCtxRetain");
   }
+  if (device < kCachedDevices) g_contexts[device].store(ctx, std::memory_order_release);
   return ctx;
 }
 
@@ -227,8 +241,9 @@ constexpr int kDefaultSmemLimit = 48 * 1024;  // dynamic smem allowed without th
 
 /// Raises `kernel`'s dynamic shared-memory limit to `bytes` when it needs the opt-in.
 void configure_smem(Kernel& kernel, int bytes) {
-  const std::string who = "kernel " + kernel.key;
-  if (bytes > kDefaultSmemLimit && bytes > kernel.max_dynamic_smem) {
+  if (bytes <= kernel.max_dynamic_smem) return;
+  const std::string& who = kernel.label;
+  if (bytes > kDefaultSmemLimit) {
     const int optin = attribute(kernel.device, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, who);
     const Driver& d = driver(who);
     auto fn = static_cast<CUfunction>(kernel.function);
@@ -288,6 +303,7 @@ const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
     entry->kernel.function = function;
     entry->kernel.device = device;
     entry->kernel.key = key;
+    entry->kernel.label = who;
     entry->loaded = true;
   }
   configure_smem(entry->kernel, dynamic_smem);
@@ -296,7 +312,7 @@ const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
 
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
             int dynamic_smem, void* stream, void** args) {
-  const std::string who = "kernel " + kernel.key;
+  const std::string& who = kernel.label;
   if (dynamic_smem > std::max(kernel.max_dynamic_smem, kDefaultSmemLimit)) {
     throw Error(who, "launch with " + std::to_string(dynamic_smem) +
                          " bytes of dynamic shared memory, but get() "
@@ -322,14 +338,73 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
   }
 }
 
+namespace {
+
+/// `read(device)` once per device, kept in `slots` (values are positive once read).
+template <class Read>
+int cached_per_device(std::atomic<int>* slots, int device, Read read) {
+  const bool cacheable = device >= 0 && device < kCachedDevices;
+  if (cacheable)
+    if (const int v = slots[device].load(std::memory_order_relaxed)) return v;
+  const int v = read(device);
+  if (cacheable) slots[device].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+}  // namespace
+
 int device_arch(int device) {
-  const std::string who = "device";
-  return attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, who) * 10 +
-         attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, who);
+  return cached_per_device(g_archs, device, [](int dev) {
+    const std::string who = "device";
+    return attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, who) * 10 +
+           attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, who);
+  });
 }
 
 int device_sm_count(int device) {
-  return attribute(device, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "device");
+  return cached_per_device(g_sm_counts, device, [](int dev) {
+    return attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "device");
+  });
+}
+
+namespace {
+
+/// get_cached()'s table: (spec key, device, smem) -> loaded kernel. Entries are never removed (like
+/// the kernels themselves), so the pointers stay valid.
+struct CachedSlot {
+  SpecKey key;
+  int device, smem;
+  bool operator==(const CachedSlot& o) const { return key == o.key && device == o.device && smem == o.smem; }
+};
+struct CachedSlotHash {
+  size_t operator()(const CachedSlot& s) const {
+    uint64_t h = 0xcbf29ce484222325ull ^ reinterpret_cast<uintptr_t>(s.key.builder);
+    for (int v : s.key.values) h = (h ^ (uint32_t)v) * 0x100000001b3ull;
+    return (size_t)((h ^ (uint32_t)s.device) * 0x100000001b3ull ^ (uint32_t)s.smem);
+  }
+};
+std::shared_mutex g_cached_mutex;
+std::unordered_map<CachedSlot, const Kernel*, CachedSlotHash> g_cached;
+
+}  // namespace
+
+const Kernel* find_cached(const SpecKey& key, int device, int dynamic_smem) {
+  std::shared_lock lock(g_cached_mutex);
+  const auto it = g_cached.find({key, device, dynamic_smem});
+  return it == g_cached.end() ? nullptr : it->second;
+}
+
+void remember_cached(const SpecKey& key, int device, int dynamic_smem, const Kernel& kernel) {
+  std::unique_lock lock(g_cached_mutex);
+  g_cached.emplace(CachedSlot{key, device, dynamic_smem}, &kernel);
+}
+
+void stream_synchronize(void* stream) {
+  const std::string who = "stream";
+  const Driver& d = driver(who);
+  if (!d.stream_synchronize) throw Error(who, "libcuda lacks cuStreamSynchronize");
+  ContextScope scope(context_for_stream(stream, who), who);
+  check(d.stream_synchronize(static_cast<CUstream>(stream)), who, "cuStreamSynchronize");
 }
 
 std::string device_name(int device) {

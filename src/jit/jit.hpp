@@ -2,6 +2,7 @@
 // through the driver API. libcuda and libnvrtc are opened at run time (dlopen).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -44,6 +45,7 @@ struct Kernel {
   int max_dynamic_smem = 0;  ///< bytes the kernel was configured for
   int device = -1;           ///< GPU ordinal the module was loaded on
   std::string key;           ///< KernelSpec::key(), for error messages
+  std::string label;         ///< "kernel " + key: the argument name of launch errors
 };
 
 /// Compiles (or loads from cache) and loads `spec` on GPU `device`; the first call per (spec,
@@ -51,14 +53,44 @@ struct Kernel {
 /// Raises the dynamic shared-memory limit to `dynamic_smem` bytes.
 const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem);
 
+/// What identifies one KernelSpec without building it: the function that builds the spec (its
+/// address) and the integers it takes (arch, dtype, head-dim bucket, tile, flags...).
+struct SpecKey {
+  const void* builder = nullptr;
+  std::array<int, 8> values{};
+  bool operator==(const SpecKey&) const = default;
+};
+
+/// get() for hot paths: the first call with a (key, device, dynamic_smem) builds the spec with
+/// `make_spec()` and loads it; later calls find the loaded kernel in a table keyed by integers, with
+/// no string building, hashing of sources or map of spec texts. `key` must determine the spec.
+template <class MakeSpec>
+const Kernel& get_cached(const SpecKey& key, int device, int dynamic_smem, MakeSpec&& make_spec);
+
 /// Launches with cuLaunchKernelEx on `stream` (CUstream, may be null = legacy default stream).
 /// `args` as for cuLaunchKernel. Never synchronises. Throws flashport::Error on a launch failure.
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
             int dynamic_smem, void* stream, void** args);
 
-/// Compute capability (major * 10 + minor) of GPU `device`; throws when there is none.
+/// The table behind get_cached(): the kernel remembered for (key, device, dynamic_smem), or null.
+const Kernel* find_cached(const SpecKey& key, int device, int dynamic_smem);
+void remember_cached(const SpecKey& key, int device, int dynamic_smem, const Kernel& kernel);
+
+template <class MakeSpec>
+const Kernel& get_cached(const SpecKey& key, int device, int dynamic_smem, MakeSpec&& make_spec) {
+  if (const Kernel* hit = find_cached(key, device, dynamic_smem)) return *hit;
+  const Kernel& kernel = get(make_spec(), device, dynamic_smem);
+  remember_cached(key, device, dynamic_smem, kernel);
+  return kernel;
+}
+
+/// Blocks until the work queued on `stream` has finished (benchmarks and tools; the library's entry
+/// points never call it).
+void stream_synchronize(void* stream);
+
+/// Compute capability (major * 10 + minor) of GPU `device`; throws when there is none. Cached.
 int device_arch(int device);
-/// Number of multiprocessors of GPU `device`.
+/// Number of multiprocessors of GPU `device`. Cached.
 int device_sm_count(int device);
 /// Product name of GPU `device` (cuDeviceGetName), e.g. "NVIDIA H200".
 std::string device_name(int device);

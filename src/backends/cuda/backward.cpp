@@ -242,7 +242,7 @@ void launch_backward(const AttnProblem& p) {
     if (accum_bytes) jit::memset_async(prm.dq_accum, 0, accum_bytes, p.stream);
     const unsigned aux_x = (unsigned)((p.sq + kAuxRows - 1) / kAuxRows);
     if (aux_x > 0) {
-      const jit::Kernel& dot = jit::get(backward_dot_spec(arch, p.in_type), device, 0);
+      const jit::Kernel& dot = cached_kernel(backward_dot_spec, device, 0, arch, p.in_type);
       launch_chunked(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, p.stream);
     }
     if (grid_x > 0 && hopper) {
@@ -251,11 +251,12 @@ void launch_backward(const AttnProblem& p) {
       const int smem =
           bwd_smem_bytes(tile.block_m, tile.block_n, bucket, backward_stages(arch, tile, bucket));
       const bool general = p.softcap != 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f;
-      const jit::Kernel& main = jit::get(backward_main_spec(arch, p.in_type, bucket, general), device, smem);
+      const jit::Kernel& main =
+          cached_kernel(backward_main_spec, device, smem, arch, p.in_type, bucket, general);
       launch_chunked(main, prm, (unsigned)grid_x, (unsigned)p.hk, 32u * (unsigned)tile.warps, smem, p.stream);
     }
     if (aux_x > 0) {
-      const jit::Kernel& convert = jit::get(backward_convert_spec(arch, p.in_type), device, 0);
+      const jit::Kernel& convert = cached_kernel(backward_convert_spec, device, 0, arch, p.in_type);
       launch_chunked(convert, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, p.stream);
     }
   } catch (...) {

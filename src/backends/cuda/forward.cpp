@@ -57,9 +57,9 @@ int heuristic_splits(long long ctas, int sm_count, long long key_tiles) {
   return 1;
 }
 
-void launch_aux(const jit::KernelSpec& spec, int device, long long rows, void* stream, void* params) {
+void launch_aux(jit::KernelSpec (*spec)(int), int device, long long rows, void* stream, void* params) {
   if (rows <= 0) return;
-  const jit::Kernel& kernel = jit::get(spec, device, 0);
+  const jit::Kernel& kernel = cached_kernel(spec, device, 0, jit::device_arch(device));
   void* args[] = {params};
   const long long blocks = (rows + kAuxRowsPerBlock - 1) / kAuxRowsPerBlock;
   jit::launch(kernel, (unsigned)blocks, 1, 1, kAuxThreads, 0, stream, args);
@@ -111,7 +111,7 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   const int device = device_of(p.q.ptr, "q");
   const FwdGeometry geo = fwd_geometry(p, num_splits, device);
   const int smem = fwd_smem_bytes(geo.tile, geo.bucket);
-  const jit::Kernel& kernel = jit::get(forward_spec(geo.arch, p.in_type, geo.bucket), device, smem);
+  const jit::Kernel& kernel = cached_kernel(forward_spec, device, smem, geo.arch, p.in_type, geo.bucket);
 
   FwdParams prm{};
   prm.p = p;
@@ -140,7 +140,7 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   prm.batch_offset = 0;
   try {
     jit::launch(kernel, gx, gy, (unsigned)(p.batch * prm.num_splits), threads, smem, p.stream, args);
-    launch_aux(split_combine_spec(geo.arch), device, rows, p.stream, &prm);
+    launch_aux(split_combine_spec, device, rows, p.stream, &prm);
   } catch (...) {
     jit::free_async(scratch, p.stream);
     throw;
@@ -151,7 +151,6 @@ void launch_forward(const AttnProblem& p, int num_splits) {
 void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   const AttnProblem& a = kp.attn;
   const int device = device_of(a.q.ptr, "q");
-  const int arch = jit::device_arch(device);
   KvAppendParams prm{};
   prm.attn = a;
   prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;
@@ -162,7 +161,7 @@ void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   prm.rotary_interleaved = kp.rotary_interleaved ? 1 : 0;
   prm.rotary_q_per_token = kp.rotary_q_per_token ? 1 : 0;
   if (kp.k_new.ptr && kp.s_new > 0)
-    launch_aux(kv_append_spec(arch), device, a.batch * kp.s_new * a.hk, a.stream, &prm);
+    launch_aux(kv_append_spec, device, a.batch * kp.s_new * a.hk, a.stream, &prm);
   if (kp.rotary_dim <= 0 || !kp.cache_seqlens) {
     launch_forward(a, kp.num_splits);
     return;
@@ -173,7 +172,7 @@ void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   void* q_rot = jit::alloc_async((size_t)(q_rows * a.d) * 2, a.stream);
   prm.q_rot = q_rot;
   try {
-    launch_aux(rotate_q_spec(arch), device, q_rows, a.stream, &prm);
+    launch_aux(rotate_q_spec, device, q_rows, a.stream, &prm);
     AttnProblem rotated = a;
     rotated.q = {q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
     launch_forward(rotated, kp.num_splits);
@@ -188,8 +187,7 @@ void launch_merge_states(const core::MergeProblem& mp) {
   const int device = device_of(mp.out.ptr, "out");
   MergeParams prm{mp.batch, mp.seqlen, mp.heads, mp.d,     mp.type, mp.a,
                   mp.b,     mp.out,    mp.lse_a, mp.lse_b, mp.lse};
-  launch_aux(merge_states_spec(jit::device_arch(device)), device, mp.batch * mp.heads * mp.seqlen, mp.stream,
-             &prm);
+  launch_aux(merge_states_spec, device, mp.batch * mp.heads * mp.seqlen, mp.stream, &prm);
 }
 
 }  // namespace flashport::cuda

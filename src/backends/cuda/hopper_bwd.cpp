@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backends/cuda/tma_map.hpp"
+#include "backends/cuda/variants.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/hopper/bwd_sm90_config.h"
 
@@ -138,7 +139,7 @@ void launch_main(BwdParams& prm) {
 
   const int device = jit::pointer_device(p.q.ptr);
   if (device < 0) throw Error("q", "is not a CUDA device pointer");
-  const jit::Kernel& kernel = jit::get(make_spec(p.in_type, d), device, smem);
+  const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {
     kp.bwd.batch_offset = (int)b0;

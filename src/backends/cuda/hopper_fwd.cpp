@@ -202,7 +202,10 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
   l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
   l.tma_v = encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
-  l.kernel = &jit::get(make_spec(p.in_type, d, shape), device, l.smem);
+  const jit::SpecKey key{
+      reinterpret_cast<const void*>(&make_spec),
+      {p.in_type, d, tile.block_m, tile.block_n, tile.stages, shape.exp_emu, shape.persistent}};
+  l.kernel = &jit::get_cached(key, device, l.smem, [&] { return make_spec(p.in_type, d, shape); });
   if (shape.persistent) {
     l.grid[0] = (unsigned)std::min<long long>(blocks, jit::device_sm_count(device));
   } else {

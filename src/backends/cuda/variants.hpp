@@ -1,6 +1,7 @@
 // The CUDA kernel specs: one builder per kernel family, shared by the launchers and all_variants.
 #pragma once
 
+#include <type_traits>
 #include <vector>
 
 #include "jit/jit.hpp"
@@ -22,6 +23,18 @@ jit::KernelSpec merge_states_spec(int arch);
 std::vector<jit::KernelSpec> all_variants(int arch);
 /// The attention kernels whose performance depends on staying in registers (they must not spill).
 bool is_main_kernel(const jit::KernelSpec& spec);
+
+/// `builder(args...)` loaded on `device` for `smem` bytes of dynamic shared memory. The spec (strings)
+/// is built on the first call with these arguments only; later calls are a table lookup by integers
+/// (jit::get_cached). Every input of the spec must be among `args`, or fixed for the process (the
+/// environment overrides that the builders read once).
+template <class... Args>
+const jit::Kernel& cached_kernel(jit::KernelSpec (*builder)(Args...), int device, int smem,
+                                 std::type_identity_t<Args>... args) {
+  static_assert(sizeof...(Args) <= 8, "jit::SpecKey holds 8 integers");
+  const jit::SpecKey key{reinterpret_cast<const void*>(builder), {static_cast<int>(args)...}};
+  return jit::get_cached(key, device, smem, [&] { return builder(args...); });
+}
 
 /// The head-dim buckets the forward kernel is compiled for.
 inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
