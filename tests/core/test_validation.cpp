@@ -268,9 +268,9 @@ TEST(Validation, KvCache) {
   expect_error([&] { forward_kvcache(a); }, "v_new", "together");
 }
 
-/// Varlen queries over a paged cache: q (9, 2, 8), 4 pages of 4 slots, block table (2, 3).
+/// Varlen queries over a paged cache: q (9, 4, 8) (GQA 2:1), 4 pages of 4 slots, block table (2, 3).
 struct Paged {
-  HostTensor q = randn(DType::f32, {9, 2, 8}), out{DType::f32, {9, 2, 8}}, lse{DType::f32, {2, 9}};
+  HostTensor q = randn(DType::f32, {9, 4, 8}), out{DType::f32, {9, 4, 8}}, lse{DType::f32, {4, 9}};
   HostTensor kc = randn(DType::f32, {4, 4, 2, 8}), vc = randn(DType::f32, {4, 4, 2, 8});
   HostTensor cu_q = int_tensor({0, 5, 9}), cu_k, bt = int_tensor({0, 1, 2, 3, 2, 1});
   explicit Paged(std::vector<int32_t> k_lens) : cu_k(int_tensor(k_lens)) {
@@ -319,16 +319,16 @@ TEST(Validation, NegativeDeviceLengthsAreEmptySequences) {
   padded.leftpad_k = pad;  // a left pad past the sequence end
   EXPECT_EQ(seqlen_k(padded, 0), 0);
   // Both CPU implementations run it: sequence 0 fully masked (0, LSE -inf), sequence 1 alike in both.
-  HostTensor ref_out(DType::f32, {9, 2, 8});
+  HostTensor ref_out(DType::f32, {9, 4, 8});
   const core::Backend& cpu = *core::backend_for(DeviceType::cpu);
   cpu.forward(p, Impl::fast);
   AttnProblem r = p;
   r.o.ptr = ref_out.view().data;
   r.lse = nullptr;
   cpu.forward(r, Impl::reference);
-  for (int64_t i = 0; i < 5 * 2; ++i) {
+  for (int64_t i = 0; i < 5 * 4; ++i) {  // (query, head) rows of sequence 0
     ASSERT_EQ(t.out.get(i * 8), 0.0) << "row " << i;
-    ASSERT_EQ(t.lse.get((i % 2) * 9 + i / 2), -INFINITY) << "row " << i;
+    ASSERT_EQ(t.lse.get((i % 4) * 9 + i / 4), -INFINITY) << "row " << i;
   }
   EXPECT_LT(max_abs_diff(t.out, ref_out), 1e-5);
 }
