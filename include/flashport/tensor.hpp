@@ -59,7 +59,7 @@ struct TensorView {
 
   int64_t numel() const;
   int64_t size(int dim) const { return shape[dim]; }
-  /// True when the strides are exactly row-major.
+  /// True when the strides are exactly row-major (always for a view with no elements).
   bool is_contiguous() const;
   /// Byte range [lo, hi) the view can touch; empty views give lo == hi.
   std::array<uintptr_t, 2> byte_span() const;

@@ -11,6 +11,13 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 5734
 
 SUPPORTED_DEVICES = ("cpu", "cuda")
 
+# Ranges of the C++ arguments: int32 lengths and counts, int64 sizes, fp32 scalars, head dims.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+FLT_MAX = 3.4028234663852886e38
+FLT_MIN = 1.1754943508222875e-38  # smallest normal float32
+HEAD_DIM_MAX = 256
+
 
 def error(argument: str, message: str) -> FlashportError:
     """A FlashportError (ValueError) whose message starts with the argument name, like the C++ core's."""
@@ -29,18 +36,26 @@ def window(window_size, causal: bool) -> tuple[int, int]:
     try:
         left, right = window_size
         left, right = int(left), int(right)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise error("window_size", f"expected a pair (left, right), got {window_size!r}") from None
     for value, side in ((left, "left"), (right, "right")):
-        if value < -1:
-            raise error("window_size", f"{side} must be >= -1 (-1 = unbounded), got {value}")
+        if value < -1 or value > INT64_MAX:
+            raise error("window_size", f"{side} must be in [-1, {INT64_MAX}] (-1 = unbounded), got {value}")
     return left, (0 if causal else right)
 
 
 def check_float(value, name: str, lo: float | None = None, hi: float | None = None, hi_open: bool = False) -> float:
+    """A float argument the kernels use as fp32: finite, 0 or a normal float32 magnitude (beyond FLT_MAX it
+    becomes inf, below FLT_MIN a subnormal or 0: NaN or silently different answers), within [lo, hi]."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(name, f"expected a number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float64
+        value = float("inf")
+    if not (value == 0.0 or FLT_MIN <= abs(value) <= FLT_MAX):
+        raise error(name, f"must be finite and fit float32: 0 or a magnitude in [{FLT_MIN:.9g}, {FLT_MAX:.9g}], "
+                          f"got {value:.9g}")
     if lo is not None and value < lo:
         raise error(name, f"must be >= {lo}, got {value}")
     if hi is not None and (value >= hi if hi_open else value > hi):
@@ -48,8 +63,17 @@ def check_float(value, name: str, lo: float | None = None, hi: float | None = No
     return value
 
 
+def check_head_dim(x, name: str) -> None:
+    """The head dim (last extent) of x before padding lies in [1, HEAD_DIM_MAX]. Checked here because the
+    core sees padded sizes (257 would be reported as 264). Objects without a shape are left to later checks."""
+    shape = getattr(x, "shape", None)
+    if shape is not None and len(shape) >= 1:
+        check_int(shape[-1], f"{name}", 1, HEAD_DIM_MAX, what="head dim")
+
+
 def softmax_scale(scale, head_dim: int) -> float:
     """flash-attn's default 1/sqrt(head dim), from the head dim before any padding."""
+    check_int(head_dim, "q", 1, HEAD_DIM_MAX, what="head dim")
     if scale is None:
         return head_dim**-0.5
     return check_float(scale, "softmax_scale")
@@ -60,9 +84,10 @@ def padded(head_dim: int) -> int:
     return (head_dim + 7) // 8 * 8
 
 
-def check_int(value, name: str, lo: int | None = None) -> int:
-    """An int argument; 0-d integer tensors/arrays are read (max_seqlen is often one), and torch.SymInt
-    (dynamic shapes under torch.compile) passes through."""
+def check_int(value, name: str, lo: int | None = None, hi: int = INT64_MAX, what: str = "") -> int:
+    """An int argument in [lo, hi] (hi: INT64_MAX for sizes, INT32_MAX where C++ takes an int); 0-d integer
+    tensors/arrays are read (max_seqlen is often one), and torch.SymInt (dynamic shapes under torch.compile)
+    passes through. `what` names the quantity when it is not the argument itself ("head dim" of q)."""
     if type(value).__name__ == "SymInt":
         return value
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
@@ -70,8 +95,12 @@ def check_int(value, name: str, lo: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise error(name, f"expected an int, got {type(value).__name__}")
     value = int(value)
+    subject = f"{what} must be" if what else "must be"
     if lo is not None and value < lo:
-        raise error(name, f"must be >= {lo}, got {value}")
+        raise error(name, f"{subject} >= {lo}, got {value}")
+    if value > hi:
+        kind = {INT32_MAX: " (int32)", INT64_MAX: " (int64)"}.get(hi, "")
+        raise error(name, f"{subject} <= {hi}{kind}, got {value}")
     return value
 
 

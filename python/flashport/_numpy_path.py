@@ -41,9 +41,9 @@ def _retag(x, data):
 
 
 def last_contiguous(x):
-    """flash-attn's maybe_contiguous: copy only when the last dimension is strided."""
+    """flash-attn's maybe_contiguous: copy only when the last dimension is strided (None passes)."""
     data = _data(x)
-    if data.ndim and data.shape[-1] > 1 and data.strides[-1] != data.itemsize:
+    if data is not None and data.ndim and data.shape[-1] > 1 and data.strides[-1] != data.itemsize:
         return _retag(x, np.ascontiguousarray(data))
     return x
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _numpy_path
-from ._common import error
+from ._common import INT32_MAX, check_head_dim, check_int, error
 
 _torch_path = None
 
@@ -36,6 +36,8 @@ def _numpy(x) -> bool:
 
 
 def _attention(q, k, v, **kw):
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        check_head_dim(x, name)
     if _numpy(q):
         kw.pop("deterministic", None)
         fp8_dtype = kw.pop("fp8_dtype", None)
@@ -163,6 +165,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     block_table. cache_batch_idx picks cache rows; cache_leftpad makes sequence b start at that slot.
     Returns out, or (out, softmax_lse) with return_softmax_lse.
     """
+    for x, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (k, "k"), (v, "v")):
+        check_head_dim(x, name)
+    # int32 in C++: checked here so both paths name the argument (the torch path would overflow filling an
+    # int32 tensor, the binding would refuse a bigger int without saying which).
+    if cache_seqlens is not None and getattr(cache_seqlens, "ndim", 0) == 0:  # an int (or 0-d) for every row
+        cache_seqlens = check_int(cache_seqlens, "cache_seqlens", 0, INT32_MAX)
+    num_splits = check_int(num_splits, "num_splits", 0, INT32_MAX)
     fn = _numpy_path.kvcache if _numpy(q) else _torch().kvcache
     return fn(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
               block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved, alibi_slopes, num_splits,

@@ -15,6 +15,9 @@ std::string num(int64_t v) {
   return std::to_string(v);
 }
 
+// flash-attn's bound (its split-KV combine holds at most 128 partial results).
+constexpr int kMaxNumSplits = 128;
+
 const core::Backend& backend_or_throw(const TensorView& q) {
   const core::Backend* be = core::backend_for(q.device.type);
   if (!be)
@@ -40,7 +43,8 @@ void forward(const ForwardArgs& a) {
   AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
   if (a.lse) {
     core::attach_lse(p, *a.lse, a.q.device);
-    core::check_no_overlap(*a.lse, "lse", a.out, "out");
+    for (const auto& [t, name] : {std::pair{&a.out, "out"}, {&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}})
+      core::check_no_overlap(*a.lse, "lse", *t, name);
   }
   if (a.s_dmask) {
     require(!p.cu_seqlens_q, "s_dmask", "is only available for dense (non-varlen) inputs");
@@ -100,8 +104,9 @@ void forward_kvcache(const KvCacheArgs& a) {
           "k and v must be given together");
   require(a.options.dropout_p == 0.0, "dropout_p",
           [&] { return "must be 0 with a kv cache, got " + std::to_string(a.options.dropout_p); });
-  require(a.num_splits >= 0, "num_splits",
-          [&] { return "must be >= 0 (0 = heuristic), got " + num(a.num_splits); });
+  require(a.num_splits >= 0 && a.num_splits <= kMaxNumSplits, "num_splits", [&] {
+    return "must be in [0, " + num(kMaxNumSplits) + "] (0 = heuristic), got " + num(a.num_splits);
+  });
   require(!(paged && a.cache_batch_idx), "cache_batch_idx",
           "cannot be combined with a paged cache (block_table)");
   if (a.k_new) require(a.cache_seqlens.has_value(), "cache_seqlens", "is required when appending k/v");
@@ -125,7 +130,12 @@ void forward_kvcache(const KvCacheArgs& a) {
     v_cache.shape[0] = batch;
   }
   AttnProblem p = core::build_attention(a.q, k_cache, v_cache, a.out, a.options, lay, a.stream);
-  if (a.lse) core::attach_lse(p, *a.lse, dev);
+  if (a.lse) {
+    core::attach_lse(p, *a.lse, dev);
+    for (const auto& [t, name] :
+         {std::pair{&a.q, "q"}, {&a.out, "out"}, {&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"}})
+      core::check_no_overlap(*a.lse, "lse", *t, name);
+  }
 
   core::KvCacheProblem kp{};
   const int64_t hk = p.hk;
@@ -134,12 +144,17 @@ void forward_kvcache(const KvCacheArgs& a) {
     core::check_tensor(*a.k_new, "k_new", {batch, -1, hk, p.d}, {a.q.dtype}, dev);
     s_new = a.k_new->shape[1];
     core::check_tensor(*a.v_new, "v_new", {batch, s_new, hk, p.dv}, {a.q.dtype}, dev);
-    core::check_no_overlap(a.k_cache, "k_cache", *a.k_new, "k_new");
-    core::check_no_overlap(a.v_cache, "v_cache", *a.v_new, "v_new");
+    // Appending makes the caches outputs: each element its own memory, and no input read after the
+    // write (q, k_new, v_new) may share memory with either cache.
+    for (const auto& [cache, cname] : {std::pair{&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"}}) {
+      core::check_no_self_overlap(*cache, cname, "k/v are appended");
+      for (const auto& [in, iname] : {std::pair{&a.q, "q"}, {&*a.k_new, "k_new"}, {&*a.v_new, "v_new"}})
+        core::check_no_overlap(*cache, cname, *in, iname);
+    }
     kp.k_new = operand(*a.k_new);
     kp.v_new = operand(*a.v_new);
   }
-  core::check_no_overlap(a.k_cache, "k_cache", a.q, "q");
+  // Without k_new the caches are inputs only: they may be read-only, broadcast, or share memory with q.
   core::check_no_overlap(a.out, "out", a.k_cache, "k_cache");
   core::check_no_overlap(a.out, "out", a.v_cache, "v_cache");
   const int32_t* seqlens = nullptr;
@@ -149,11 +164,14 @@ void forward_kvcache(const KvCacheArgs& a) {
     p.seqused_k_add = s_new;
     kp.cache_seqlens = p.seqused_k;
     seqlens = core::host_ints(*a.cache_seqlens);
-    for (int64_t b = 0; seqlens && b < batch; ++b)
-      require(seqlens[b] >= 0 && seqlens[b] + s_new <= capacity, "cache_seqlens", [&] {
+    for (int64_t b = 0; seqlens && b < batch; ++b) {
+      require(seqlens[b] >= 0, "cache_seqlens",
+              [&] { return "entry " + num(b) + " = " + num(seqlens[b]) + " must be >= 0"; });
+      require(seqlens[b] + s_new <= capacity, "cache_seqlens", [&] {
         return "entry " + num(b) + " = " + num(seqlens[b]) + " plus " + num(s_new) +
                " new tokens exceeds the cache capacity " + num(capacity);
       });
+    }
   }
   if (a.cache_batch_idx) {
     core::check_index_tensor(*a.cache_batch_idx, "cache_batch_idx", {batch}, dev);

@@ -1,7 +1,9 @@
 // Validation of the attention arguments and their translation into the plain AttnProblem block.
 #include "attn_validate.hpp"
 
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -16,6 +18,30 @@ std::string num(int64_t v) {
   return std::to_string(v);
 }
 
+/// %g, so 1e-300 does not print as 0.000000.
+std::string real(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+/// A length the kernels hold in an int: [0, INT32_MAX].
+void check_length(int64_t v, const char* name) {
+  require(v >= 0 && v <= INT32_MAX, name, [&] {
+    return "must be in [0, " + num(INT32_MAX) + "] (sequence lengths are int32), got " + num(v);
+  });
+}
+
+/// A scalar the kernels use as fp32: outside [FLT_MIN, FLT_MAX] in magnitude (0 excepted) it would become
+/// inf (NaN outputs) or a subnormal/zero (a silently different answer), so it is refused instead.
+void check_fp32(double v, const char* name) {
+  const double m = std::fabs(v);
+  require(std::isfinite(v) && m <= FLT_MAX && (m == 0.0 || m >= FLT_MIN), name, [&] {
+    return "must be finite and fit float32: 0 or a magnitude in [" + real(FLT_MIN) + ", " + real(FLT_MAX) +
+           "], got " + real(v);
+  });
+}
+
 Operand operand(const TensorView& t) {
   // 4-D (batch|block, token, head, channel) or 3-D varlen (token, head, channel).
   if (t.ndim == 4) return {t.data, t.stride[0], t.stride[1], t.stride[2]};
@@ -23,18 +49,16 @@ Operand operand(const TensorView& t) {
 }
 
 void check_options(const AttentionOptions& o, const TensorView& q, int64_t batch, int64_t hq, int64_t hk) {
-  if (o.softmax_scale) {
-    require(std::isfinite(*o.softmax_scale), "softmax_scale",
-            [&] { return "must be finite, got " + std::to_string(*o.softmax_scale); });
-  }
+  if (o.softmax_scale) check_fp32(*o.softmax_scale, "softmax_scale");
   require(o.window_left >= -1, "window_left",
           [&] { return "must be >= -1 (-1 = unbounded), got " + num(o.window_left); });
   require(o.window_right >= -1, "window_right",
           [&] { return "must be >= -1 (-1 = unbounded), got " + num(o.window_right); });
-  require(std::isfinite(o.softcap) && o.softcap >= 0.0, "softcap",
-          [&] { return "must be >= 0 (0 = off), got " + std::to_string(o.softcap); });
+  require(!(o.softcap < 0.0), "softcap", [&] { return "must be >= 0 (0 = off), got " + real(o.softcap); });
+  check_fp32(o.softcap, "softcap");
   require(o.dropout_p >= 0.0 && o.dropout_p < 1.0, "dropout_p",
-          [&] { return "must be in [0, 1), got " + std::to_string(o.dropout_p); });
+          [&] { return "must be in [0, 1), got " + real(o.dropout_p); });
+  check_fp32(o.dropout_p, "dropout_p");
   if (o.alibi_slopes) {
     const TensorView& a = *o.alibi_slopes;
     if (a.ndim == 1)
@@ -55,8 +79,11 @@ void check_options(const AttentionOptions& o, const TensorView& q, int64_t batch
 void fill_options(AttnProblem& p, const AttentionOptions& o) {
   p.scale = (float)(o.softmax_scale ? *o.softmax_scale : 1.0 / std::sqrt((double)p.d));
   p.softcap = (float)o.softcap;
-  p.window_left = o.window_left;
-  p.window_right = o.causal ? 0 : o.window_right;
+  // A window reaching past every key of the longest sequences (>= sq + sk) is unbounded: store -1, so
+  // kernels never add a huge window to a position (2^63 - 1 overflowed the mask arithmetic).
+  const auto bound = [&](int64_t w) { return w >= p.sq + p.sk ? -1 : w; };
+  p.window_left = bound(o.window_left);
+  p.window_right = o.causal ? 0 : bound(o.window_right);
   if (o.alibi_slopes) {
     p.alibi = static_cast<const float*>(o.alibi_slopes->data);
     p.alibi_batch_stride = o.alibi_slopes->ndim == 2 ? o.alibi_slopes->stride[0] : 0;
@@ -76,24 +103,28 @@ void fill_options(AttnProblem& p, const AttentionOptions& o) {
   p.deterministic = o.deterministic;
 }
 
-/// cu_seqlens values (host only): start at 0, non-decreasing, end at `total`, lengths <= max_len.
+/// cu_seqlens values (host only): non-decreasing (no negative length), lengths <= max_len, and, for
+/// rows of a packed tensor (`total` >= 0), starting at 0 and ending at `total`. Paged keys pass
+/// total = -1: their rows come from the block table, only the lengths matter.
 void check_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int64_t max_len,
                       const char* max_name) {
   const int32_t* v = host_ints(cu);
   if (!v) return;
   const int64_t n = cu.shape[0];
-  require(v[0] == 0, name, [&] { return "must start at 0, got " + num(v[0]); });
+  if (total >= 0) require(v[0] == 0, name, [&] { return "must start at 0, got " + num(v[0]); });
   for (int64_t i = 1; i < n; ++i) {
     require(v[i] >= v[i - 1], name, [&] {
-      return "must be non-decreasing, got " + num(v[i - 1]) + " then " + num(v[i]) + " at index " + num(i);
+      return "must be non-decreasing (sequence lengths are differences, never negative), got " +
+             num(v[i - 1]) + " then " + num(v[i]) + " at index " + num(i);
     });
     require(v[i] - v[i - 1] <= max_len, max_name, [&] {
       return "is an upper bound of the lengths, but sequence " + num(i - 1) + " has length " +
              num(v[i] - v[i - 1]) + " > " + num(max_len);
     });
   }
-  require(v[n - 1] == total, name,
-          [&] { return "must end at the total token count " + num(total) + ", got " + num(v[n - 1]); });
+  if (total >= 0)
+    require(v[n - 1] == total, name,
+            [&] { return "must end at the total token count " + num(total) + ", got " + num(v[n - 1]); });
 }
 
 /// Block-table entries covering `len(b)` tokens of every sequence lie in [0, num_blocks) (host only).
@@ -134,8 +165,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     require(lay.cu_seqlens_q->ndim == 1 && lay.cu_seqlens_q->shape[0] >= 1, "cu_seqlens_q",
             [&] { return "expected shape (batch + 1,), got " + lay.cu_seqlens_q->describe(); });
     batch = lay.cu_seqlens_q->shape[0] - 1;
-    require(lay.max_seqlen_q >= 0, "max_seqlen_q",
-            [&] { return "must be >= 0, got " + num(lay.max_seqlen_q); });
+    check_length(lay.max_seqlen_q, "max_seqlen_q");
     sq = lay.max_seqlen_q;
     total_q = q.shape[0];
   } else {
@@ -170,8 +200,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     check_tensor(k, "k", {-1, -1, d}, {q.dtype}, dev);
     hk = k.shape[1];
     check_tensor(v, "v", {k.shape[0], hk, -1}, {q.dtype}, dev);
-    require(lay.max_seqlen_k >= 0, "max_seqlen_k",
-            [&] { return "must be >= 0, got " + num(lay.max_seqlen_k); });
+    check_length(lay.max_seqlen_k, "max_seqlen_k");
     sk = lay.max_seqlen_k;
   } else {
     check_tensor(k, "k", {batch, -1, -1, d}, {q.dtype}, dev);
@@ -193,8 +222,8 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     check_cu_seqlens(*lay.cu_seqlens_q, "cu_seqlens_q", total_q, lay.max_seqlen_q, "max_seqlen_q");
     if (lay.cu_seqlens_k) {
       check_index_tensor(*lay.cu_seqlens_k, "cu_seqlens_k", {batch + 1}, dev);
-      if (!paged)
-        check_cu_seqlens(*lay.cu_seqlens_k, "cu_seqlens_k", k.shape[0], lay.max_seqlen_k, "max_seqlen_k");
+      check_cu_seqlens(*lay.cu_seqlens_k, "cu_seqlens_k", paged ? -1 : k.shape[0], lay.max_seqlen_k,
+                       "max_seqlen_k");
     }
   }
   if (lay.seqused_k) {
@@ -211,11 +240,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
   if (paged) {
     const int32_t* cu = lay.cu_seqlens_k ? host_ints(*lay.cu_seqlens_k) : nullptr;
     const int32_t* used = lay.seqused_k ? host_ints(*lay.seqused_k) : nullptr;
-    if (cu) {
-      for (int64_t b = 0; b < batch; ++b)
-        require(cu[b + 1] - cu[b] <= lay.block_table->shape[1] * page, "cu_seqlens_k",
-                [&] { return "sequence " + num(b) + " is longer than its block table holds"; });
-    }
+    // Lengths from cu_seqlens_k are bounded by max_seqlen_k, itself bounded by the block table above.
     check_block_table(*lay.block_table, num_blocks, page, [&](int64_t b) -> int64_t {
       if (used) return used[b];
       if (cu) return cu[b + 1] - cu[b];

@@ -22,8 +22,11 @@ void check_tensor(const TensorView& t, const char* name, std::initializer_list<i
     ++d;
   }
   require(shape_ok, name, [&] { return "expected shape " + shape_text(shape) + ", got " + t.describe(); });
+  // Strides of a tensor with no elements address nothing (numpy and DLPack report 0 for them): only
+  // non-empty tensors get stride checks.
+  const bool empty = t.numel() == 0;
   for (int i = 0; i < t.ndim; ++i)
-    require(t.shape[i] >= 0 && t.stride[i] >= 0, name,
+    require(t.shape[i] >= 0 && (empty || t.stride[i] >= 0), name,
             [&] { return "negative extents or strides are not supported, got " + t.describe(); });
   if (std::find(dtypes.begin(), dtypes.end(), t.dtype) == dtypes.end()) {
     std::string want;
@@ -35,7 +38,7 @@ void check_tensor(const TensorView& t, const char* name, std::initializer_list<i
            std::to_string(device.index) + " (the device of q), got " + t.describe();
   });
   require(t.data != nullptr || t.numel() == 0, name, "data pointer is null");
-  if (last_contiguous && t.ndim > 0 && t.shape[t.ndim - 1] > 1)
+  if (last_contiguous && !empty && t.ndim > 0 && t.shape[t.ndim - 1] > 1)
     require(t.stride[t.ndim - 1] == 1, name, [&] {
       return "last dimension must be contiguous (stride 1), got stride " +
              std::to_string(t.stride[t.ndim - 1]);
@@ -57,6 +60,25 @@ void check_no_overlap(const TensorView& out, const char* out_name, const TensorV
   const auto a = out.byte_span(), b = other.byte_span();
   require(a[1] <= b[0] || b[1] <= a[0], out_name,
           [&] { return std::string("memory overlaps ") + other_name + " (outputs must not alias inputs)"; });
+}
+
+void check_no_self_overlap(const TensorView& t, const char* name, const char* why) {
+  if (t.numel() == 0) return;
+  // Dimensions by increasing stride: each stride must step past everything the smaller ones reach.
+  int order[kMaxDims], n = 0;
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] > 1) order[n++] = d;
+  std::sort(order, order + n, [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  int64_t reach = 0;  // largest element offset reachable through the dimensions seen so far
+  for (int i = 0; i < n; ++i) {
+    const int d = order[i];
+    require(t.stride[d] > reach, name, [&] {
+      return std::string("is written in place (") + why +
+             "), so its elements must not share memory; got a broadcast or overlapping view, stride " +
+             std::to_string(t.stride[d]) + " at dimension " + std::to_string(d) + " of " + t.describe();
+    });
+    reach += (t.shape[d] - 1) * t.stride[d];
+  }
 }
 
 }  // namespace flashport::core

@@ -43,6 +43,9 @@ inline void check_no_overlap(const TensorView& out, const char* out_name,
   if (other) check_no_overlap(out, out_name, *other, other_name);
 }
 
+/// A tensor written in place must give every element its own memory (no broadcast, stride-0 view).
+void check_no_self_overlap(const TensorView& t, const char* name, const char* why);
+
 /// Host-resident int32 values, or null when the tensor lives on a GPU (values then cannot be
 /// checked without a synchronisation, which library calls never do; kernels guard them instead).
 inline const int32_t* host_ints(const TensorView& t) {

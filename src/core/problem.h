@@ -77,16 +77,28 @@ struct AttnProblem {
 // Addressing shared by every backend.
 
 /// Number of queries of sequence b.
+// Lengths are clamped at 0: index tensors in GPU memory are never value-checked, and a decreasing
+// cu_seqlens (or a left pad past the end) must give an empty sequence, never a negative loop bound or
+// buffer size.
+FP_HD long long clamp_len(long long n) {
+  return n > 0 ? n : 0;
+}
+
 FP_HD long long seqlen_q(const AttnProblem& p, long long b) {
-  return p.cu_seqlens_q ? (long long)(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]) : p.sq;
+  return p.cu_seqlens_q ? clamp_len(p.cu_seqlens_q[b + 1] - (long long)p.cu_seqlens_q[b]) : p.sq;
 }
 
 /// Number of keys of sequence b (after seqused_k and the kv-cache left pad).
 FP_HD long long seqlen_k(const AttnProblem& p, long long b) {
   long long n = p.seqused_k      ? (long long)p.seqused_k[b] + p.seqused_k_add
-                : p.cu_seqlens_k ? (long long)(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b])
+                : p.cu_seqlens_k ? p.cu_seqlens_k[b + 1] - (long long)p.cu_seqlens_k[b]
                                  : p.sk;
-  return p.leftpad_k ? n - p.leftpad_k[b] : n;
+  return clamp_len(p.leftpad_k ? n - p.leftpad_k[b] : n);
+}
+
+/// Key rows sequence b occupies in memory: more than seqlen_k when seqused_k trims it.
+FP_HD long long key_rows(const AttnProblem& p, long long b) {
+  return p.cu_seqlens_k ? clamp_len(p.cu_seqlens_k[b + 1] - (long long)p.cu_seqlens_k[b]) : p.sk;
 }
 
 /// Element offset of (sequence b, query i, head h) in a query-shaped operand (q, o, dout, dq).

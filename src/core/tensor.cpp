@@ -83,6 +83,7 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to address, whatever the strides say
   int64_t n = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && stride[d] != n) return false;

@@ -1,8 +1,12 @@
 // Bad input cannot get past the core: each case raises flashport::Error naming the argument.
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <limits>
 
 #include "common/test_util.hpp"
+#include "core/attn_validate.hpp"
+#include "core/backend.hpp"
 
 namespace flashport::test {
 namespace {
@@ -111,6 +115,9 @@ TEST(Validation, OptionRanges) {
   a = t.args();
   a.options.softmax_scale = std::nan("");
   expect_error([&] { forward(a); }, "softmax_scale", "finite");
+  a = t.args();
+  a.options.softcap = std::nan("");
+  expect_error([&] { forward(a); }, "softcap", "finite");
 }
 
 TEST(Validation, AlibiAndDescaleShapes) {
@@ -155,8 +162,12 @@ struct Varlen {
 
 Varlen varlen(std::vector<int32_t> cu_q, std::vector<int32_t> cu_k) {
   const int64_t tq = 10, tk = 12;
-  return {randn(DType::f32, {tq, 2, 8}), randn(DType::f32, {tk, 2, 8}), randn(DType::f32, {tk, 2, 8}),
-          HostTensor(DType::f32, {tq, 2, 8}), int_tensor(cu_q), int_tensor(cu_k)};
+  return {randn(DType::f32, {tq, 2, 8}),
+          randn(DType::f32, {tk, 2, 8}),
+          randn(DType::f32, {tk, 2, 8}),
+          HostTensor(DType::f32, {tq, 2, 8}),
+          int_tensor(cu_q),
+          int_tensor(cu_k)};
 }
 
 TEST(Validation, CuSeqlens) {
@@ -223,6 +234,15 @@ TEST(Validation, BackwardGradients) {
   expect_error([&] { backward(b); }, "dv", "overlaps dk");
 }
 
+TEST(Validation, BackwardRejectsFp8) {
+  Dense t = dense(1, 3, 3, 2, 2, 16, DType::e4m3);
+  HostTensor out(DType::bf16, {1, 3, 2, 16}), dq(DType::e4m3, {1, 3, 2, 16}), dkv(DType::e4m3, {1, 3, 2, 16});
+  BackwardArgs b;
+  b.dout = out, b.q = t.q, b.k = t.k, b.v = t.v, b.out = out, b.lse = t.lse;
+  b.dq = dq, b.dk = dkv, b.dv = dkv;
+  expect_error([&] { backward(b); }, "q", "backward is not defined for fp8 inputs");
+}
+
 TEST(Validation, KvCache) {
   const int64_t b = 2, s_cache = 8, hk = 1, d = 8;
   HostTensor q = randn(DType::f32, {b, 1, 2, d}), out(DType::f32, {b, 1, 2, d});
@@ -234,7 +254,8 @@ TEST(Validation, KvCache) {
   a.k_new = kn.view();
   a.v_new = vn.view();
   a.cache_seqlens = seqlens.view();
-  expect_error([&] { forward_kvcache(a); }, "cache_seqlens", "entry 1 = 7 plus 2 new tokens exceeds the cache capacity 8");
+  expect_error([&] { forward_kvcache(a); }, "cache_seqlens",
+               "entry 1 = 7 plus 2 new tokens exceeds the cache capacity 8");
   seqlens.i32()[1] = 6;
   a.options.dropout_p = 0.1;
   expect_error([&] { forward_kvcache(a); }, "dropout_p", "must be 0");
@@ -245,6 +266,188 @@ TEST(Validation, KvCache) {
   a.cache_batch_idx.reset();
   a.v_new.reset();
   expect_error([&] { forward_kvcache(a); }, "v_new", "together");
+}
+
+/// Varlen queries over a paged cache: q (9, 4, 8) (GQA 2:1), 4 pages of 4 slots, block table (2, 3).
+struct Paged {
+  HostTensor q = randn(DType::f32, {9, 4, 8}), out{DType::f32, {9, 4, 8}}, lse{DType::f32, {4, 9}};
+  HostTensor kc = randn(DType::f32, {4, 4, 2, 8}), vc = randn(DType::f32, {4, 4, 2, 8});
+  HostTensor cu_q = int_tensor({0, 5, 9}), cu_k, bt = int_tensor({0, 1, 2, 3, 2, 1});
+  explicit Paged(std::vector<int32_t> k_lens) : cu_k(int_tensor(k_lens)) {
+    bt.tv = TensorView::contiguous(bt.bytes.data(), DType::i32, {2, 3});
+  }
+  ForwardArgs args() const {
+    ForwardArgs a;
+    a.q = q, a.k = kc, a.v = vc, a.out = out;
+    a.lse = lse.view();
+    a.layout.cu_seqlens_q = cu_q.view();
+    a.layout.cu_seqlens_k = cu_k.view();
+    a.layout.block_table = bt.view();
+    a.layout.max_seqlen_q = 5;
+    a.layout.max_seqlen_k = 12;
+    return a;
+  }
+};
+
+TEST(Validation, PagedCuSeqlensKMustBeNonDecreasing) {
+  // [0, -5, 7] made the fast path pack a negative length: an out-of-bounds heap write.
+  Paged t({0, -5, 7});
+  expect_error([&] { forward(t.args()); }, "cu_seqlens_k", "non-decreasing");
+  Paged zeros({0, 10, 4});  // the second sequence silently gave zeros
+  expect_error([&] { forward(zeros.args()); }, "cu_seqlens_k", "got 10 then 4 at index 2");
+  Paged too_long({0, 3, 16});
+  expect_error([&] { forward(too_long.args()); }, "max_seqlen_k", "has length 13 > 12");
+  Paged ok({0, 3, 12});
+  forward(ok.args());
+}
+
+TEST(Validation, NegativeDeviceLengthsAreEmptySequences) {
+  // Device-side index tensors are never value-checked: the addressing clamps a negative length to 0.
+  Paged t({0, 5, 12});
+  AttnProblem p = core::build_attention(t.q, t.kc, t.vc, t.out, {}, t.args().layout, nullptr);
+  core::attach_lse(p, t.lse, {});
+  t.cu_k.i32()[1] = -5;  // [0, -5, 7] as a GPU kernel would read it: lengths -5 and 12
+  t.cu_k.i32()[2] = 7;
+  t.cu_q.i32()[1] = 11;  // query lengths 11 and -2
+  EXPECT_EQ(seqlen_k(p, 0), 0);
+  EXPECT_EQ(seqlen_k(p, 1), 12);
+  EXPECT_EQ(key_rows(p, 0), 0);
+  EXPECT_EQ(seqlen_q(p, 1), 0);
+  t.cu_q.i32()[1] = 5;
+  const int pad[2] = {9, 0};
+  AttnProblem padded = p;
+  padded.leftpad_k = pad;  // a left pad past the sequence end
+  EXPECT_EQ(seqlen_k(padded, 0), 0);
+  // Both CPU implementations run it: sequence 0 fully masked (0, LSE -inf), sequence 1 alike in both.
+  HostTensor ref_out(DType::f32, {9, 4, 8});
+  const core::Backend& cpu = *core::backend_for(DeviceType::cpu);
+  cpu.forward(p, Impl::fast);
+  AttnProblem r = p;
+  r.o.ptr = ref_out.view().data;
+  r.lse = nullptr;
+  cpu.forward(r, Impl::reference);
+  for (int64_t i = 0; i < 5 * 4; ++i) {  // (query, head) rows of sequence 0
+    ASSERT_EQ(t.out.get(i * 8), 0.0) << "row " << i;
+    ASSERT_EQ(t.lse.get((i % 4) * 9 + i / 4), -INFINITY) << "row " << i;
+  }
+  EXPECT_LT(max_abs_diff(t.out, ref_out), 1e-5);
+}
+
+TEST(Validation, HugeWindowIsUnbounded) {
+  Dense t = dense(2, 5, 7, 2, 2, 16);
+  forward(t.args());
+  const HostTensor unbounded = t.out;
+  for (auto [wl, wr] : {std::pair<int64_t, int64_t>{-1, INT64_MAX},
+                        {INT64_MAX, -1},
+                        {INT64_MAX, INT64_MAX},
+                        {12, 12}}) {  // 12 = sq + sk: the first window that needs no mask
+    ForwardArgs a = t.args();
+    a.options.window_left = wl;
+    a.options.window_right = wr;
+    poison(t.out);
+    forward(a);
+    EXPECT_EQ(max_abs_diff(t.out, unbounded), 0.0) << "window (" << wl << ", " << wr << ")";
+  }
+}
+
+TEST(Validation, ScalarsMustFitTheirKernelTypes) {
+  Dense t = dense();
+  for (double bad : {1e39, -1e39, 1e-300, -1e-300, double(INFINITY)}) {
+    ForwardArgs a = t.args();
+    a.options.softmax_scale = bad;
+    expect_error([&] { forward(a); }, "softmax_scale", "fit float32");
+    a = t.args();
+    a.options.softcap = std::fabs(bad);
+    expect_error([&] { forward(a); }, "softcap", "fit float32");
+  }
+  ForwardArgs a = t.args();
+  a.options.dropout_p = 1e-300;
+  expect_error([&] { forward(a); }, "dropout_p", "fit float32");
+  Varlen v = varlen({0, 4, 4, 10}, {0, 6, 6, 12});
+  a = v.args();
+  a.layout.max_seqlen_q = int64_t{1} << 31;
+  expect_error([&] { forward(a); }, "max_seqlen_q", "int32");
+  a = v.args();
+  a.layout.max_seqlen_k = -1;
+  expect_error([&] { forward(a); }, "max_seqlen_k", "got -1");
+}
+
+TEST(Validation, EmptyInputsGiveEmptyOrMaskedOutputs) {
+  // numpy reports stride 0 for an empty dimension: an empty view's strides address nothing.
+  Dense none = dense(2, 0, 7, 4, 2, 16);
+  ForwardArgs a = none.args();
+  a.q.stride = {0, 0, 0, 0};
+  a.out.stride = {0, 0, 0, 0};
+  a.lse->stride = {0, 0, 0};
+  forward(a);
+  for (int64_t b : {0, 3}) {
+    Dense t = dense(b, 3, 3, 4, 2, 16);
+    forward(t.args());
+  }
+  Dense keyless = dense(2, 3, 0, 4, 2, 16);  // no keys: every row fully masked
+  forward(keyless.args());
+  for (int64_t i = 0; i < keyless.out.numel(); ++i) ASSERT_EQ(keyless.out.get(i), 0.0) << i;
+  for (int64_t i = 0; i < keyless.lse.numel(); ++i) ASSERT_EQ(keyless.lse.get(i), -INFINITY) << i;
+  float buf[1];
+  EXPECT_TRUE(TensorView::strided(buf, DType::f32, {2, 0, 3}, {1, 0, 7}).is_contiguous());
+}
+
+/// A decode step: q (2, 1, 2, 8) over dense caches (2, 8, 1, 8), appending 2 tokens.
+struct Decode {
+  HostTensor q = randn(DType::f32, {2, 1, 2, 8}), out{DType::f32, {2, 1, 2, 8}};
+  HostTensor kc = randn(DType::f32, {2, 8, 1, 8}), vc = randn(DType::f32, {2, 8, 1, 8});
+  HostTensor kn = randn(DType::f32, {2, 2, 1, 8}), vn = randn(DType::f32, {2, 2, 1, 8});
+  HostTensor seqlens = int_tensor({3, 5});
+  KvCacheArgs args(bool append = true) const {
+    KvCacheArgs a;
+    a.q = q, a.k_cache = kc, a.v_cache = vc, a.out = out;
+    if (append) a.k_new = kn.view(), a.v_new = vn.view();
+    a.cache_seqlens = seqlens.view();
+    return a;
+  }
+};
+
+TEST(Validation, KvCacheReasons) {
+  Decode t;
+  t.seqlens.i32()[0] = -3;
+  expect_error([&] { forward_kvcache(t.args()); }, "cache_seqlens", "entry 0 = -3 must be >= 0");
+  t.seqlens.i32()[0] = 3;
+  KvCacheArgs a = t.args();
+  a.num_splits = 129;
+  expect_error([&] { forward_kvcache(a); }, "num_splits", "[0, 128]");
+}
+
+TEST(Validation, KvCacheAppendMayNotAliasInputs) {
+  Decode t;
+  HostTensor big = randn(DType::f32, {2, 8, 1, 8});
+  KvCacheArgs a = t.args();
+  a.q = TensorView::contiguous(big.view().data, DType::f32, {2, 1, 2, 8});  // q inside v_cache
+  a.v_cache = big.view();
+  expect_error([&] { forward_kvcache(a); }, "v_cache", "overlaps q");
+  a = t.args();
+  a.k_new = TensorView::contiguous(big.view().data, DType::f32, {2, 2, 1, 8});  // k_new inside v_cache
+  a.v_cache = big.view();
+  expect_error([&] { forward_kvcache(a); }, "v_cache", "overlaps k_new");
+  a = t.args();
+  a.k_cache.stride[0] = 0;  // one row broadcast to the batch: appending would write it twice
+  expect_error([&] { forward_kvcache(a); }, "k_cache", "must not share memory");
+}
+
+TEST(Validation, KvCacheWithoutAppendIsAnInput) {
+  // Nothing appended: the caches are inputs, so a broadcast cache and a q inside it are fine.
+  Decode t;
+  for (int64_t i = 64; i < 128; ++i) t.kc.set(i, t.kc.get(i - 64)), t.vc.set(i, t.vc.get(i - 64));
+  HostTensor q_copy(DType::f32, {2, 1, 2, 8});
+  for (int64_t i = 0; i < q_copy.numel(); ++i) q_copy.set(i, t.kc.get(i));
+  KvCacheArgs a = t.args(false);
+  a.q = q_copy;
+  forward_kvcache(a);
+  const HostTensor expected = t.out;
+  a.k_cache.stride[0] = 0, a.v_cache.stride[0] = 0;  // row 0 broadcast to both batch entries
+  a.q = TensorView::contiguous(t.kc.view().data, DType::f32, {2, 1, 2, 8});  // q reads k_cache's memory
+  poison(t.out);
+  forward_kvcache(a);
+  EXPECT_EQ(max_abs_diff(t.out, expected), 0.0);
 }
 
 TEST(Validation, MergeStates) {

@@ -94,11 +94,6 @@ long long query_rows(const AttnProblem& p) {
   return p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
 }
 
-/// Key rows sequence b occupies in memory (more than seqlen_k when seqused_k trims it).
-long long key_rows(const AttnProblem& p, long long b) {
-  return p.cu_seqlens_k ? (long long)(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]) : p.sk;
-}
-
 }  // namespace
 
 std::string unsupported(const AttnProblem& p, bool backward) {

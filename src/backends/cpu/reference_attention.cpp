@@ -22,11 +22,6 @@ T load(const void* base, int type, long long off) {
   }
 }
 
-/// Key rows sequence b occupies in memory; dK/dV rows past seqlen_k (seqused_k) get zeros.
-long long key_rows(const AttnProblem& p, long long b) {
-  return p.cu_seqlens_k ? (long long)(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]) : p.sk;
-}
-
 /// The keys and values of one (sequence, kv head), widened once: k (n, d), v (n, dv).
 template <class T>
 struct KvSlab {
