@@ -56,7 +56,7 @@ int prune(bool clear, std::optional<uint64_t> max_mb) {
     std::printf("flashport-prebuild: cache %s has no cap (0 = unlimited): removing stale temp files only\n",
                 dir.c_str());
   } else {
-    std::printf("flashport-prebuild: pruning cache %s to %.0f MB (cap %.0f MB)\n", dir.c_str(),
+    std::printf("flashport-prebuild: pruning cache %s to %.1f MB (cap %.0f MB)\n", dir.c_str(),
                 megabytes(max_bytes - max_bytes / 10), megabytes(max_bytes));
   }
   std::fflush(stdout);
@@ -64,7 +64,7 @@ int prune(bool clear, std::optional<uint64_t> max_mb) {
   uint64_t bytes = 0;
   auto report = [&](const std::string& path, uint64_t size) {
     bytes += size;
-    std::printf("[%zu] removed %-80s %8.2f MB (%.1f MB so far)\n", ++count,
+    std::printf("[%zu] removed %-70s %8.2f MB (%.1f MB so far)\n", ++count,
                 path.substr(path.rfind('/') + 1).c_str(), megabytes(size), megabytes(bytes));
     std::fflush(stdout);
   };
