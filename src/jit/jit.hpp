@@ -94,9 +94,9 @@ std::string cache_dir();
 /// The path of `spec`'s disk-cache entry (whether or not it exists yet); empty without a usable
 /// cache directory. Needs libnvrtc (its version is part of the key).
 std::string cache_file(const KernelSpec& spec);
-/// The disk cache's size cap when FLASHPORT_CACHE_MAX_MB is unset: room for several generations of
-/// a full prebuild (all variants for sm_80 and sm_90a), so a kernel edit or driver update does not
-/// evict the entries of the build still in use.
+/// The disk cache's size cap when FLASHPORT_CACHE_MAX_MB is unset. Every variant for sm_80 and
+/// sm_90a is about 15 MB (131 entries), so this keeps dozens of generations (kernel edits, NVRTC
+/// updates) before the oldest go, and bounds the directory all the same.
 inline constexpr uint64_t kDefaultCacheMaxMb = 1024;
 /// `text` as a cap in whole megabytes ("0" = unlimited); throws flashport::Error naming `name` (the
 /// variable or option it came from) when it is not one.
