@@ -1,5 +1,5 @@
 // flashport-prebuild: compiles every CUDA kernel variant the dispatcher can pick into the disk
-// cache, so first use of flashport does not wait for NVRTC.
+// cache, so first use of flashport does not wait for NVRTC; prunes or clears that cache on request.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,10 +27,64 @@ using flashport::jit::KernelSpec;
 void usage() {
   std::printf(
       "usage: flashport-prebuild [--arch 80,90] [-j N] [--list]\n"
-      "  --arch  compute capabilities to build for (default: the local GPUs', else 80,90)\n"
-      "  -j      parallel compiles (default: hardware threads)\n"
-      "  --list  print the kernels without compiling\n"
-      "The cache is $FLASHPORT_CACHE_DIR, else ~/.cache/flashport.\n");
+      "       flashport-prebuild --prune [--max-mb N] | --clear\n"
+      "  --arch    compute capabilities to build for (default: the local GPUs', else 80,90)\n"
+      "  -j        parallel compiles (default: hardware threads)\n"
+      "  --list    print the kernels without compiling\n"
+      "  --prune   remove the least recently used kernels until the cache is within 90%% of its cap\n"
+      "  --max-mb  the cap for --prune (default: $FLASHPORT_CACHE_MAX_MB, else %llu; 0 = unlimited)\n"
+      "  --clear   remove every cached kernel (autotune results are kept)\n"
+      "The cache is $FLASHPORT_CACHE_DIR, else ~/.cache/flashport.\n",
+      static_cast<unsigned long long>(flashport::jit::kDefaultCacheMaxMb));
+}
+
+double megabytes(uint64_t bytes) {
+  return static_cast<double>(bytes) / (1 << 20);
+}
+
+/// --prune / --clear: one pass over the cache, each removed entry printed as it goes.
+int prune(bool clear, std::optional<uint64_t> max_mb) {
+  const std::string dir = flashport::jit::cache_dir();
+  if (dir.empty()) {
+    std::fprintf(stderr, "flashport-prebuild: no writable kernel cache directory to prune\n");
+    return 1;
+  }
+  const uint64_t max_bytes = max_mb ? *max_mb << 20 : flashport::jit::cache_max_bytes();
+  if (clear) {
+    std::printf("flashport-prebuild: clearing cache %s\n", dir.c_str());
+  } else if (max_bytes == 0) {
+    std::printf("flashport-prebuild: cache %s has no cap (0 = unlimited): removing stale temp files only\n",
+                dir.c_str());
+  } else {
+    std::printf("flashport-prebuild: pruning cache %s to %.1f MB (cap %.0f MB)\n", dir.c_str(),
+                megabytes(max_bytes - max_bytes / 10), megabytes(max_bytes));
+  }
+  std::fflush(stdout);
+  size_t count = 0;
+  uint64_t bytes = 0;
+  auto report = [&](const std::string& path, uint64_t size) {
+    bytes += size;
+    std::printf("[%zu] removed %-70s %8.2f MB (%.1f MB so far)\n", ++count,
+                path.substr(path.rfind('/') + 1).c_str(), megabytes(size), megabytes(bytes));
+    std::fflush(stdout);
+  };
+  const auto stats = clear ? flashport::jit::clear_cache(dir, report)
+                           : flashport::jit::prune_cache(dir, max_bytes, {}, report);
+  if (!stats.error.empty()) {
+    std::fprintf(stderr, "flashport-prebuild: %s\n", stats.error.c_str());
+    return 1;
+  }
+  if (stats.skipped) {
+    std::fprintf(stderr, "flashport-prebuild: another process is pruning %s now; nothing done\n",
+                 dir.c_str());
+    return 1;
+  }
+  std::printf(
+      "flashport-prebuild: removed %zu kernels (%.1f MB) and %zu stale temp files; %zu kernels (%.1f MB) "
+      "remain\n",
+      stats.removed, megabytes(stats.removed_bytes), stats.temps_removed, stats.remaining,
+      megabytes(stats.remaining_bytes));
+  return 0;
 }
 
 std::vector<int> parse_archs(const char* text) {
@@ -66,7 +121,8 @@ std::vector<KernelSpec> variants_for(int arch) {
 int main(int argc, char** argv) {
   std::vector<int> archs;
   unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
-  bool list_only = false;
+  bool list_only = false, prune_only = false, clear = false;
+  std::optional<uint64_t> max_mb;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string arg = argv[i];
@@ -76,11 +132,20 @@ int main(int argc, char** argv) {
         jobs = static_cast<unsigned>(std::max(1, std::atoi(argv[++i])));
       } else if (arg == "--list") {
         list_only = true;
+      } else if (arg == "--prune") {
+        prune_only = true;
+      } else if (arg == "--clear") {
+        clear = true;
+      } else if (arg == "--max-mb" && i + 1 < argc) {
+        max_mb = flashport::jit::parse_cache_max_mb(argv[++i], "--max-mb");
       } else {
         usage();
         return arg == "-h" || arg == "--help" ? 0 : 2;
       }
     }
+    if (prune_only && clear) throw std::runtime_error("--prune and --clear exclude each other");
+    if (max_mb && !prune_only) throw std::runtime_error("--max-mb applies to --prune only");
+    if (prune_only || clear) return prune(clear, max_mb);
     if (archs.empty()) archs = default_archs();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flashport-prebuild: %s\n", e.what());

@@ -138,10 +138,7 @@ CacheKey cache_key(const KernelSpec& spec) {
 }
 
 std::string entry_path(const std::string& dir, const KernelSpec& spec, const CacheKey& key) {
-  std::string name;
-  for (char c : spec.entry) name += std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? c : '_';
-  return dir + "/" + name.substr(0, 64) + "-sm" + std::to_string(spec.arch) + "-" + detail::hex64(key.hash) +
-         ".cubin";
+  return dir + "/" + detail::entry_file_name(spec.entry, spec.arch, key.hash);
 }
 
 bool verbose() {
@@ -304,8 +301,19 @@ CompileResult compile(const KernelSpec& spec) {
   CompileResult result = compile_with_nvrtc(spec);
   if (!write_dir.empty()) {
     std::string error;
-    if (!detail::write_cache_entry(entry_path(write_dir, spec, key), key.text, result, &error)) {
+    const std::string path = entry_path(write_dir, spec, key);
+    if (!detail::write_cache_entry(path, key.text, result, &error)) {
       detail::mark_cache_dir_unusable(write_dir, error);
+    } else {
+      // Only a write can grow the directory, so this is the one place the cap needs checking.
+      const PruneStats pruned = prune_cache(write_dir, cache_max_bytes(), path);
+      if (verbose() && (pruned.removed > 0 || pruned.temps_removed > 0)) {
+        std::fprintf(stderr,
+                     "flashport: pruned the kernel cache: %zu entries (%.1f MB) and %zu stale temp files "
+                     "removed, %zu entries (%.1f MB) remain\n",
+                     pruned.removed, pruned.removed_bytes / 1048576.0, pruned.temps_removed, pruned.remaining,
+                     pruned.remaining_bytes / 1048576.0);
+      }
     }
   }
   entry->result = result;

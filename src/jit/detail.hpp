@@ -48,8 +48,14 @@ const SourceTable& sources();
 /// Resource usage from a `--ptxas-options=-v` log for extern "C" kernel `entry`.
 void parse_ptxas_info(const std::string& log, const std::string& entry, int* registers, int* spill_bytes);
 
+/// File name of a kernel's cache entry: "<entry>-sm<arch>-<16 hex digits of the key hash>.cubin".
+std::string entry_file_name(const std::string& entry, int arch, uint64_t key_hash);
+/// Whether `name` has the form entry_file_name gives (pruning touches no other file).
+bool is_entry_file_name(std::string_view name);
+
 /// Reads a cache entry; nullopt on a miss. A damaged entry (bad magic, size, checksum, key) is
-/// reported once on stderr and treated as a miss so the caller rebuilds it.
+/// reported once on stderr and treated as a miss so the caller rebuilds it. A hit refreshes the
+/// entry's mtime, the recency pruning goes by.
 std::optional<CompileResult> read_cache_entry(const std::string& path, const std::string& key_text);
 /// Writes atomically (unique temp file in the same directory, then rename); false on failure.
 bool write_cache_entry(const std::string& path, const std::string& key_text, const CompileResult& result,

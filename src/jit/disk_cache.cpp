@@ -1,11 +1,18 @@
 // The on-disk kernel cache: directory resolution, the entry format (header + key + log + cubin),
-// validation of damaged entries, and atomic writes (temp file + rename) safe across processes.
+// validation of damaged entries, atomic writes (temp file + rename) safe across processes, and
+// least-recently-used pruning to a size cap.
 #include <fcntl.h>
 #include <pwd.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +20,9 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
+
+#include "flashport/error.hpp"
 
 #include "jit/detail.hpp"
 
@@ -35,9 +45,17 @@ struct EntryHeader {
   uint64_t checksum;
 };
 
+constexpr std::string_view kEntrySuffix = ".cubin";
+constexpr std::string_view kTempInfix = ".tmp.";  // write_cache_entry's and the autotune store's
+// A writer's temp file lives from the end of its compile to its rename (milliseconds); one this old
+// belongs to a writer that crashed.
+constexpr auto kStaleTempAge = std::chrono::minutes(10);
+constexpr const char* kLockName = ".prune.lock";
+
 std::mutex g_state_mutex;
-std::map<std::string, bool> g_dir_usable;  // guarded by g_state_mutex
-std::set<std::string> g_reported_entries;  // guarded by g_state_mutex
+std::map<std::string, bool> g_dir_usable;     // guarded by g_state_mutex
+std::set<std::string> g_reported_entries;     // guarded by g_state_mutex
+std::set<std::string> g_reported_cap_values;  // guarded by g_state_mutex
 
 std::string configured_cache_dir() {
   if (const char* dir = std::getenv("FLASHPORT_CACHE_DIR"); dir && *dir) return dir;
@@ -130,6 +148,9 @@ std::optional<CompileResult> read_cache_entry(const std::string& path, const std
   result.registers = header.registers;
   result.spill_bytes = header.spill_bytes;
   result.from_cache = true;
+  // Recency for pruning. Fails harmlessly in a read-only shared cache (not ours to prune) and when a
+  // pruner removed the entry since it was read (the bytes read are complete either way).
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
   return result;
 }
 
@@ -185,7 +206,202 @@ std::string readable_cache_dir() {
              : "";
 }
 
+std::string entry_file_name(const std::string& entry, int arch, uint64_t key_hash) {
+  std::string name;
+  for (char c : entry) name += std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? c : '_';
+  return name.substr(0, 64) + "-sm" + std::to_string(arch) + "-" + hex64(key_hash) +
+         std::string(kEntrySuffix);
+}
+
+bool is_entry_file_name(std::string_view name) {
+  auto all_of = [](std::string_view text, auto predicate) {
+    return !text.empty() && std::all_of(text.begin(), text.end(),
+                                        [&](char c) { return predicate(static_cast<unsigned char>(c)); });
+  };
+  constexpr size_t kHashDigits = 16;
+  if (!name.ends_with(kEntrySuffix)) return false;
+  name.remove_suffix(kEntrySuffix.size());
+  if (name.size() < kHashDigits + 1 || name[name.size() - kHashDigits - 1] != '-') return false;
+  if (!all_of(name.substr(name.size() - kHashDigits),
+              [](int c) { return std::isxdigit(c) && !std::isupper(c); }))
+    return false;
+  name.remove_suffix(kHashDigits + 1);
+  const size_t sm = name.rfind("-sm");
+  return sm != std::string_view::npos && all_of(name.substr(sm + 3), [](int c) { return std::isdigit(c); }) &&
+         all_of(name.substr(0, sm), [](int c) { return std::isalnum(c) || c == '_'; });
+}
+
+namespace {
+
+/// A crashed writer's leftover: "<entry>.tmp.<...>" or the autotune store's "autotune-<...>.txt.tmp.<...>".
+bool is_temp_file_name(std::string_view name) {
+  const size_t infix = name.find(kTempInfix);
+  if (infix == std::string_view::npos) return false;
+  const std::string_view target = name.substr(0, infix);
+  return is_entry_file_name(target) || (target.starts_with("autotune-") && target.ends_with(".txt"));
+}
+
+/// An entry as listed: enough to notice, just before removing it, that it was used or replaced since.
+struct Listed {
+  std::string path;
+  uint64_t bytes;
+  timespec mtime;
+  ino_t inode;
+};
+
+bool same_version(const struct stat& st, const Listed& entry) {
+  return st.st_ino == entry.inode && st.st_mtim.tv_sec == entry.mtime.tv_sec &&
+         st.st_mtim.tv_nsec == entry.mtime.tv_nsec;
+}
+
+/// The directory's prune lock, taken without waiting: a second pruner would only race the first
+/// for the same files. flock belongs to the open file description, so it excludes threads of one
+/// process as well as processes, and it is released when the holder exits or crashes.
+class PruneLock {
+ public:
+  explicit PruneLock(const std::string& dir) {
+    const std::string path = dir + "/" + kLockName;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      error_ = "cannot open " + path + ": " + std::strerror(errno);
+      return;
+    }
+    int rc;
+    while ((rc = ::flock(fd_, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+    }
+    held_ = rc == 0;
+    if (rc != 0 && errno != EWOULDBLOCK) error_ = "cannot lock " + path + ": " + std::strerror(errno);
+  }
+  ~PruneLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  PruneLock(const PruneLock&) = delete;
+  PruneLock& operator=(const PruneLock&) = delete;
+  bool held() const { return held_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  int fd_ = -1;
+  bool held_ = false;
+  std::string error_;
+};
+
+/// Removes stale temp files; then, when the entries total more than `trigger_bytes`, the least
+/// recently used ones until they total at most `target_bytes`, never the one named `keep`.
+PruneStats prune_pass(const std::string& dir, uint64_t trigger_bytes, uint64_t target_bytes,
+                      const std::string& keep, const PruneCallback& on_remove) {
+  PruneStats stats;
+  PruneLock lock(dir);
+  stats.error = lock.error();
+  stats.skipped = stats.error.empty() && !lock.held();
+  if (!lock.held()) return stats;
+
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec), end;
+  if (ec) {
+    stats.error = "cannot list " + dir + ": " + ec.message();
+    return stats;
+  }
+  const auto stale_before = std::chrono::system_clock::now() - kStaleTempAge;
+  std::vector<Listed> entries;
+  uint64_t total = 0;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool entry = is_entry_file_name(name);
+    if (!entry && !is_temp_file_name(name)) continue;  // the lock, autotune results, foreign files
+    const std::string path = it->path().string();
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // removed since listed
+    if (entry) {
+      entries.push_back({path, static_cast<uint64_t>(st.st_size), st.st_mtim, st.st_ino});
+      total += entries.back().bytes;
+    } else if (std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec) < stale_before &&
+               ::unlink(path.c_str()) == 0) {
+      ++stats.temps_removed;
+    }
+  }
+
+  size_t vanished = 0;
+  if (total > trigger_bytes) {
+    std::sort(entries.begin(), entries.end(), [](const Listed& a, const Listed& b) {
+      return std::tie(a.mtime.tv_sec, a.mtime.tv_nsec, a.path) <
+             std::tie(b.mtime.tv_sec, b.mtime.tv_nsec, b.path);
+    });
+    const std::string keep_name = std::filesystem::path(keep).filename().string();
+    for (const Listed& entry : entries) {
+      if (total <= target_bytes) break;
+      if (!keep_name.empty() && std::filesystem::path(entry.path).filename() == keep_name) continue;
+      // Checked again just before removing: an entry a reader used (mtime refreshed) or a writer
+      // replaced since the listing is no longer least recently used. What still slips through this
+      // window costs a recompile, never a damaged read: unlink leaves a reader that has the file
+      // open its complete copy, and one that opens it afterwards sees a miss.
+      struct stat st;
+      if (::lstat(entry.path.c_str(), &st) != 0) {
+        ++vanished;  // removed by hand since the listing
+        total -= entry.bytes;
+        continue;
+      }
+      if (!same_version(st, entry)) continue;
+      if (::unlink(entry.path.c_str()) == 0) {
+        ++stats.removed;
+        stats.removed_bytes += entry.bytes;
+        if (on_remove) on_remove(entry.path, entry.bytes);
+      } else if (errno != ENOENT) {
+        continue;  // not ours to remove (permissions): it stays and counts
+      } else {
+        ++vanished;
+      }
+      total -= entry.bytes;
+    }
+  }
+  stats.remaining = entries.size() - stats.removed - vanished;
+  stats.remaining_bytes = total;
+  return stats;
+}
+
+}  // namespace
 }  // namespace detail
+
+uint64_t parse_cache_max_mb(const std::string& text, const std::string& name) {
+  uint64_t mb = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, ec] = std::from_chars(text.data(), end, mb);
+  if (text.empty() || ec == std::errc::invalid_argument || stop != end) {
+    throw Error(name, "expected a whole number of megabytes (0 = unlimited), got '" + text + "'");
+  }
+  if (ec == std::errc::result_out_of_range || mb > (UINT64_MAX >> 20)) {
+    throw Error(name, "'" + text + "' megabytes is more than can be counted in bytes (0 = unlimited)");
+  }
+  return mb;
+}
+
+uint64_t cache_max_bytes() {
+  constexpr uint64_t kDefault = kDefaultCacheMaxMb << 20;
+  const char* env = std::getenv("FLASHPORT_CACHE_MAX_MB");
+  if (!env || !*env) return kDefault;
+  try {
+    return parse_cache_max_mb(env, "FLASHPORT_CACHE_MAX_MB") << 20;
+  } catch (const Error& e) {
+    {
+      std::lock_guard lock(detail::g_state_mutex);
+      if (!detail::g_reported_cap_values.insert(env).second) return kDefault;
+    }
+    std::fprintf(stderr, "flashport: warning: %s; the kernel cache is capped at the default %llu MB\n",
+                 e.what(), static_cast<unsigned long long>(kDefaultCacheMaxMb));
+    return kDefault;
+  }
+}
+
+PruneStats prune_cache(const std::string& dir, uint64_t max_bytes, const std::string& keep,
+                       const PruneCallback& on_remove) {
+  if (max_bytes == 0) return detail::prune_pass(dir, UINT64_MAX, UINT64_MAX, keep, on_remove);
+  // Down to 90%, not just under the cap, so that the next few writes do not each prune again.
+  return detail::prune_pass(dir, max_bytes, max_bytes - max_bytes / 10, keep, on_remove);
+}
+
+PruneStats clear_cache(const std::string& dir, const PruneCallback& on_remove) {
+  return detail::prune_pass(dir, 0, 0, {}, on_remove);
+}
 
 std::string cache_dir() {
   const std::string dir = detail::configured_cache_dir();

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -125,6 +126,38 @@ std::string cache_dir();
 /// The path of `spec`'s disk-cache entry (whether or not it exists yet); empty without a usable
 /// cache directory. Needs libnvrtc (its version is part of the key).
 std::string cache_file(const KernelSpec& spec);
+/// The disk cache's size cap when FLASHPORT_CACHE_MAX_MB is unset. Every variant for sm_80 and
+/// sm_90a is about 15 MB (131 entries), so this keeps dozens of generations (kernel edits, NVRTC
+/// updates) before the oldest go, and bounds the directory all the same.
+inline constexpr uint64_t kDefaultCacheMaxMb = 1024;
+/// `text` as a cap in whole megabytes ("0" = unlimited); throws flashport::Error naming `name` (the
+/// variable or option it came from) when it is not one.
+uint64_t parse_cache_max_mb(const std::string& text, const std::string& name);
+/// The cap in bytes from FLASHPORT_CACHE_MAX_MB (read on each call), 0 = unlimited; an invalid value
+/// is reported once on stderr, naming the variable, and the default is used.
+uint64_t cache_max_bytes();
+
+/// What one pruning pass did. `skipped`: another process (or thread) held the prune lock, nothing
+/// was done. `error`: the directory or the lock could not be opened, nothing was done.
+struct PruneStats {
+  size_t removed = 0, remaining = 0, temps_removed = 0;
+  uint64_t removed_bytes = 0, remaining_bytes = 0;
+  bool skipped = false;
+  std::string error;
+};
+/// Called with the path and size of each entry a pass removes (progress output).
+using PruneCallback = std::function<void(const std::string& path, uint64_t bytes)>;
+
+/// Least-recently-used pruning of the kernel entries in `dir` (recency: an entry's mtime, refreshed
+/// on every disk-cache hit). When they total more than `max_bytes` (0 = unlimited), removes the
+/// oldest until they total at most 90% of it, never `keep`. Also removes temp files of crashed
+/// writers older than ten minutes. Other files in `dir` are never touched. Safe while other
+/// processes read, write and prune the same directory.
+PruneStats prune_cache(const std::string& dir, uint64_t max_bytes, const std::string& keep = {},
+                       const PruneCallback& on_remove = {});
+/// Removes every kernel entry in `dir` (and stale temp files), with the same locking as prune_cache.
+PruneStats clear_cache(const std::string& dir, const PruneCallback& on_remove = {});
+
 /// Number of NVRTC compilations this process has run (cache hits excluded); for tests and tools.
 size_t compile_count();
 /// Forgets the in-process compile results so the next compile() consults the disk cache again

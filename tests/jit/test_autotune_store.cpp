@@ -30,12 +30,6 @@ void write_text(const std::string& path, const std::string& text) {
   out << text;
 }
 
-size_t count_of(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
-  return n;
-}
-
 /// A fresh cache directory and an empty in-memory store on both ends; a GPU name and driver version
 /// no other test uses, so leftovers cannot answer a lookup.
 class AutotuneStore : public testing::Test {

@@ -33,12 +33,6 @@ std::string self_exe() {
   return n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
 }
 
-size_t count_of(const std::string& text, const std::string& needle) {
-  size_t n = 0;
-  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
-  return n;
-}
-
 TEST(JitCache, SecondCompileIsServedFromDisk) {
   ScopedCacheDir cache;
   const auto spec = selftest_spec(80);

@@ -41,12 +41,13 @@ class ScopedCacheDir {
   const std::string& path() const { return path_; }
   const std::string& root() const { return root_; }
 
-  /// Regular files in the cache directory.
+  /// Regular files in the cache directory, less hidden ones (the prune lock).
   std::vector<std::string> files() const {
     std::vector<std::string> out;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(path_, ec)) {
-      if (e.is_regular_file()) out.push_back(e.path().filename().string());
+      std::string name = e.path().filename().string();
+      if (e.is_regular_file() && name[0] != '.') out.push_back(std::move(name));
     }
     return out;
   }
@@ -75,6 +76,13 @@ inline bool is_elf(const std::vector<char>& bytes) {
                                           "\x7f"
                                           "ELF",
                                           4) == 0;
+}
+
+/// Occurrences of `needle` in `text` (warnings printed once, ...).
+inline size_t count_of(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
 }
 
 }  // namespace flashport::test
