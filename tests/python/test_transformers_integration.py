@@ -157,11 +157,13 @@ def test_packed_position_ids(_seed):
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_generate_with_cache(case, _seed):
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_generate_with_cache(arch, case, _seed):
     """Prefill with left padding, then decode one query per step against the KV cache (causal aligned
-    bottom-right): greedy tokens equal the reference's."""
+    bottom-right; Llama's full cache keeps the padding mask in every step, Mistral's sliding-window cache
+    drops it once the padding leaves the window): greedy tokens equal the reference's."""
     device, dtype, _ = case
-    ref, ours = models("mistral", device, dtype, _seed)
+    ref, ours = models(arch, device, dtype, _seed)
     ids = torch.randint(1, 128, (2, 12), device=device)
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
