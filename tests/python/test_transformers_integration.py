@@ -145,13 +145,19 @@ def test_arbitrary_4d_mask_raises(_seed):
         ours(input_ids=ids, attention_mask=bias)
 
 
-def test_packed_position_ids(_seed):
-    """Two sequences packed into one row, told apart by restarting position_ids, equal each run alone."""
+@pytest.mark.parametrize("told_by", ["position_ids", "cu_seq_lens"])
+def test_packed_sequences(told_by, _seed):
+    """Two sequences packed into one row, told apart by restarting position_ids or by cu_seq_lens_q/k (what
+    transformers' padding-free data collator passes), equal each run alone."""
     ref, ours = models("llama", "cpu", torch.float32, _seed)
     a, b = torch.randint(1, 128, (1, 20)), torch.randint(1, 128, (1, 12))
     pos = torch.cat([torch.arange(20), torch.arange(12)])[None]
+    kw = dict(position_ids=pos)
+    if told_by == "cu_seq_lens":
+        cu = torch.tensor([0, 20, 32], dtype=torch.int32)
+        kw.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20, max_length_k=20)
     with torch.no_grad():
-        packed = ours(input_ids=torch.cat([a, b], 1), position_ids=pos).logits
+        packed = ours(input_ids=torch.cat([a, b], 1), **kw).logits
         alone = torch.cat([ref(input_ids=a).logits, ref(input_ids=b).logits], 1)
     assert_close(packed, alone, 2e-4, "packed logits")
 

@@ -129,13 +129,14 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
                                       f"{tuple(attention_mask.shape)}")
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-    if cu_q is None or cu_k is None or max_q is None or max_k is None:
+    if cu_q is None or cu_k is None:
         cu_q = cu_k = _packed_cu_seqlens(kwargs.get("position_ids"), q)
-        if cu_q is not None:
-            max_q = max_k = int((cu_q[1:] - cu_q[:-1]).max())
     if cu_q is not None:  # packed: the batch's tokens are one stream of sequences
-        b, sq, h, d = q.shape
+        longest = lambda cu: int((cu[1:] - cu[:-1]).max())
+        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        max_q = longest(cu_q) if max_q is None else max_q
+        max_k = longest(cu_k) if max_k is None else max_k
+        b, sq, h, _ = q.shape
         flat = lambda x: x.reshape(-1, *x.shape[2:])
         out = flash_attn_varlen_func(flat(q), flat(k), flat(v), _int32(cu_q), _int32(cu_k), max_q, max_k, **opts)
         return out.view(b, sq, h, out.shape[-1]), None
