@@ -1,0 +1,62 @@
+"""examples/train_gpt.py: a tiny config trains on the CPU with flashport and with SDPA's math backend from the same
+seed (same weights, same batches, so the same losses up to rounding), writes its log, and the plot mode reads
+the logs back."""
+
+import importlib.util
+import json
+import math
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = ["--layers", "2", "--width", "64", "--heads", "4", "--seq", "64", "--batch", "4", "--steps", "3",
+        "--eval-every", "2", "--eval-batches", "2", "--warmup-steps", "1", "--device", "cpu", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def train_gpt():
+    spec = importlib.util.spec_from_file_location("train_gpt", os.path.join(ROOT, "examples", "train_gpt.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def records(path, kind):
+    with open(path) as f:
+        return [r for r in map(json.loads, f) if r["kind"] == kind]
+
+
+def test_train_gpt_flashport_matches_sdpa_math(train_gpt, tmp_path, capsys):
+    logs = {}
+    for attn in ("flashport", "sdpa-math"):
+        logs[attn] = str(tmp_path / f"{attn}.jsonl")
+        assert train_gpt.main(TINY + ["--attn", attn, "--log", logs[attn]]) == 0
+    steps = {attn: [r["loss"] for r in records(path, "step")] for attn, path in logs.items()}
+    for attn, losses in steps.items():
+        assert len(losses) == 3 and all(math.isfinite(x) for x in losses), (attn, losses)
+        assert abs(losses[0] - math.log(train_gpt.VOCAB)) < 0.5, "step 0 should be near uniform over the vocab"
+    # Same weights and batch at step 0: only the attention kernel differs, so fp32 losses agree closely.
+    assert steps["flashport"][0] == pytest.approx(steps["sdpa-math"][0], abs=1e-5)
+    assert steps["flashport"] == pytest.approx(steps["sdpa-math"], abs=1e-4)
+    evals = records(logs["flashport"], "eval")
+    assert [e["step"] for e in evals] == [0, 2, 3]
+    final = records(logs["flashport"], "final")[0]
+    assert final["tokens_per_s"] > 0 and final["val_loss"] < evals[0]["val_loss"]
+    config = records(logs["flashport"], "config")[0]
+    assert config["attn"] == "flashport" and config["corpus_bytes"] > 1_000_000
+
+    capsys.readouterr()
+    png = tmp_path / "loss.png"
+    assert train_gpt.main(["--plot", logs["flashport"], logs["sdpa-math"], "--out", str(png)]) == 0
+    table = capsys.readouterr().out
+    assert "| flashport.jsonl | flashport | 3 |" in table and "| sdpa-math.jsonl | sdpa-math | 3 |" in table
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert png.stat().st_size > 1000
+
+
+def test_train_gpt_rejects_gpu_only_backend_on_cpu(train_gpt):
+    with pytest.raises(SystemExit, match="sdpa-cudnn needs a CUDA device"):
+        train_gpt.main(TINY + ["--attn", "sdpa-cudnn"])
