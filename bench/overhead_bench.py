@@ -64,6 +64,24 @@ def sdpa_call(backend, q, k, v, causal, **kw):
                                               is_causal=causal, **kw).transpose(1, 2)
 
 
+def train_rows(device, dtype, sdpa_names, peers):
+    """forward + backward per impl; its own scope, so the closures keep these inputs (with grad)."""
+    q, k, v = dense_inputs(device, dtype, True)
+    g = torch.randn_like(q)
+
+    def train_step(attn):
+        def step():
+            attn().backward(g)
+        return step
+
+    impls = {"flashport": train_step(lambda: flashport.flash_attn_func(q, k, v, causal=True))}
+    for n in sdpa_names:
+        impls[n] = train_step(lambda n=n: sdpa_call(SDPA[n], q, k, v, True))
+    for n, m in peers.items():
+        impls[n] = train_step(lambda m=m: m.flash_attn_func(q, k, v, causal=True))
+    return impls
+
+
 def rows_for(device, dtype, peers):
     """(row name, {impl: callable}) for every row of the table."""
     on_gpu = device == "cuda"
@@ -82,20 +100,7 @@ def rows_for(device, dtype, peers):
     forward_row("forward, inputs without grad", False)
     forward_row("forward, inputs with requires_grad", True)
 
-    q, k, v = dense_inputs(device, dtype, True)
-    g = torch.randn_like(q)
-
-    def train_step(attn):
-        def step():
-            attn().backward(g)
-        return step
-
-    impls = {"flashport": train_step(lambda: flashport.flash_attn_func(q, k, v, causal=True))}
-    for n in sdpa_names:
-        impls[n] = train_step(lambda n=n: sdpa_call(SDPA[n], q, k, v, True))
-    for n, m in peers.items():
-        impls[n] = train_step(lambda m=m: m.flash_attn_func(q, k, v, causal=True))
-    rows.append(("forward + backward", impls))
+    rows.append(("forward + backward", train_rows(device, dtype, sdpa_names, peers)))
 
     # Varlen: 8 sequences of 128 tokens, with grad (flash-attn's varlen entry; SDPA has no varlen call).
     total, h, d = 8 * 128, 16, 64
@@ -124,11 +129,11 @@ def rows_for(device, dtype, peers):
     rows.append(("flash_attn_with_kvcache, batch 1, 1k cache, GQA 32/8, d 128", impls))
 
     if on_gpu:
-        q, k, v = dense_inputs(device, dtype, False)
+        qc, kc_, vc_ = dense_inputs(device, dtype, False)
         compiled = torch.compile(lambda q, k, v: flashport.flash_attn_func(q, k, v, causal=True), fullgraph=True)
         compiled_sdpa = torch.compile(lambda q, k, v: sdpa_call(SDPA["sdpa-flash"], q, k, v, True), fullgraph=True)
         rows.append(("torch.compile(fullgraph=True) forward",
-                     {"flashport": lambda: compiled(q, k, v), "sdpa-flash": lambda: compiled_sdpa(q, k, v)}))
+                     {"flashport": lambda: compiled(qc, kc_, vc_), "sdpa-flash": lambda: compiled_sdpa(qc, kc_, vc_)}))
     return rows
 
 

@@ -352,8 +352,10 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
   Holder hold;
   flashport::KvCacheArgs a;
   a.q = input(q, "q", hold);
-  a.k_cache = output(k_cache, "k_cache", hold);
-  a.v_cache = output(v_cache, "v_cache", hold);
+  // Appending writes into the caches; without k/v they are inputs and may be read-only (broadcast).
+  const bool append = !k_new.is_none() || !v_new.is_none();
+  a.k_cache = append ? output(k_cache, "k_cache", hold) : input(k_cache, "k_cache", hold);
+  a.v_cache = append ? output(v_cache, "v_cache", hold) : input(v_cache, "v_cache", hold);
   a.out = output(out, "out", hold);
   a.lse = opt_output(lse, "lse", hold);
   a.k_new = opt_input(k_new, "k", hold);

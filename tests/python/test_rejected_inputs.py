@@ -192,6 +192,20 @@ def test_numpy_kvcache_without_new_keys(causal, seqlens):
     assert all(np.array_equal(a, c) for a, c in zip(before, (k_cache, v_cache)))
 
 
+def test_numpy_read_only_cache_without_new_keys():
+    """A broadcast (read-only, stride-0) cache is an input when nothing is appended: it gives the answer
+    of the same cache materialised; appending into it is refused with a message naming it."""
+    q, row = randn(2, 1, 4, 16), randn(1, 8, 2, 16)
+    shared = np.broadcast_to(row, (2, 8, 2, 16))
+    got = kvcache(q, shared, shared, cache_seqlens=np.array([5, 8], np.int32))
+    want = kvcache(q, shared.copy(), shared.copy(), cache_seqlens=np.array([5, 8], np.int32))
+    np.testing.assert_array_equal(got, want)
+    new = randn(2, 1, 2, 16)
+    with pytest.raises(flashport.FlashportError) as info:
+        kvcache(q, shared, shared, new, new, cache_seqlens=np.array([5, 6], np.int32))
+    assert info.value.argument == "k_cache", str(info.value)
+
+
 @requires_torch
 @pytest.mark.parametrize("window", [(-1, 2**63 - 1), (2**63 - 1, -1), (2**63 - 1, 2**63 - 1)])
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
