@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/attn_validate.hpp"
+#include "core/backend.hpp"
 #include "flashport/flashport.hpp"
 #include "jit/jit.hpp"
 
@@ -100,5 +102,27 @@ int main(int argc, char** argv) {
   std::printf("  backward (same problem, 3 launches + scratch):   %7.2f us\n", t_bwd);
   const double t_kv = median_us_per_call([&] { forward_kvcache(kv); }, calls, batches);
   std::printf("  forward_kvcache (1 token, 1k cache, GQA 32/8):    %7.2f us\n", t_kv);
+
+  // Where the forward's time goes: validation into the problem block, the backend's support check,
+  // its launch (kernel lookup + cuLaunchKernelEx), and the one driver query the support check makes.
+  std::printf("parts of the forward:\n");
+  const AttnProblem p = core::build_attention(fwd.q, fwd.k, fwd.v, fwd.out, fwd.options, fwd.layout, nullptr);
+  const core::Backend* be = core::backend_for(DeviceType::cuda);
+  const double t_validate = median_us_per_call(
+      [&] {
+        AttnProblem v = core::build_attention(fwd.q, fwd.k, fwd.v, fwd.out, fwd.options, fwd.layout, nullptr);
+        core::attach_lse(v, *fwd.lse, gpu);
+      },
+      calls, batches);
+  std::printf("  validation (build_attention + attach_lse):        %7.2f us\n", t_validate);
+  const double t_support =
+      median_us_per_call([&] { (void)be->unsupported(p, Impl::automatic, false); }, calls, batches);
+  std::printf("  backend support check:                            %7.2f us\n", t_support);
+  const double t_pointer = median_us_per_call([&] { (void)jit::pointer_device(q.ptr); }, calls, batches);
+  std::printf("    of which cuPointerGetAttribute:                 %7.2f us\n", t_pointer);
+  AttnProblem with_lse = p;
+  core::attach_lse(with_lse, *fwd.lse, gpu);
+  const double t_launch = median_us_per_call([&] { be->forward(with_lse, Impl::automatic); }, calls, batches);
+  std::printf("  backend forward (choice, kernel lookup, launch):  %7.2f us\n", t_launch);
   return 0;
 }

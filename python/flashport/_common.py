@@ -47,6 +47,9 @@ def window(window_size, causal: bool) -> tuple[int, int]:
 def check_float(value, name: str, lo: float | None = None, hi: float | None = None, hi_open: bool = False) -> float:
     """A float argument the kernels use as fp32: finite, 0 or a normal float32 magnitude (beyond FLT_MAX it
     becomes inf, below FLT_MIN a subnormal or 0: NaN or silently different answers), within [lo, hi]."""
+    if (type(value) is float and (value == 0.0 or FLT_MIN <= abs(value) <= FLT_MAX) and (lo is None or value >= lo)
+            and (hi is None or (value < hi if hi_open else value <= hi))):
+        return value  # the common case, without the numbers ABC checks (every call passes here)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(name, f"expected a number, got {type(value).__name__}")
     try:
@@ -88,6 +91,8 @@ def check_int(value, name: str, lo: int | None = None, hi: int = INT64_MAX, what
     """An int argument in [lo, hi] (hi: INT64_MAX for sizes, INT32_MAX where C++ takes an int); 0-d integer
     tensors/arrays are read (max_seqlen is often one), and torch.SymInt (dynamic shapes under torch.compile)
     passes through. `what` names the quantity when it is not the argument itself ("head dim" of q)."""
+    if type(value) is int and (lo is None or value >= lo) and value <= hi:
+        return value  # the common case, without the numbers ABC checks (every call passes here)
     if type(value).__name__ == "SymInt":
         return value
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):

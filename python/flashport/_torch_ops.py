@@ -201,10 +201,12 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 class _EagerAttention(torch.autograd.Function):
     """flashport::fwd with its autograd formula, for eager calls: the same run_fwd, setup and backward
-    as the registered op, without the custom-op dispatcher."""
+    as the registered op, without the custom-op dispatcher. Takes (q, k, v, the other inputs as one
+    tuple): apply() costs per argument, and only q, k, v have gradients."""
 
     @staticmethod
-    def forward(ctx, *inputs):
+    def forward(ctx, q, k, v, rest):
+        inputs = (q, k, v) + rest
         output = run_fwd(*inputs)
         _fwd_setup_context(ctx, inputs, output)
         ctx.mark_non_differentiable(output[1], output[2])
@@ -212,7 +214,7 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse, ds_dmask):
-        return _fwd_backward(ctx, dout, dlse, ds_dmask)
+        return _fwd_backward(ctx, dout, dlse, ds_dmask)[:3] + (None,)
 
 
 def call_fwd(*inputs):
@@ -222,7 +224,7 @@ def call_fwd(*inputs):
     if _tracing(q):
         return fwd(*inputs)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(*inputs)
+        return _EagerAttention.apply(q, k, v, inputs[3:])
     return run_fwd(*inputs)
 
 

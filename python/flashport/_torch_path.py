@@ -15,6 +15,8 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def check_tensor(x, name: str, optional: bool = False):
     if x is None and optional:
         return
+    if type(x) is torch.Tensor and (x.is_cuda or x.is_cpu):
+        return
     if not isinstance(x, torch.Tensor):
         raise error(name, f"expected a torch.Tensor (like q), got {type(x).__name__}")
     _torch_ops.check_device(x, name)

@@ -279,6 +279,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
   }
   fill_options(p, opts);
   p.stream = stream;
+  p.device = dev.index;
   return p;
 }
 

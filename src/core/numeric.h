@@ -26,7 +26,9 @@ FP_HD float bits_f32(u32 u) {
 }
 
 // bf16 ------------------------------------------------------------------------------------------
-FP_HD float bf16_to_f32(u16 h) { return bits_f32((u32)h << 16); }
+FP_HD float bf16_to_f32(u16 h) {
+  return bits_f32((u32)h << 16);
+}
 FP_HD u16 f32_to_bf16(float f) {
   const u32 u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);  // quiet NaN
@@ -77,10 +79,12 @@ inline constexpr Fp8Format kE5M2{2, 15, 57344.0f, false};
 
 FP_HD float fp8_to_f32(u8 x, Fp8Format fmt) {
   const int exp_bits = 7 - fmt.man_bits;
-  const u32 sign = x >> 7, e = (x >> fmt.man_bits) & ((1u << exp_bits) - 1), m = x & ((1u << fmt.man_bits) - 1);
+  const u32 sign = x >> 7, e = (x >> fmt.man_bits) & ((1u << exp_bits) - 1),
+            m = x & ((1u << fmt.man_bits) - 1);
   if (fmt.fnuz && x == 0x80) return bits_f32(0x7fc00000u);
   if (!fmt.fnuz && fmt.man_bits == 3 && e == 15 && m == 7) return bits_f32(0x7fc00000u);
-  if (!fmt.fnuz && fmt.man_bits == 2 && e == 31) return bits_f32(m ? 0x7fc00000u : 0x7f800000u) * (sign ? -1.f : 1.f);
+  if (!fmt.fnuz && fmt.man_bits == 2 && e == 31)
+    return bits_f32(m ? 0x7fc00000u : 0x7f800000u) * (sign ? -1.f : 1.f);
   float v;
   if (e == 0) {
     v = (float)m;

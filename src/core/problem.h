@@ -71,6 +71,9 @@ struct AttnProblem {
 
   bool deterministic;
   void* stream;
+  // Ordinal of the device that holds every tensor (the caller's Device index): GPU backends check it
+  // against q's pointer once per call and then launch there without asking the driver again.
+  int device;
 };
 
 // ---------------------------------------------------------------------------------------------

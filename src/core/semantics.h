@@ -39,7 +39,9 @@ FP_HD T softcap_grad(T capped, T cap) {
 }
 
 /// Query i's diagonal key: queries align to the bottom-right corner when sq != sk.
-FP_HD i64 diagonal(i64 i, i64 sq, i64 sk) { return i + sk - sq; }
+FP_HD i64 diagonal(i64 i, i64 sq, i64 sk) {
+  return i + sk - sq;
+}
 
 /// ALiBi bias (step 3): -slope * |i + sk - sq - j|.
 template <class T>

@@ -204,8 +204,7 @@ void launch_backward(const AttnProblem& p) {
   if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30))
     throw Error("q", "the CUDA backward needs sequence lengths < 2^30 (32-bit positions)");
   if (p.hq > kMaxGridYZ) throw Error("q", "more than 65535 heads are not supported on CUDA");
-  const int device = jit::pointer_device(p.q.ptr);
-  if (device < 0) throw Error("q", "is not a CUDA device pointer");
+  const int device = p.device;
   const int arch = jit::device_arch(device);
   const int bucket = head_dim_bucket(p.d, p.dv);
   const BwdTile tile = backward_tile(arch, bucket);

@@ -30,11 +30,10 @@ const char* forced_forward() {
 bool use_hopper(const AttnProblem& p) {
   const std::string forced = forced_forward();
   if (forced == "portable") return false;
-  const int device = jit::pointer_device(p.q.ptr);
-  if (!hopper::unsupported(p, jit::device_arch(device)).empty()) return false;
+  if (!hopper::unsupported(p, jit::device_arch(p.device)).empty()) return false;
   if (forced == "hopper") return true;
   const long long tiles = p.batch * p.hq * ((p.sq + 127) / 128);
-  return tiles * 2 >= jit::device_sm_count(device);
+  return tiles * 2 >= jit::device_sm_count(p.device);
 }
 
 class CudaBackend final : public core::Backend {
@@ -63,8 +62,12 @@ class CudaBackend final : public core::Backend {
              std::to_string(p.sk);
     if (backward && p.block_table) return "backward through paged K/V is not supported on CUDA";
     if (backward && (p.kv_batch_idx || p.leftpad_k)) return "backward through a KV cache is not supported";
+    // The one driver query of a call: the memory really is on the device the tensors claim.
     const int device = jit::pointer_device(p.q.ptr);
     if (device < 0) return "q is not a CUDA device pointer";
+    if (device != p.device)
+      return "q's memory is on cuda:" + std::to_string(device) +
+             ", but the tensors say cuda:" + std::to_string(p.device);
     const int arch = jit::device_arch(device);
     if (arch < 80)
       return "needs compute capability 8.0 or newer, device " + std::to_string(device) + " is " +

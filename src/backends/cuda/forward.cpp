@@ -102,13 +102,13 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
 }  // namespace
 
 int forward_num_splits(const AttnProblem& p, int num_splits) {
-  return fwd_geometry(p, num_splits, device_of(p.q.ptr, "q")).splits;
+  return fwd_geometry(p, num_splits, p.device).splits;
 }
 
 void launch_forward(const AttnProblem& p, int num_splits) {
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
   if (p.hq > kMaxGridYZ) throw Error("q", "more than 65535 heads are not supported on CUDA");
-  const int device = device_of(p.q.ptr, "q");
+  const int device = p.device;
   const FwdGeometry geo = fwd_geometry(p, num_splits, device);
   const int smem = fwd_smem_bytes(geo.tile, geo.bucket);
   const jit::Kernel& kernel = cached_kernel(forward_spec, device, smem, geo.arch, p.in_type, geo.bucket);
@@ -150,7 +150,7 @@ void launch_forward(const AttnProblem& p, int num_splits) {
 
 void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   const AttnProblem& a = kp.attn;
-  const int device = device_of(a.q.ptr, "q");
+  const int device = a.device;
   KvAppendParams prm{};
   prm.attn = a;
   prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;

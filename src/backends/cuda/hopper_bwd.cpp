@@ -137,8 +137,7 @@ void launch_main(BwdParams& prm) {
   TmaDesc tma_v = hopper::encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
-  const int device = jit::pointer_device(p.q.ptr);
-  if (device < 0) throw Error("q", "is not a CUDA device pointer");
+  const int device = p.device;
   const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {

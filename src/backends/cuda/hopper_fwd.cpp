@@ -219,12 +219,6 @@ void run(Launch& l, void* stream) {
   jit::launch(*l.kernel, l.grid[0], l.grid[1], l.grid[2], kThreads, l.smem, stream, args);
 }
 
-int device_of(const AttnProblem& p) {
-  const int device = jit::pointer_device(p.q.ptr);
-  if (device < 0) throw Error("q", "is not a CUDA device pointer");
-  return device;
-}
-
 // --- autotuning (FLASHPORT_AUTOTUNE=1) -----------------------------------------------------------
 
 /// "128x176x2", with "/emu<n>" when exponentials run on the FMA pipe.
@@ -368,7 +362,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
 void forward(const AttnProblem& p) {
   if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
-  const int device = device_of(p);
+  const int device = p.device;  // checked against q's pointer by CudaBackend::unsupported
   Launch l = prepare(p, chosen_shape(p, device), device);
   run(l, p.stream);
 }
@@ -376,7 +370,7 @@ void forward(const AttnProblem& p) {
 TunedShape autotune_shape(const AttnProblem& p) {
   if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) throw Error("q", "autotuning needs a non-empty problem");
-  const int device = device_of(p);
+  const int device = p.device;  // checked against q's pointer by CudaBackend::unsupported
   const Shape shape = tuned_shape(p, device);
   Launch l = prepare(p, shape, device);
   run(l, p.stream);
