@@ -229,7 +229,9 @@ def main():
         for r in rows:
             f.write(json.dumps(r) + "\n")
     if os.environ.get("OUT"):
-        shutil.copy(args.out, os.path.join(os.environ["OUT"], os.path.basename(args.out)))
+        dst = os.path.join(os.environ["OUT"], os.path.basename(args.out))
+        if not os.path.exists(dst) or not os.path.samefile(args.out, dst):
+            shutil.copy(args.out, dst)
     print()
     print(table(rows))
     plot(rows, outputs(args))

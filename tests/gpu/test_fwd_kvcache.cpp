@@ -196,7 +196,7 @@ TEST(GpuKvCache, PagedCache) {
 
 TEST(GpuKvCache, SplitCounts) {
   FP_SKIP_WITHOUT_GPU();
-  for (int splits : {0, 1, 3, 16, 200}) {
+  for (int splits : {0, 1, 3, 16, 128}) {  // 128: the most a call may ask for
     KvCase c;
     c.b = 1, c.hq = 8, c.hk = 1, c.d = 128, c.s_cache = 2048, c.cache_lens = {1999}, c.num_splits = splits;
     expect_kvcache_accurate(c);
