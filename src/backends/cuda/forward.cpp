@@ -39,10 +39,13 @@ int vec_flags(const AttnProblem& p) {
 }
 
 /// FlashAttention-2's split heuristic: with fewer CTAs than about one wave, cut the key range so the
-/// grid fills the SMs, taking the smallest split count within 85% of the best wave efficiency.
+/// grid fills the SMs, taking the smallest split count within 85% of the best wave efficiency. Each
+/// split keeps at least two key tiles: a one-tile split saves less kernel time than the combine pass,
+/// the scratch and the second launch cost (b 1, s 128: two launches and a scratch allocation on the
+/// host for a 10 us kernel).
 int heuristic_splits(long long ctas, int sm_count, long long key_tiles) {
-  if (ctas >= 0.8 * sm_count || key_tiles < 2) return 1;
-  const int max_splits = (int)std::min<long long>({kMaxSplits, sm_count, key_tiles});
+  if (ctas >= 0.8 * sm_count || key_tiles < 4) return 1;
+  const int max_splits = (int)std::min<long long>({kMaxSplits, sm_count, key_tiles / 2});
   auto efficiency = [&](int s) {
     const double waves = double(ctas * s) / sm_count;
     return waves / std::ceil(waves);
