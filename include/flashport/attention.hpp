@@ -15,16 +15,16 @@ enum class Impl : uint8_t { automatic, reference, baseline, fast };
 
 /// Everything that changes the scores or the softmax (SPEC.md "The score of query i and key j").
 struct AttentionOptions {
-  std::optional<double> softmax_scale;  ///< default 1/sqrt(head dim of q)
-  bool causal = false;                  ///< bottom-right aligned; forces window_right = 0
-  int64_t window_left = -1;             ///< -1: unbounded
-  int64_t window_right = -1;            ///< -1: unbounded
-  double softcap = 0.0;                 ///< 0: off; c > 0: s = c * tanh(s / c)
+  std::optional<double> softmax_scale;     ///< default 1/sqrt(head dim of q)
+  bool causal = false;                     ///< bottom-right aligned; forces window_right = 0
+  int64_t window_left = -1;                ///< -1: unbounded
+  int64_t window_right = -1;               ///< -1: unbounded
+  double softcap = 0.0;                    ///< 0: off; c > 0: s = c * tanh(s / c)
   std::optional<TensorView> alibi_slopes;  ///< fp32 (hq,) or (b, hq)
-  double dropout_p = 0.0;               ///< in [0, 1)
-  uint64_t dropout_seed = 0;            ///< Philox key
-  uint32_t dropout_offset = 0;          ///< Philox counter word 3
-  bool deterministic = false;           ///< backward: bitwise-reproducible dQ/dK/dV
+  double dropout_p = 0.0;                  ///< in [0, 1)
+  uint64_t dropout_seed = 0;               ///< Philox key
+  uint32_t dropout_offset = 0;             ///< Philox counter word 3
+  bool deterministic = false;              ///< backward: bitwise-reproducible dQ/dK/dV
   /// FP8 inputs only: fp32 (b, hk) descale factors; absent means 1.
   std::optional<TensorView> q_descale, k_descale, v_descale;
 };
@@ -43,8 +43,8 @@ struct SequenceLayout {
 /// forward(): out = attention(q, k, v).
 struct ForwardArgs {
   TensorView q, k, v;
-  TensorView out;                     ///< (b, sq, hq, dv) or (total_q, hq, dv); written
-  std::optional<TensorView> lse;      ///< fp32 (b, hq, sq) or (hq, total_q); written
+  TensorView out;                 ///< (b, sq, hq, dv) or (total_q, hq, dv); written
+  std::optional<TensorView> lse;  ///< fp32 (b, hq, sq) or (hq, total_q); written
   /// fp32 (b, hq, sq, sk): softmax probabilities, negated where dropout dropped them (flash-attn's
   /// return_attn_probs, for tests). Reference implementation only.
   std::optional<TensorView> s_dmask;
@@ -66,19 +66,19 @@ struct BackwardArgs {
 
 /// forward_kvcache(): append k_new/v_new into the cache (rotary optional), then attend over it.
 struct KvCacheArgs {
-  TensorView q;                    ///< (b, sq, hq, d)
-  TensorView k_cache, v_cache;     ///< (b_cache, s_cache, hk, d) or paged (num_blocks, page, hk, d)
-  TensorView out;                  ///< (b, sq, hq, dv)
-  std::optional<TensorView> k_new, v_new;        ///< (b, s_new, hk, d|dv), written into the cache
-  std::optional<TensorView> cache_seqlens;       ///< int32 (b,); absent: every sequence has s_cache
-  std::optional<TensorView> cache_batch_idx;     ///< int32 (b,): cache row of each batch entry
-  std::optional<TensorView> cache_leftpad;       ///< int32 (b,): first valid cache slot
-  std::optional<TensorView> block_table;         ///< int32 (b, max_blocks_per_seq)
+  TensorView q;                             ///< (b, sq, hq, d)
+  TensorView k_cache, v_cache;              ///< (b_cache, s_cache, hk, d) or paged (num_blocks, page, hk, d)
+  TensorView out;                           ///< (b, sq, hq, dv)
+  std::optional<TensorView> k_new, v_new;   ///< (b, s_new, hk, d|dv), written into the cache
+  std::optional<TensorView> cache_seqlens;  ///< int32 (b,); absent: every sequence has s_cache
+  std::optional<TensorView> cache_batch_idx;         ///< int32 (b,): cache row of each batch entry
+  std::optional<TensorView> cache_leftpad;           ///< int32 (b,): first valid cache slot
+  std::optional<TensorView> block_table;             ///< int32 (b, max_blocks_per_seq)
   std::optional<TensorView> rotary_cos, rotary_sin;  ///< (max_pos, rotary_dim / 2), q's dtype
-  bool rotary_interleaved = true;  ///< flash-attn's default: GPT-J pairs
-  int num_splits = 0;              ///< 0: heuristic; 1: no split-KV
-  std::optional<TensorView> lse;   ///< fp32 (b, hq, sq)
-  AttentionOptions options;        ///< dropout must be 0
+  bool rotary_interleaved = true;                    ///< flash-attn's default: GPT-J pairs
+  int num_splits = 0;                                ///< 0: heuristic; 1: no split-KV
+  std::optional<TensorView> lse;                     ///< fp32 (b, hq, sq)
+  AttentionOptions options;                          ///< dropout must be 0
   void* stream = nullptr;
   Impl impl = Impl::automatic;
 };
@@ -88,7 +88,7 @@ struct KvCacheArgs {
 struct MergeArgs {
   TensorView out_a, lse_a;  ///< (b, s, h, d), fp32 (b, h, s)
   TensorView out_b, lse_b;
-  TensorView out;           ///< (b, s, h, d); may be out_a or out_b itself
+  TensorView out;                 ///< (b, s, h, d); may be out_a or out_b itself
   std::optional<TensorView> lse;  ///< fp32 (b, h, s); may alias lse_a or lse_b
   void* stream = nullptr;
 };
@@ -97,6 +97,14 @@ void forward(const ForwardArgs& args);
 void backward(const BackwardArgs& args);
 void forward_kvcache(const KvCacheArgs& args);
 void merge_states(const MergeArgs& args);
+
+/// Checked mode (off by default; process-wide): index tensors in GPU memory (cu_seqlens_q/k, seqused_k,
+/// block_table, cache_seqlens, cache_batch_idx, cache_leftpad) are copied to the host and validated
+/// like host ones, so a bad value raises a named Error instead of being clamped by the kernels. Each
+/// call with such tensors then synchronises with its stream (the copy waits for the work before it),
+/// which is why it is opt-in: for debugging, and for tests of what a GPU call would accept.
+void set_checked_mode(bool on);
+bool checked_mode();
 
 /// The library version, "MAJOR.MINOR.PATCH".
 const char* version();

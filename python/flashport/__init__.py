@@ -7,7 +7,8 @@ imported only when a torch tensor is first passed in (or right away when torch i
 import sys as _sys
 
 from . import ops
-from ._C import FlashportError, available_backends
+from ._C import FlashportError, available_backends, checked_mode
+from ._C import set_checked_mode as set_checked
 from ._C import version as _version
 from .interface import (
     flash_attn_func,
@@ -30,6 +31,7 @@ __version__ = _version()
 __all__ = [
     "FlashportError",
     "available_backends",
+    "checked_mode",
     "flash_attn_func",
     "flash_attn_fp8_func",
     "flash_attn_kvpacked_func",
@@ -44,6 +46,7 @@ __all__ = [
     "merge_states",
     "ops",
     "scaled_dot_product_attention",
+    "set_checked",
 ]
 
 # Register the torch custom ops now if torch is already loaded, so the first call never happens

@@ -480,6 +480,9 @@ NB_MODULE(_C, m) {
   m.def("register_torch", &register_torch, "tensor"_a, "parameter"_a, "dtypes"_a,
         "Read torch.Tensor / nn.Parameter arguments from their attributes (no DLPack capsule); "
         "`dtypes` maps torch dtypes to flashport dtype names.");
+  m.def("set_checked_mode", &flashport::set_checked_mode, "on"_a,
+        "Validate GPU-resident index tensors on the host (synchronising copies); see flashport.set_checked.");
+  m.def("checked_mode", &flashport::checked_mode);
   m.def("version", &flashport::version);
   m.def("available_backends", &flashport::available_backends);
 }

@@ -40,6 +40,7 @@ Operand operand(const TensorView& t) {
 }  // namespace
 
 void forward(const ForwardArgs& a) {
+  core::begin_call(a.stream);
   AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
   if (a.lse) {
     core::attach_lse(p, *a.lse, a.q.device);
@@ -59,6 +60,7 @@ void forward(const ForwardArgs& a) {
 }
 
 void backward(const BackwardArgs& a) {
+  core::begin_call(a.stream);
   AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
   require(!is_fp8(a.q.dtype), "q", "backward is not defined for fp8 inputs");
   const Device dev = a.q.device;
@@ -93,6 +95,7 @@ void backward(const BackwardArgs& a) {
 }
 
 void forward_kvcache(const KvCacheArgs& a) {
+  core::begin_call(a.stream);
   const Device dev = a.q.device;
   const bool paged = a.block_table.has_value();
   require(a.q.ndim == 4, "q",
@@ -169,7 +172,8 @@ void forward_kvcache(const KvCacheArgs& a) {
               [&] { return "entry " + num(b) + " = " + num(seqlens[b]) + " must be >= 0"; });
       require(seqlens[b] + s_new <= capacity, "cache_seqlens", [&] {
         return "entry " + num(b) + " = " + num(seqlens[b]) + " plus " + num(s_new) +
-               " new tokens exceeds the cache capacity " + num(capacity);
+               " new tokens exceeds the cache capacity " + num(capacity) +
+               (paged ? " (block_table.shape[1] * page_size)" : " (k_cache.shape[1])");
       });
     }
   }

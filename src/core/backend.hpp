@@ -1,9 +1,11 @@
 // The interface between the core (validation, dispatch) and a backend (cpu, cuda, hip).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "flashport/attention.hpp"
+#include "flashport/error.hpp"
 #include "problem.h"
 
 namespace flashport::core {
@@ -49,6 +51,11 @@ class Backend {
   virtual void backward(const AttnProblem& p, Impl impl) const = 0;
   virtual void forward_kvcache(const KvCacheProblem& p, Impl impl) const = 0;
   virtual void merge_states(const MergeProblem& p) const = 0;
+  /// Checked mode: copies `bytes` of device memory to the host after the work queued on `stream`
+  /// (synchronising). Backends whose memory the host reads directly never get here.
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) const {
+    throw Error("checked mode", std::string(name()) + " backend cannot copy device memory to the host");
+  }
 };
 
 /// The backend for tensors on `device`, or null when none is built or usable (src/backends/registry.cpp).

@@ -2,8 +2,57 @@
 #include "check.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <utility>
+#include <vector>
+
+#include "backend.hpp"
+#include "flashport/attention.hpp"
+
+namespace flashport {
+
+namespace {
+std::atomic<bool> g_checked{false};
+}  // namespace
+
+void set_checked_mode(bool on) {
+  g_checked.store(on, std::memory_order_relaxed);
+}
+bool checked_mode() {
+  return g_checked.load(std::memory_order_relaxed);
+}
+
+}  // namespace flashport
 
 namespace flashport::core {
+namespace {
+
+/// This thread's current call: its stream and the host copies checked mode made of device indices.
+struct CallState {
+  void* stream = nullptr;
+  std::vector<std::pair<const void*, std::vector<int32_t>>> copies;
+};
+thread_local CallState t_call;
+
+}  // namespace
+
+void begin_call(void* stream) {
+  t_call.stream = stream;
+  t_call.copies.clear();
+}
+
+const int32_t* host_ints(const TensorView& t) {
+  if (t.device.type == DeviceType::cpu) return static_cast<const int32_t*>(t.data);
+  if (!checked_mode() || t.numel() == 0) return nullptr;
+  for (const auto& [src, values] : t_call.copies)
+    if (src == t.data && (int64_t)values.size() == t.numel()) return values.data();
+  const Backend* be = backend_for(t.device.type);
+  if (!be) return nullptr;  // the entry point reports the missing backend
+  std::vector<int32_t> values((size_t)t.numel());
+  be->copy_to_host(values.data(), t.data, values.size() * sizeof(int32_t), t_call.stream);
+  t_call.copies.emplace_back(t.data, std::move(values));
+  return t_call.copies.back().second.data();
+}
 
 std::string shape_text(std::initializer_list<int64_t> dims) {
   std::string s = "(";

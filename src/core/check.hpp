@@ -46,10 +46,14 @@ inline void check_no_overlap(const TensorView& out, const char* out_name,
 /// A tensor written in place must give every element its own memory (no broadcast, stride-0 view).
 void check_no_self_overlap(const TensorView& t, const char* name, const char* why);
 
-/// Host-resident int32 values, or null when the tensor lives on a GPU (values then cannot be
-/// checked without a synchronisation, which library calls never do; kernels guard them instead).
-inline const int32_t* host_ints(const TensorView& t) {
-  return t.device.type == DeviceType::cpu ? static_cast<const int32_t*>(t.data) : nullptr;
-}
+/// The int32 values of a (checked, contiguous) index tensor on the host: host tensors in place; GPU
+/// tensors only in checked mode, through one synchronising copy per tensor and call (kept until the
+/// next begin_call on this thread); otherwise null: library calls never synchronise, and the kernels
+/// guard device-resident indices instead.
+const int32_t* host_ints(const TensorView& t);
+
+/// Starts a public entry point's validation on this thread: drops the previous call's host copies and
+/// records the stream that checked-mode copies are ordered on.
+void begin_call(void* stream);
 
 }  // namespace flashport::core

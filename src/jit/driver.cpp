@@ -52,6 +52,7 @@ struct Driver {
   decltype(&::cuEventDestroy) event_destroy = nullptr;
   decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
+  decltype(&::cuMemcpyDtoHAsync) memcpy_dtoh_async = nullptr;
   int devices = 0;
   int cuda_version = 0;     ///< what the driver supports, e.g. 13000
   std::string unavailable;  ///< why the driver cannot be used; empty when it can
@@ -117,6 +118,7 @@ Driver load_driver() {
   optional_sym(d.event_destroy, "cuEventDestroy");
   optional_sym(d.stream_is_capturing, "cuStreamIsCapturing");
   optional_sym(d.stream_synchronize, "cuStreamSynchronize");
+  optional_sym(d.memcpy_dtoh_async, "cuMemcpyDtoHAsync");
   if (!d.unavailable.empty()) return d;
   d.driver_version(&d.cuda_version);
   if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
@@ -496,6 +498,19 @@ void free_async(void* ptr, void* stream) {
   ContextScope scope(context_for_stream(stream, who), who);
   check(d.free_async(reinterpret_cast<CUdeviceptr>(ptr), static_cast<CUstream>(stream)), who,
         "cuMemFreeAsync");
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  const std::string who = "checked mode";
+  const Driver& d = driver(who);
+  if (!d.memcpy_dtoh_async || !d.stream_synchronize)
+    throw Error(who, "libcuda lacks cuMemcpyDtoHAsync / cuStreamSynchronize");
+  ContextScope scope(context_for_stream(stream, who), who);
+  const auto cu_stream = static_cast<CUstream>(stream);
+  check(d.memcpy_dtoh_async(dst, reinterpret_cast<CUdeviceptr>(src), bytes, cu_stream), who,
+        "cuMemcpyDtoHAsync");
+  check(d.stream_synchronize(cu_stream), who, "cuStreamSynchronize");
 }
 
 void memset_async(void* ptr, unsigned char value, size_t bytes, void* stream) {

@@ -112,6 +112,9 @@ int pointer_device(const void* ptr);
 /// dQ accumulators, rotated queries. Never synchronises.
 void* alloc_async(size_t bytes, void* stream);
 void free_async(void* ptr, void* stream);
+/// Copies `bytes` from device memory to host memory after the work queued on `stream` and waits for it
+/// (cuMemcpyDtoHAsync + cuStreamSynchronize): checked mode only.
+void copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
 /// cuMemsetD8Async.
 void memset_async(void* ptr, unsigned char value, size_t bytes, void* stream);
 

@@ -245,3 +245,38 @@ def test_empty_varlen_and_decode():
     out, lse = kvcache(randn(2, 1, 4, 16), randn(2, 8, 2, 16), randn(2, 8, 2, 16), cache_seqlens=0,
                        return_softmax_lse=True)
     assert not out.any() and np.all(lse == -np.inf)
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_checked_mode_names_bad_device_indices():
+    """flash-attn's #2709: a paged cache whose cache_seqlens plus the appended tokens exceed what the
+    block table holds. GPU index tensors are clamped by the kernels unless checked mode copies them to
+    the host, where they get the same named errors as host tensors."""
+    dev, bf16 = "cuda", torch.bfloat16
+    q, new = torch.randn(1, 1, 4, 64, device=dev, dtype=bf16), torch.randn(1, 1, 2, 64, device=dev, dtype=bf16)
+    k_cache, v_cache = (torch.randn(8, 16, 2, 64, device=dev, dtype=bf16) for _ in range(2))
+    table = torch.arange(4, dtype=torch.int32, device=dev).reshape(1, 4)  # 4 pages of 16: 64 tokens
+    full = torch.tensor([64], dtype=torch.int32, device=dev)
+    assert not flashport.checked_mode()
+    flashport.set_checked(True)
+    try:
+        with pytest.raises(flashport.FlashportError) as info:
+            kvcache(q, k_cache, v_cache, new, new, cache_seqlens=full, block_table=table)
+        assert info.value.argument == "cache_seqlens" and "block_table" in str(info.value), str(info.value)
+        bad_table = table.clone()
+        bad_table[0, 1] = 99
+        with pytest.raises(flashport.FlashportError) as info:
+            kvcache(q, k_cache, v_cache, cache_seqlens=full, block_table=bad_table)
+        assert info.value.argument == "block_table", str(info.value)
+        cu_k = torch.tensor([0, -5, 7], dtype=torch.int32, device=dev)  # decreasing, with pages
+        qv = torch.randn(9, 4, 64, device=dev, dtype=bf16)
+        cu_q = torch.tensor([0, 5, 9], dtype=torch.int32, device=dev)
+        with pytest.raises(flashport.FlashportError) as info:
+            flashport.flash_attn_varlen_func(qv, k_cache, v_cache, cu_q, cu_k, 5, 12,
+                                             block_table=table.expand(2, 4).contiguous())
+        assert info.value.argument == "cu_seqlens_k", str(info.value)
+    finally:
+        flashport.set_checked(False)
+    # Unchecked, the same call is answered (the kernels clamp) without a synchronisation.
+    out = kvcache(q, k_cache, v_cache, cache_seqlens=full, block_table=table)
+    assert out.shape == q.shape and torch.isfinite(out).all()

@@ -84,6 +84,9 @@ class CudaBackend final : public core::Backend {
   void backward(const AttnProblem& p, Impl) const override { launch_backward(p); }
   void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override { launch_forward_kvcache(kp); }
   void merge_states(const core::MergeProblem& mp) const override { launch_merge_states(mp); }
+  void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) const override {
+    jit::copy_to_host(dst, src, bytes, stream);
+  }
 };
 
 }  // namespace
