@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
-# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,sanitize,ncu,bench,overhead,train,memory
+# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,sanitize,ncu,bench,overhead,train,memory,
+# fuzz,huge
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
-# peak-memory benchmark.
+# peak-memory benchmark; `fuzz` the differential GPU fuzzer (FUZZ_SECONDS, FUZZ_WORKERS); `huge` the
+# more-than-2^31-elements test.
 # GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
 set -uo pipefail
@@ -59,12 +61,25 @@ if has python; then
   tail -15 "$OUT/pytest.log"
 fi
 if has sanitize; then
-  step "compute-sanitizer (memcheck, racecheck) on small shapes"
-  for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/flashport_tests_gpu \
-      --gtest_filter="${SANITIZE_FILTER:-*Small*}" >"$OUT/sanitize_$tool.log" 2>&1
-    echo "$tool exit $?"; tail -3 "$OUT/sanitize_$tool.log"
+  # Every kernel family on small shapes: the portable and Hopper forward and backward (*Small*), split-KV
+  # combine, kv-cache append/rotary (GpuKvCacheSmall), merge_states, paged decode.
+  step "compute-sanitizer (memcheck, racecheck, synccheck) over every kernel family, small shapes"
+  for tool in memcheck racecheck synccheck; do
+    timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/flashport_tests_gpu \
+      --gtest_filter="${SANITIZE_FILTER:-*Small*:GpuMergeStates*:GpuForwardPaged.DecodeWithSplits}" \
+      >"$OUT/sanitize_$tool.log" 2>&1
+    echo "$tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -4
   done
+fi
+if has fuzz; then
+  step "differential fuzzing of the CUDA kernels against the CPU oracle"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  python3 tests/fuzz/gpu_diff_fuzz.py --seconds "${FUZZ_SECONDS:-120}" --workers "${FUZZ_WORKERS:-14}" \
+    2>&1 | tee "$OUT/gpu_fuzz.log" | grep -v "^  [0-9]* problems" | tail -25 || status=1
+fi
+if has huge; then
+  step "tensors over 2^31 elements, forward and backward"
+  FLASHPORT_HUGE=1 python3 -m pytest -q tests/python/test_huge.py 2>&1 | tail -5 || status=1
 fi
 if has ncu; then
   step "ncu counters of the Hopper forward"
