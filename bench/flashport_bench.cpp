@@ -15,11 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/elem.hpp"
+#include "bench_util.hpp"
 #include "flashport/flashport.hpp"
 
 namespace {
 
+using bench::max_abs;
+using bench::max_diff;
 using flashport::DType;
 using flashport::Impl;
 using flashport::TensorView;
@@ -121,7 +123,9 @@ struct Buffer {
     tv = TensorView::contiguous(bytes.data(), dtype, {b, s, h, d});
     if (!gen) return;
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (int64_t i = 0; i < b * s * h * d; ++i) flashport::cpu::store(bytes.data(), (int)dtype, i, nd(*gen));
+    std::vector<float> values((size_t)(b * s * h * d));
+    for (float& v : values) v = nd(*gen);
+    flashport::cast(TensorView::contiguous(values.data(), DType::f32, {b, s, h, d}), tv);
   }
   /// Rows [r0, r0 + rows) and heads [0, heads) of batch 0, as a (1, rows, heads, d) view.
   TensorView slice(int64_t r0, int64_t rows, int64_t heads) const {
@@ -131,31 +135,6 @@ struct Buffer {
     return v;
   }
 };
-
-/// max |a - b| over two views of the same shape (any strides).
-double max_diff(const TensorView& a, const TensorView& b) {
-  double m = 0.0;
-  for (int64_t i0 = 0; i0 < a.shape[0]; ++i0)
-    for (int64_t i1 = 0; i1 < a.shape[1]; ++i1)
-      for (int64_t i2 = 0; i2 < a.shape[2]; ++i2)
-        for (int64_t i3 = 0; i3 < a.shape[3]; ++i3) {
-          const int64_t oa = i0 * a.stride[0] + i1 * a.stride[1] + i2 * a.stride[2] + i3;
-          const int64_t ob = i0 * b.stride[0] + i1 * b.stride[1] + i2 * b.stride[2] + i3;
-          const double x = flashport::cpu::load_f64(a.data, (int)a.dtype, oa);
-          const double y = flashport::cpu::load_f64(b.data, (int)b.dtype, ob);
-          if (std::isnan(x) || std::isnan(y)) return INFINITY;
-          m = std::max(m, std::fabs(x - y));
-        }
-  return m;
-}
-
-double max_abs(const TensorView& a) {
-  double m = 0.0;
-  const int64_t n = a.shape[0] * a.shape[1] * a.shape[2] * a.shape[3];
-  for (int64_t i = 0; i < n; ++i)
-    m = std::max(m, std::fabs(flashport::cpu::load_f64(a.data, (int)a.dtype, i)));
-  return m;
-}
 
 template <class F>
 double median_ms(int reps, F&& body) {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/elem.hpp"
+#include "bench_util.hpp"
 #include "flashport/flashport.hpp"
 
 // The GPU run needs device memory from the CUDA runtime. Build with -DFLASHPORT_DEMO_WITH_CUDA and link
@@ -54,7 +54,10 @@ struct Host {
     tv = TensorView::contiguous(bytes.data(), dtype, shape);
     if (!normal) return;
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (int64_t i = 0; i < n; ++i) flashport::cpu::store(bytes.data(), (int)dtype, i, nd(*normal));
+    std::vector<float> values((size_t)n);
+    for (float& v : values) v = nd(*normal);
+    flashport::cast(TensorView::contiguous(values.data(), DType::f32, {n}),
+                    TensorView::contiguous(bytes.data(), dtype, {n}));
   }
   /// Rows [r0, r0 + rows) of batch 0 of a (b, s, h, d) buffer, as a (1, rows, h, d) view.
   TensorView rows(int64_t r0, int64_t n) const {
@@ -66,27 +69,8 @@ struct Host {
   }
 };
 
-double max_diff(const TensorView& a, const TensorView& b) {
-  double m = 0.0;
-  for (int64_t i = 0; i < a.shape[1]; ++i)
-    for (int64_t h = 0; h < a.shape[2]; ++h)
-      for (int64_t c = 0; c < a.shape[3]; ++c) {
-        const double x =
-            flashport::cpu::load_f64(a.data, (int)a.dtype, i * a.stride[1] + h * a.stride[2] + c);
-        const double y =
-            flashport::cpu::load_f64(b.data, (int)b.dtype, i * b.stride[1] + h * b.stride[2] + c);
-        if (std::isnan(x) || std::isnan(y)) return INFINITY;
-        m = std::max(m, std::fabs(x - y));
-      }
-  return m;
-}
-
-double max_abs(const TensorView& a) {
-  double m = 0.0;
-  for (int64_t i = 0; i < a.numel(); ++i)
-    m = std::max(m, std::fabs(flashport::cpu::load_f64(a.data, (int)a.dtype, i)));
-  return m;
-}
+using bench::max_abs;
+using bench::max_diff;
 
 flashport::AttentionOptions options(const Case& c) {
   flashport::AttentionOptions o;

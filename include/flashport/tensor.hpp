@@ -15,18 +15,26 @@ enum class DType : uint8_t { f64, f32, f16, bf16, e4m3, e4m3fnuz, e5m2, i32, i64
 constexpr int64_t dtype_size(DType t) {
   switch (t) {
     case DType::f64:
-    case DType::i64: return 8;
+    case DType::i64:
+      return 8;
     case DType::f32:
-    case DType::i32: return 4;
+    case DType::i32:
+      return 4;
     case DType::f16:
-    case DType::bf16: return 2;
-    default: return 1;
+    case DType::bf16:
+      return 2;
+    default:
+      return 1;
   }
 }
 /// "bf16", "f32", ...: used in error messages.
 const char* dtype_name(DType t);
-constexpr bool is_fp8(DType t) { return t == DType::e4m3 || t == DType::e4m3fnuz || t == DType::e5m2; }
-constexpr bool is_half(DType t) { return t == DType::f16 || t == DType::bf16; }
+constexpr bool is_fp8(DType t) {
+  return t == DType::e4m3 || t == DType::e4m3fnuz || t == DType::e5m2;
+}
+constexpr bool is_half(DType t) {
+  return t == DType::f16 || t == DType::bf16;
+}
 
 enum class DeviceType : uint8_t { cpu, cuda, hip };
 const char* device_type_name(DeviceType t);
@@ -66,5 +74,11 @@ struct TensorView {
   /// "(2, 128, 8, 64) bf16 cuda:0"
   std::string describe() const;
 };
+
+/// dst = src converted elementwise with the library's rounding (round to nearest even; fp8 saturates;
+/// f64 stays f64), on the host. Both views are host memory of floating-point dtypes with equal shapes,
+/// any strides; numpy has no bf16 or fp8, so this is how callers produce and read such storage. Throws
+/// Error naming "src" or "dst" otherwise. Overlapping views give unspecified results.
+void cast(const TensorView& src, const TensorView& dst);
 
 }  // namespace flashport

@@ -1,10 +1,17 @@
 // TensorView helpers and the names used in error messages.
 #include <string>
 
+#include "core/problem.h"
 #include "flashport/error.hpp"
 #include "flashport/tensor.hpp"
 
 namespace flashport {
+
+// Backends receive the dtype as the kernels' ElemType (core/problem.h) by a plain cast: the two
+// enumerations must agree on every floating-point type.
+static_assert((int)DType::f64 == kF64 && (int)DType::f32 == kF32 && (int)DType::f16 == kF16 &&
+              (int)DType::bf16 == kBF16 && (int)DType::e4m3 == kE4M3 && (int)DType::e4m3fnuz == kE4M3FNUZ &&
+              (int)DType::e5m2 == kE5M2);
 
 const char* dtype_name(DType t) {
   switch (t) {

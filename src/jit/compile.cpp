@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "jit/detail.hpp"
 
@@ -40,10 +41,11 @@ struct Nvrtc {
 /// next to the binary holding this code (the Python extension lives in site-packages/flashport/).
 std::vector<std::string> nvrtc_candidates() {
   std::vector<std::string> out;
-  if (const char* path = std::getenv("FLASHPORT_NVRTC_PATH"); path && *path) out.emplace_back(path);
+  const core::Tuning& tuning = core::tuning();
+  if (const std::string& path = tuning.nvrtc_path.get(); !path.empty()) out.push_back(path);
   std::vector<std::string> dirs = {""};  // "": the dynamic loader's own search
-  for (const char* env : {"CUDA_HOME", "CUDA_PATH"}) {
-    if (const char* root = std::getenv(env); root && *root) dirs.push_back(std::string(root) + "/lib64/");
+  for (const std::string* root : {&tuning.cuda_home, &tuning.cuda_path}) {
+    if (!root->empty()) dirs.push_back(*root + "/lib64/");
   }
   dirs.emplace_back("/usr/local/cuda/lib64/");
   Dl_info info{};
@@ -142,11 +144,7 @@ std::string entry_path(const std::string& dir, const KernelSpec& spec, const Cac
 }
 
 bool verbose() {
-  static const bool on = [] {
-    const char* v = std::getenv("FLASHPORT_JIT_VERBOSE");
-    return v && *v && std::strcmp(v, "0") != 0;
-  }();
-  return on;
+  return core::tuning().jit_verbose.get();
 }
 
 std::atomic<size_t> g_compile_count{0};

@@ -2,7 +2,6 @@
 // validation of damaged entries, atomic writes (temp file + rename) safe across processes, and
 // least-recently-used pruning to a size cap.
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +10,6 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,8 +20,8 @@
 #include <thread>
 #include <tuple>
 
+#include "core/tuning.hpp"
 #include "flashport/error.hpp"
-
 #include "jit/detail.hpp"
 
 namespace flashport::jit {
@@ -58,14 +56,7 @@ std::set<std::string> g_reported_entries;     // guarded by g_state_mutex
 std::set<std::string> g_reported_cap_values;  // guarded by g_state_mutex
 
 std::string configured_cache_dir() {
-  if (const char* dir = std::getenv("FLASHPORT_CACHE_DIR"); dir && *dir) return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/flashport";
-  const char* home = std::getenv("HOME");
-  if (!home || !*home) {
-    const passwd* pw = getpwuid(getuid());
-    home = pw ? pw->pw_dir : nullptr;
-  }
-  return home && *home ? std::string(home) + "/.cache/flashport" : std::string();
+  return core::cache_dir_setting(core::process_env());
 }
 
 void report_damaged(const std::string& path, const std::string& reason) {
@@ -363,32 +354,21 @@ PruneStats prune_pass(const std::string& dir, uint64_t trigger_bytes, uint64_t t
 }  // namespace detail
 
 uint64_t parse_cache_max_mb(const std::string& text, const std::string& name) {
-  uint64_t mb = 0;
-  const char* end = text.data() + text.size();
-  const auto [stop, ec] = std::from_chars(text.data(), end, mb);
-  if (text.empty() || ec == std::errc::invalid_argument || stop != end) {
-    throw Error(name, "expected a whole number of megabytes (0 = unlimited), got '" + text + "'");
-  }
-  if (ec == std::errc::result_out_of_range || mb > (UINT64_MAX >> 20)) {
-    throw Error(name, "'" + text + "' megabytes is more than can be counted in bytes (0 = unlimited)");
-  }
-  return mb;
+  return core::parse_cache_max_mb(text, name);
 }
 
 uint64_t cache_max_bytes() {
-  constexpr uint64_t kDefault = kDefaultCacheMaxMb << 20;
-  const char* env = std::getenv("FLASHPORT_CACHE_MAX_MB");
-  if (!env || !*env) return kDefault;
+  const core::Knob<uint64_t> cap = core::cache_max_mb_setting(core::process_env(), kDefaultCacheMaxMb);
   try {
-    return parse_cache_max_mb(env, "FLASHPORT_CACHE_MAX_MB") << 20;
-  } catch (const Error& e) {
+    return cap.get() << 20;
+  } catch (const Error& e) {  // the cap only bounds the cache: reported once, the default serves
     {
       std::lock_guard lock(detail::g_state_mutex);
-      if (!detail::g_reported_cap_values.insert(env).second) return kDefault;
+      if (!detail::g_reported_cap_values.insert(e.what()).second) return kDefaultCacheMaxMb << 20;
     }
     std::fprintf(stderr, "flashport: warning: %s; the kernel cache is capped at the default %llu MB\n",
                  e.what(), static_cast<unsigned long long>(kDefaultCacheMaxMb));
-    return kDefault;
+    return kDefaultCacheMaxMb << 20;
   }
 }
 

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "backends/cuda/hopper_bwd.hpp"
-#include "backends/cuda/hopper_fwd.hpp"
+#include "backends/cuda/sm90/hopper_bwd.hpp"
+#include "backends/cuda/sm90/hopper_fwd.hpp"
 #include "core/attn_validate.hpp"
 #include "gpu/test_bwd_util.hpp"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "backends/cuda/autotune.hpp"
-#include "backends/cuda/hopper_fwd.hpp"
+#include "backends/cuda/sm90/hopper_fwd.hpp"
 #include "core/attn_validate.hpp"
 #include "gpu/gpu_test_util.hpp"
 #include "jit/test_jit_util.hpp"

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "jit/detail.hpp"
 #include "jit/jit.hpp"
@@ -129,11 +130,7 @@ std::string gpu_name(int device) {
 }  // namespace
 
 bool enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("FLASHPORT_AUTOTUNE");
-    return env && std::strcmp(env, "1") == 0;
-  }();
-  return on;
+  return core::tuning().autotune.get();
 }
 
 std::string file_name(const std::string& gpu_name, int driver_version) {

@@ -8,7 +8,7 @@
 
 namespace flashport::cuda::autotune {
 
-/// FLASHPORT_AUTOTUNE=1 (read once): launchers time their candidate shapes on the first problem of
+/// FLASHPORT_AUTOTUNE=1 (core::tuning()): launchers time their candidate shapes on the first problem of
 /// each bucket and keep the fastest. Off otherwise: the built-in tables decide.
 bool enabled();
 

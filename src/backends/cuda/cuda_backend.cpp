@@ -1,13 +1,15 @@
-// The CUDA backend: what it supports, and dispatch to the forward, kv-cache, merge and backward launchers.
+// The CUDA backend: what it supports, and dispatch: forward and backward through their family tables
+// (family.hpp), kv-cache and merge to the portable launchers.
 #include "backends/cuda/cuda_backend.hpp"
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
+#include "backends/cuda/arch.hpp"
 #include "backends/cuda/backward.hpp"
-#include "backends/cuda/forward.hpp"
-#include "backends/cuda/hopper_fwd.hpp"
+#include "backends/cuda/family.hpp"
+#include "backends/cuda/sm80/forward.hpp"
+#include "core/tuning.hpp"
 #include "flashport/tensor.hpp"
 #include "jit/jit.hpp"
 
@@ -16,24 +18,6 @@ namespace {
 
 std::string type_name(int t) {
   return dtype_name(static_cast<DType>(t));
-}
-
-/// FLASHPORT_CUDA_FORWARD=portable|hopper forces one forward kernel (tests, benchmarks); unset: automatic.
-const char* forced_forward() {
-  static const char* forced = std::getenv("FLASHPORT_CUDA_FORWARD");
-  return forced ? forced : "";
-}
-
-/// The Hopper kernel (TMA, wgmma, warp specialisation) runs when the GPU is sm_90 and the call is one it
-/// covers. It has no split-KV, so calls that cannot fill the GPU with 128-row query tiles (decode-like)
-/// stay on the portable kernel, which splits the keys.
-bool use_hopper(const AttnProblem& p) {
-  const std::string forced = forced_forward();
-  if (forced == "portable") return false;
-  if (!hopper::unsupported(p, jit::device_arch(p.device)).empty()) return false;
-  if (forced == "hopper") return true;
-  const long long tiles = p.batch * p.hq * ((p.sq + 127) / 128);
-  return tiles * 2 >= jit::device_sm_count(p.device);
 }
 
 class CudaBackend final : public core::Backend {
@@ -56,7 +40,6 @@ class CudaBackend final : public core::Backend {
     if (p.d > 256 || p.dv > 256)
       return "head dim must be <= 256 on CUDA, got d = " + std::to_string(p.d) +
              ", dv = " + std::to_string(p.dv);
-    if (p.hq > 65535) return "at most 65535 query heads on CUDA, got " + std::to_string(p.hq);
     if (p.sq > INT32_MAX || p.sk > INT32_MAX)
       return "sequence lengths must be below 2^31 on CUDA, got " + std::to_string(p.sq) + " x " +
              std::to_string(p.sk);
@@ -72,14 +55,15 @@ class CudaBackend final : public core::Backend {
     if (arch < 80)
       return "needs compute capability 8.0 or newer, device " + std::to_string(device) + " is " +
              std::to_string(arch / 10) + "." + std::to_string(arch % 10);
+    if (p.hq > limits(arch).max_grid_yz)
+      return "at most " + std::to_string(limits(arch).max_grid_yz) + " query heads on CUDA, got " +
+             std::to_string(p.hq);
     return {};
   }
 
   void forward(const AttnProblem& p, Impl) const override {
-    if (use_hopper(p))
-      hopper::forward(p);
-    else
-      launch_forward(p);
+    const int arch = jit::device_arch(p.device);
+    choose(forward_families(), p, arch, core::tuning().cuda_forward.get()).launch(p, arch);
   }
   void backward(const AttnProblem& p, Impl) const override { launch_backward(p); }
   void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override { launch_forward_kvcache(kp); }

@@ -4,9 +4,8 @@
 #include <string>
 
 #include "backends/cuda/backward.hpp"
-#include "backends/cuda/hopper_bwd.hpp"
-#include "backends/cuda/hopper_fwd.hpp"
-#include "backends/cuda/tiles.hpp"
+#include "backends/cuda/family.hpp"
+#include "backends/cuda/sm80/tiles.hpp"
 #include "core/problem.h"
 
 namespace flashport::cuda {
@@ -38,21 +37,22 @@ jit::KernelSpec merge_states_spec(int arch) {
 
 std::vector<jit::KernelSpec> all_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
-  for (int type : {kF16, kBF16})
-    for (int bucket : kHeadDimBuckets) specs.push_back(forward_spec(arch, type, bucket));
-  specs.push_back(split_combine_spec(arch));
-  specs.push_back(kv_append_spec(arch));
-  specs.push_back(rotate_q_spec(arch));
-  specs.push_back(merge_states_spec(arch));
-  for (auto& spec : backward_variants(arch)) specs.push_back(std::move(spec));
-  for (auto& spec : hopper::variants(arch)) specs.push_back(std::move(spec));
-  for (auto& spec : hopper_bwd::variants(arch)) specs.push_back(std::move(spec));
+  const auto append = [&](std::vector<jit::KernelSpec> more) {
+    for (auto& spec : more) specs.push_back(std::move(spec));
+  };
+  for (const ForwardFamily& f : forward_families()) append(f.variants(arch));
+  append({split_combine_spec(arch), kv_append_spec(arch), rotate_q_spec(arch), merge_states_spec(arch)});
+  append(backward_aux_variants(arch));
+  for (const BackwardFamily& f : backward_families()) append(f.variants(arch));
   return specs;
 }
 
 bool is_main_kernel(const jit::KernelSpec& spec) {
-  return spec.entry == "attn_fwd" || is_main_backward_kernel(spec) || hopper::is_main_kernel(spec) ||
-         hopper_bwd::is_main_kernel(spec);
+  for (const ForwardFamily& f : forward_families())
+    if (f.is_main_kernel(spec)) return true;
+  for (const BackwardFamily& f : backward_families())
+    if (f.is_main_kernel(spec)) return true;
+  return false;
 }
 
 }  // namespace flashport::cuda

@@ -19,7 +19,8 @@ jit::KernelSpec rotate_q_spec(int arch);
 /// merge_states (runtime element type).
 jit::KernelSpec merge_states_spec(int arch);
 
-/// Every spec the dispatcher can pick on `arch` (forward, combine, kv-cache, merge, backward).
+/// Every spec the dispatcher can pick on `arch`: every family's of both tables (family.hpp), and the
+/// kernels around them (split-KV combine, kv-cache, merge, backward D and dQ convert).
 std::vector<jit::KernelSpec> all_variants(int arch);
 /// The attention kernels whose performance depends on staying in registers (they must not spill).
 bool is_main_kernel(const jit::KernelSpec& spec);

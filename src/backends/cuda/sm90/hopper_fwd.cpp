@@ -1,13 +1,11 @@
 // The Hopper forward launcher: which problems the sm_90a kernel takes, its TMA tensor maps (tma_map.hpp),
 // its kernel specs, and the launch.
-#include "backends/cuda/hopper_fwd.hpp"
+#include "backends/cuda/sm90/hopper_fwd.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -15,8 +13,10 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/cuda/arch.hpp"
 #include "backends/cuda/autotune.hpp"
-#include "backends/cuda/tma_map.hpp"
+#include "backends/cuda/sm90/tma_map.hpp"
+#include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/hopper/fwd_sm90_config.h"
 
@@ -26,7 +26,6 @@ namespace {
 constexpr const char* kSource = "cuda/hopper/attn_fwd_sm90.cu";
 constexpr const char* kEntry = "flashport_attn_fwd_sm90";
 constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
-constexpr long long kMaxGridYZ = 65535;
 
 constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
@@ -87,23 +86,27 @@ struct ShapeTable {
 };
 
 /// FLASHPORT_HOPPER_TILE="d:block_n:stages[:exp_emu][,...]" (e.g. "64:192:2,128:176:2:0") replaces
-/// the shape of the named head dims; parsed once; malformed entries or shapes over the kernel's
-/// limits are ignored (the table's shape stays). For timing variants in one process.
+/// the shape of the named head dims (for timing variants in one process); a head dim the kernel does not
+/// take or a shape over its limits is an Error naming the variable.
 const ShapeTable& shape_table() {
   static const ShapeTable table = [] {
     ShapeTable r{};
     for (int i = 0; i < 5; ++i) r.shapes[i] = {tile_for(kHeadDims[i]), 0};
-    const char* env = std::getenv("FLASHPORT_HOPPER_TILE");
-    for (const char* s = env; s && *s;) {
-      int hd = 0, bn = 0, st = 0, emu = 0;
-      const int got = std::sscanf(s, "%d:%d:%d:%d", &hd, &bn, &st, &emu);
-      if (got >= 3) {
-        const Shape shape{{kBlockM, bn, st}, got >= 4 ? emu : 0};
-        for (int i = 0; i < 5; ++i)
-          if (kHeadDims[i] == hd && shape_fits(hd, shape)) r.shapes[i] = shape, r.from_env[i] = true;
-      }
-      const char* comma = std::strchr(s, ',');
-      s = comma ? comma + 1 : nullptr;
+    for (const core::HopperTileSetting& e : core::tuning().hopper_tile.get()) {
+      const Shape shape{{kBlockM, e.block_n, e.stages}, e.exp_emu};
+      const auto* slot = std::find(std::begin(kHeadDims), std::end(kHeadDims), e.d);
+      const std::string entry = std::to_string(e.d) + ":" + std::to_string(e.block_n) + ":" +
+                                std::to_string(e.stages) + ":" + std::to_string(e.exp_emu);
+      if (slot == std::end(kHeadDims))
+        throw Error("FLASHPORT_HOPPER_TILE", "head dim " + std::to_string(e.d) +
+                                                 " is not one of the Hopper kernel's 64, 96, 128, 192, 256");
+      if (!shape_fits(e.d, shape))
+        throw Error("FLASHPORT_HOPPER_TILE",
+                    "shape " + entry +
+                        " breaks the Hopper kernel's limits (block_n a multiple of 16 up to "
+                        "256, 2..8 stages within shared memory, exp_emu 0..8)");
+      const size_t i = slot - std::begin(kHeadDims);
+      r.shapes[i] = shape, r.from_env[i] = true;
     }
     return r;
   }();
@@ -122,15 +125,11 @@ bool shape_from_env(int d) {
   return false;
 }
 
-/// FLASHPORT_HOPPER_PERSISTENT=1|2 (read once) selects the persistent kernel (2: with O staged apart
-/// from Q where it fits, d <= 128) for every head dim but 256, whose persistent build spills 8 bytes
-/// (a per-block counter, outside the key loop). 0 otherwise.
+/// FLASHPORT_HOPPER_PERSISTENT=1|2 selects the persistent kernel (2: with O staged apart from Q where it
+/// fits, d <= 128) for every head dim but 256, whose persistent build spills 8 bytes (a per-block counter,
+/// outside the key loop). 0 otherwise.
 int persistent_for(int d) {
-  static const int mode = [] {
-    const char* env = std::getenv("FLASHPORT_HOPPER_PERSISTENT");
-    return env && (env[0] == '1' || env[0] == '2') && env[1] == 0 ? env[0] - '0' : 0;
-  }();
-  return d == 256 ? 0 : mode;
+  return d == 256 ? 0 : core::tuning().hopper_persistent.get();
 }
 
 jit::KernelSpec make_spec(int elem_type, int d, Shape shape) {
@@ -348,7 +347,8 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.leftpad_k || p.kv_batch_idx) return "kv-cache layouts run on the portable kernel";
   if (p.s_dmask) return "s_dmask is produced by the CPU reference only";
   if (!(p.scale > 0.0f)) return "the Hopper kernel needs a positive softmax scale";
-  if (p.hq > kMaxGridYZ || p.batch > kMaxGridYZ) return "more than 65535 heads or sequences";
+  if (p.hq > limits(arch).max_grid_yz || p.batch > limits(arch).max_grid_yz)
+    return "more than 65535 heads or sequences";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "varlen needs cu_seqlens_q and _k";
   if (!aligned16(p.q.ptr) || !aligned16(p.k.ptr) || !aligned16(p.v.ptr) || !aligned16(p.o.ptr))
     return "the Hopper kernel needs 16-byte aligned q, k, v, out";
@@ -359,12 +359,22 @@ std::string unsupported(const AttnProblem& p, int arch) {
   return error;
 }
 
-void forward(const AttnProblem& p) {
-  if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
+const char* declines(const AttnProblem& p, int) {
+  const long long tiles = p.batch * p.hq * ((p.sq + kBlockM - 1) / kBlockM);
+  if (tiles * 2 >= jit::device_sm_count(p.device)) return nullptr;
+  return "too few 128-row query tiles to fill the GPU (the portable kernel splits the keys)";
+}
+
+void launch(const AttnProblem& p, int) {
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
   const int device = p.device;  // checked against q's pointer by CudaBackend::unsupported
   Launch l = prepare(p, chosen_shape(p, device), device);
   run(l, p.stream);
+}
+
+void forward(const AttnProblem& p) {
+  if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
+  launch(p, 90);
 }
 
 TunedShape autotune_shape(const AttnProblem& p) {

@@ -17,6 +17,13 @@ namespace flashport::cuda::hopper {
 /// paged or kv-cache K/V (block table, cache batch index, left pad), fp8, s_dmask.
 std::string unsupported(const AttnProblem& p, int arch);
 
+/// The forward family's heuristic (family.hpp): null when `p` fills the GPU with 128-row query tiles (two
+/// per SM), else why the portable kernel, which splits the keys of decode-like calls, should run it.
+const char* declines(const AttnProblem& p, int arch);
+
+/// The forward family's launch: forward() without the support check (the family table made it).
+void launch(const AttnProblem& p, int arch);
+
 /// Runs the forward of `p` on p.stream without synchronising. Throws Error when unsupported(p, 90)
 /// is not empty or a tensor map cannot be encoded. With FLASHPORT_AUTOTUNE=1 the first problem of
 /// each autotune bucket in a process takes autotune_shape()'s shape (tuning it when the store has

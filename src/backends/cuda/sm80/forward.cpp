@@ -1,11 +1,12 @@
 // Launchers of the CUDA forward-side kernels (see forward.hpp).
-#include "backends/cuda/forward.hpp"
+#include "backends/cuda/sm80/forward.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "backends/cuda/tiles.hpp"
+#include "backends/cuda/arch.hpp"
+#include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
 #include "flashport/error.hpp"
 #include "jit/jit.hpp"
@@ -16,7 +17,6 @@
 namespace flashport::cuda {
 namespace {
 
-constexpr long long kMaxGridYZ = 65535;
 constexpr int kMaxSplits = 128;      // split_combine.cu's shared-memory weight table
 constexpr int kAuxRowsPerBlock = 4;  // kv_append / rotate_q / merge / combine: one warp per row
 constexpr unsigned kAuxThreads = 32 * kAuxRowsPerBlock;
@@ -97,12 +97,23 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
                                     : heuristic_splits(g.m_blocks * g.heads * p.batch,
                                                        jit::device_sm_count(device), key_tiles);
   splits = std::min<long long>({splits, (long long)kMaxSplits, key_tiles});
-  if (p.batch * splits > kMaxGridYZ) splits = 1;
+  if (p.batch * splits > limits(g.arch).max_grid_yz) splits = 1;
   g.splits = (int)std::max<long long>(splits, 1);
   return g;
 }
 
 }  // namespace
+
+std::vector<jit::KernelSpec> forward_variants(int arch) {
+  std::vector<jit::KernelSpec> specs;
+  for (int type : {kF16, kBF16})
+    for (int bucket : kHeadDimBuckets) specs.push_back(forward_spec(arch, type, bucket));
+  return specs;
+}
+
+bool is_main_forward_kernel(const jit::KernelSpec& spec) {
+  return spec.entry == "attn_fwd";
+}
 
 int forward_num_splits(const AttnProblem& p, int num_splits) {
   return fwd_geometry(p, num_splits, p.device).splits;
@@ -110,9 +121,10 @@ int forward_num_splits(const AttnProblem& p, int num_splits) {
 
 void launch_forward(const AttnProblem& p, int num_splits) {
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
-  if (p.hq > kMaxGridYZ) throw Error("q", "more than 65535 heads are not supported on CUDA");
   const int device = p.device;
   const FwdGeometry geo = fwd_geometry(p, num_splits, device);
+  if (p.hq > limits(geo.arch).max_grid_yz)
+    throw Error("q", "more than 65535 heads are not supported on CUDA");
   const int smem = fwd_smem_bytes(geo.tile, geo.bucket);
   const jit::Kernel& kernel = cached_kernel(forward_spec, device, smem, geo.arch, p.in_type, geo.bucket);
 
@@ -125,12 +137,10 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   const unsigned gx = (unsigned)geo.m_blocks, gy = (unsigned)geo.heads;
   void* args[] = {&prm};
   if (prm.num_splits == 1) {
-    // Grid z holds at most 65535 sequences: launch in batch chunks.
-    for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {
+    for_batch_chunks(p.batch, geo.arch, [&](long long b0, long long nb) {
       prm.batch_offset = b0;
-      const long long nb = std::min(kMaxGridYZ, p.batch - b0);
       jit::launch(kernel, gx, gy, (unsigned)nb, threads, smem, p.stream, args);
-    }
+    });
     return;
   }
   // Split-KV: fp32 partials in stream-ordered scratch, merged by split_combine on the same stream.

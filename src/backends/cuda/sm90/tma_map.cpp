@@ -1,5 +1,5 @@
 // TMA tensor-map plans and encoding shared by the Hopper forward and backward launchers.
-#include "backends/cuda/tma_map.hpp"
+#include "backends/cuda/sm90/tma_map.hpp"
 
 #include <dlfcn.h>
 

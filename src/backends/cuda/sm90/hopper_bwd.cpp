@@ -1,10 +1,11 @@
 // The Hopper backward main-kernel launcher: which problems the sm_90a kernel takes, its four TMA tensor
 // maps, its kernel specs, and the launch (see hopper_bwd.hpp).
-#include "backends/cuda/hopper_bwd.hpp"
+#include "backends/cuda/sm90/hopper_bwd.hpp"
 
 #include <algorithm>
 
-#include "backends/cuda/tma_map.hpp"
+#include "backends/cuda/arch.hpp"
+#include "backends/cuda/sm90/tma_map.hpp"
 #include "backends/cuda/variants.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/hopper/bwd_sm90_config.h"
@@ -18,7 +19,6 @@ constexpr const char* kNarrowEntry = "flashport_attn_bwd_sm90";
 constexpr const char* kWideSource = "cuda/hopper/attn_bwd_sm90_wide.cu";
 constexpr const char* kWideEntry = "flashport_attn_bwd_sm90_wide";
 constexpr int kHeadDims[] = {64, 96, 128, 256};
-constexpr long long kMaxGridYZ = 65535;
 
 constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
@@ -99,7 +99,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (tiled_accumulator(p) && tiled_padding_too_large(p))
     return "many sequences shorter than 64 queries: the Hopper backward's tiled dQ accumulator would pad "
            "each to 64 rows";
-  if (p.hk > kMaxGridYZ) return "more than 65535 kv heads";
+  if (p.hk > limits(arch).max_grid_yz) return "more than 65535 kv heads";
   if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30)) return "sequence lengths must be below 2^30";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "varlen needs cu_seqlens_q and _k";
   for (const Operand* t : {&p.q, &p.k, &p.v, &p.dout, &p.grad_k, &p.grad_v})
@@ -113,9 +113,8 @@ int tiled_accumulator(const AttnProblem& p) {
   return wide_kernel((int)p.d) ? 128 : p.d % 64 == 0 ? 64 : 0;
 }
 
-void launch_main(BwdParams& prm) {
+void launch_main(BwdParams& prm, int arch) {
   const AttnProblem& p = prm.p;
-  if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
   if (prm.accum_tiled != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
@@ -140,11 +139,10 @@ void launch_main(BwdParams& prm) {
   const int device = p.device;
   const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
-  for (long long b0 = 0; b0 < p.batch; b0 += kMaxGridYZ) {
+  for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
-    const long long nb = std::min(kMaxGridYZ, p.batch - b0);
     jit::launch(kernel, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)nb, kThreads, smem, p.stream, args);
-  }
+  });
 }
 
 std::vector<jit::KernelSpec> variants(int arch) {

@@ -1,7 +1,11 @@
-// Launchers of the CUDA forward-side kernels: attention (with split-KV), kv-cache append, merge.
+// Launchers of the portable (sm_80+) forward-side kernels: attention (with split-KV), kv-cache append,
+// merge.
 #pragma once
 
+#include <vector>
+
 #include "core/backend.hpp"
+#include "jit/jit.hpp"
 
 namespace flashport::cuda {
 
@@ -9,6 +13,12 @@ namespace flashport::cuda {
 /// split-KV by a heuristic (dense queries only), 1 disables it, > 1 asks for that many splits
 /// (capped by the number of key tiles; ignored for varlen queries).
 void launch_forward(const AttnProblem& p, int num_splits = 0);
+
+/// Every portable forward attention kernel for `arch` (split-KV combine, kv-cache and merge kernels are
+/// variants.cpp's).
+std::vector<jit::KernelSpec> forward_variants(int arch);
+/// True for the portable forward attention kernel (must not spill registers).
+bool is_main_forward_kernel(const jit::KernelSpec& spec);
 
 /// Appends k_new/v_new into the cache (rotary on k), rotates q into stream-ordered scratch when
 /// rotary is on, then attends over the updated cache.

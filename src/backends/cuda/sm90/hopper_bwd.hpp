@@ -1,7 +1,7 @@
 // The Hopper (sm_90a) backward main kernel's launcher: support check, TMA tensor maps and launch of
 // src/kernels/cuda/hopper/attn_bwd_sm90.cu (d <= 128) and attn_bwd_sm90_wide.cu (d 256). D = rowsum(dO * O)
 // before it and the dQ conversion after it are the portable aux kernels (backward.cpp runs them around either
-// main kernel).
+// main kernel; family.cpp's table puts it first).
 #pragma once
 
 #include <string>
@@ -23,10 +23,11 @@ std::string unsupported(const AttnProblem& p, int arch);
 /// (64 at d 64 and 128, 128 at d 256), 0 for row-major (d 96).
 int tiled_accumulator(const AttnProblem& p);
 
-/// Runs the main kernel on prm.p.stream: prm.dsum must hold D, prm.dq_accum must be zeroed (one
-/// slice, tiled as tiled_accumulator says); writes dk, dv and adds the unscaled dQ partials into
-/// prm.dq_accum. Never synchronises.
-void launch_main(BwdParams& prm);
+/// The backward family's launch (family.hpp): runs the main kernel on prm.p.stream for a problem
+/// unsupported(prm.p, arch) took. prm.dsum must hold D, prm.dq_accum must be zeroed (one slice, tiled
+/// as tiled_accumulator says); writes dk, dv and adds the unscaled dQ partials into prm.dq_accum.
+/// Never synchronises.
+void launch_main(BwdParams& prm, int arch);
 
 /// Every Hopper backward kernel (element type x head dim) for `arch`; empty unless arch == 90.
 std::vector<jit::KernelSpec> variants(int arch);

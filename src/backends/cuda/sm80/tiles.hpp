@@ -1,0 +1,53 @@
+// The tile table of the portable (sm_80+, mma.sync) forward kernel: (BLOCK_M, BLOCK_N, warps, stages) per
+// (arch, head dim).
+#pragma once
+
+#include "backends/cuda/arch.hpp"
+
+namespace flashport::cuda {
+
+/// One forward kernel shape. block_m = 16 * warps (each warp owns 16 query rows). stages = number of
+/// K and V shared-memory buffers (1: loads interleaved with compute in single buffers, as FA2).
+struct FwdTile {
+  int block_m, block_n, warps, stages;
+};
+
+/// The head-dim bucket a problem compiles for: max(d, dv) rounded up to a multiple of 32 (<= 256).
+constexpr int head_dim_bucket(long long d, long long dv) {
+  const long long m = d > dv ? d : dv;
+  return (int)((m + 31) / 32 * 32);
+}
+
+/// Shared memory of one forward CTA: Q (block_m rows) plus stages x (K, V) (block_n rows each), rows of
+/// (bucket + 8) 2-byte elements (the pad staggers ldmatrix rows across banks). Must equal kSmemBytes
+/// in src/kernels/cuda/attn_fwd.cuh.
+constexpr int fwd_smem_bytes(const FwdTile& t, int bucket) {
+  return (t.block_m + 2 * t.stages * t.block_n) * (bucket + 8) * 2;
+}
+
+/// Register budget: 8-warp CTAs, <= 255 registers per thread; ptxas (NVRTC, sm_80 and sm_90a) reports
+/// about 155 at d32, 170-180 at d64, 220 at d128, 236-244 at d160..d256, no spills. Per thread the
+/// accumulators take bucket/2 (O) + block_n/2 (S) registers; block_n shrinks as the head dim grows so
+/// the rest (addresses, softmax state, fragments in flight) fits beside them. Each row past d96 has a
+/// double-buffered tile and a single-buffered one: the first where it fits the arch's shared memory
+/// (163 KB on sm_80/87, 227 KB on sm_90/100), else the second (99 KB on sm_86/89/120).
+constexpr FwdTile fwd_tile(int arch, int bucket) {
+  const auto pick = [&](FwdTile big, FwdTile small) {
+    return fwd_smem_bytes(big, bucket) <= limits(arch).smem_per_block ? big : small;
+  };
+  if (bucket <= 64) return {128, 64, 8, 2};  // 31 KB (d32) / 55 KB (d64): two CTAs per SM fit
+  if (bucket <= 96) return {128, 64, 8, 2};  // 80 KB; O 48 + S 32 registers
+  if (bucket <= 128)                         // O 64 + S 32 registers
+    return pick({128, 64, 8, 2},             // 104 KB
+                {128, 64, 8, 1});            // 70 KB
+  if (bucket <= 160)
+    return pick({128, 64, 8, 2},   // 129 KB; O 80 + S 32 registers
+                {128, 64, 8, 1});  // 86 KB
+  if (bucket <= 224)               // O 96..112 + S 16 registers (block_n 64: 255 at d192)
+    return pick({128, 32, 8, 2},   // 102 KB (d192) / 119 KB (d224)
+                {128, 32, 8, 1});  // 77 KB / 89 KB
+  return pick({128, 32, 8, 2},     // 135 KB; O 128 + S 16 registers
+              {64, 32, 4, 1});     // 68 KB: 128 query rows would need 101 KB
+}
+
+}  // namespace flashport::cuda

@@ -1,0 +1,91 @@
+// Every FLASHPORT_* environment knob, parsed in one place. The parsers are pure functions of a getenv-like
+// lookup (tests pass a map); tuning() applies them to the process environment once. A malformed value is
+// kept as an error and thrown, naming the variable, by the first call that uses the knob: loading the
+// library never throws, and a bad knob nobody uses stays harmless.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flashport/error.hpp"
+
+namespace flashport::core {
+
+/// One variable's text, or null when it is unset.
+using EnvLookup = std::function<const char*(const char* name)>;
+
+/// std::getenv: the process environment.
+const EnvLookup& process_env();
+
+/// A knob's value (the default when unset or empty), or why its text was rejected.
+template <class T>
+struct Knob {
+  const char* name;
+  T value;
+  std::string error;  // non-empty: the text was malformed; get() throws it
+
+  Knob(const char* name, T value = {}, std::string error = {})
+      : name(name), value(std::move(value)), error(std::move(error)) {}
+
+  const T& get() const {
+    if (!error.empty()) [[unlikely]]
+      throw Error(name, error);
+    return value;
+  }
+};
+
+/// FLASHPORT_BWD_TILE: the portable backward's tile; warps == 0 when unset.
+struct BwdTileSetting {
+  int block_m = 0, block_n = 0, warps = 0;
+};
+
+/// One entry of FLASHPORT_HOPPER_TILE "d:block_n:stages[:exp_emu]". Whether the shape fits the kernel is
+/// the Hopper launcher's check (it knows the kernel's limits).
+struct HopperTileSetting {
+  int d = 0, block_n = 0, stages = 0, exp_emu = 0;
+};
+
+/// The knobs read once per process (they pick kernels, and a kernel's spec must not change under a
+/// process's cached launches).
+struct Tuning {
+  Knob<std::string> cuda_forward{"FLASHPORT_CUDA_FORWARD"};    // "" (automatic), "portable", "hopper"
+  Knob<std::string> cuda_backward{"FLASHPORT_CUDA_BACKWARD"};  // same
+  Knob<std::vector<HopperTileSetting>> hopper_tile{"FLASHPORT_HOPPER_TILE"};
+  Knob<int> hopper_persistent{"FLASHPORT_HOPPER_PERSISTENT"};  // 0, 1, 2
+  Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
+  Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
+  Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset
+  Knob<int> bwd_stages{"FLASHPORT_BWD_STAGES", 0};  // 1, 2, 0 when unset
+  Knob<bool> bwd_general{"FLASHPORT_BWD_GENERAL"};
+  Knob<bool> jit_verbose{"FLASHPORT_JIT_VERBOSE"};
+  Knob<std::string> nvrtc_path{"FLASHPORT_NVRTC_PATH"};  // any path; "" when unset
+  // Not ours, so not validated: toolkit roots searched for libnvrtc (<root>/lib64/).
+  std::string cuda_home, cuda_path;
+};
+
+/// Every once-read knob of `env`; never throws.
+Tuning parse_tuning(const EnvLookup& env);
+
+/// parse_tuning(process_env()), parsed on the first call (thread safe) and kept for the process.
+const Tuning& tuning();
+
+// Knobs read on every use: tests and tools (flashport-prebuild, the cache tests) change them within one
+// process, and they select no kernel.
+
+/// The kernel cache directory: FLASHPORT_CACHE_DIR, else $XDG_CACHE_HOME/flashport, else
+/// $HOME/.cache/flashport (the password database's home when HOME is unset); empty when none is known.
+std::string cache_dir_setting(const EnvLookup& env);
+
+/// FLASHPORT_CACHE_MAX_MB in whole megabytes (0 = unlimited); `default_mb` when unset or empty.
+Knob<uint64_t> cache_max_mb_setting(const EnvLookup& env, uint64_t default_mb);
+
+/// `text` as a whole number of megabytes that fits in bytes; throws Error naming `name` otherwise.
+uint64_t parse_cache_max_mb(const std::string& text, const std::string& name);
+
+/// FLASHPORT_CPU_ISA: "" (the widest the CPU runs), "amx", "avx512", "avx2" or "base".
+Knob<std::string> cpu_isa_setting(const EnvLookup& env);
+
+}  // namespace flashport::core

@@ -1,0 +1,58 @@
+// The per-arch limits (backends/cuda/arch.hpp) and every tile table against them, host only: each forward
+// and backward tile of every (arch, head-dim bucket, dtype) fits its arch's shared memory.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "backends/cuda/arch.hpp"
+#include "backends/cuda/sm80/backward.hpp"
+#include "backends/cuda/sm80/tiles.hpp"
+#include "backends/cuda/variants.hpp"
+#include "kernels/cuda/bwd_params.cuh"
+#include "kernels/cuda/hopper/bwd_sm90_config.h"
+#include "kernels/cuda/hopper/fwd_sm90_config.h"
+
+namespace flashport::cuda {
+namespace {
+
+constexpr int kArchs[] = {80, 86, 87, 89, 90, 100, 120};
+
+TEST(ArchLimits, Table) {
+  EXPECT_EQ(limits(80).smem_per_block, 163 * 1024);
+  EXPECT_EQ(limits(87).smem_per_block, 163 * 1024);
+  for (int arch : {86, 89, 120, 121}) EXPECT_EQ(limits(arch).smem_per_block, 99 * 1024) << arch;
+  for (int arch : {90, 100, 103}) EXPECT_EQ(limits(arch).smem_per_block, 227 * 1024) << arch;
+  // The Hopper kernels' own bound is sm_90's.
+  EXPECT_EQ(limits(90).smem_per_block, hopper::kSmemLimit);
+  for (int arch : kArchs) EXPECT_EQ(limits(arch).max_grid_yz, 65535) << arch;
+}
+
+TEST(ArchLimits, PortableTilesFit) {
+  for (int arch : kArchs)
+    for (int bucket : kHeadDimBuckets)
+      for (int type : {kF16, kBF16}) {  // 2-byte elements either way: the sizes match
+        const std::string where =
+            "sm_" + std::to_string(arch) + " d" + std::to_string(bucket) + (type == kBF16 ? " bf16" : " f16");
+        EXPECT_LE(fwd_smem_bytes(fwd_tile(arch, bucket), bucket), limits(arch).smem_per_block) << where;
+        const BwdTile b = backward_tile(arch, bucket);
+        // The stages the launcher picks: 2 only where they fit, so 1 must.
+        EXPECT_LE(bwd_smem_bytes(b.block_m, b.block_n, bucket, 1), limits(arch).smem_per_block) << where;
+      }
+}
+
+TEST(ArchLimits, Sm120GetsSmallForwardTiles) {
+  // sm_120 has 99 KB per block: the 129 KB (d160) and 135 KB (d256) double-buffered tiles are not its.
+  EXPECT_EQ(fwd_tile(120, 160).stages, 1);
+  EXPECT_EQ(fwd_tile(120, 256).block_m, 64);
+  EXPECT_EQ(fwd_tile(90, 256).stages, 2);
+}
+
+TEST(ArchLimits, HopperTilesFit) {
+  for (int d : {64, 96, 128, 192, 256})
+    EXPECT_LE(hopper::smem_bytes(d, hopper::tile_for(d)), limits(90).smem_per_block) << d;
+  for (int d : {64, 96, 128, 256})
+    EXPECT_LE(hopper_bwd::smem_bytes(d, hopper_bwd::tile_for(d)), limits(90).smem_per_block) << d;
+}
+
+}  // namespace
+}  // namespace flashport::cuda
