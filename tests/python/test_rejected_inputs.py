@@ -248,6 +248,22 @@ def test_empty_varlen_and_decode():
 
 
 @pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("b,sq,sk", [(2, 0, 5), (2, 3, 0), (0, 3, 5)])
+def test_empty_inputs_cuda(b, sq, sk):
+    """Empty tensors on a GPU (torch gives them null pointers) give empty outputs, or 0 and LSE -inf for
+    queries without keys; a varlen batch of empty sequences too."""
+    make = lambda s, h: torch.randn(b, s, h, 64, device="cuda", dtype=torch.float16)
+    q, k, v = make(sq, 4), make(sk, 2), make(sk, 2)
+    out, lse, _ = fa(q, k, v, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (b, 4, sq)
+    if sk == 0:
+        assert not out.any() and torch.isinf(lse).all()
+    cu = torch.zeros(3, dtype=torch.int32, device="cuda")
+    flat = torch.randn(0, 4, 64, device="cuda", dtype=torch.float16)
+    assert varlen(flat, flat, flat, cu, cu, 0, 0).shape == (0, 4, 64)
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_checked_mode_names_bad_device_indices():
     """flash-attn's #2709: a paged cache whose cache_seqlens plus the appended tokens exceed what the
     block table holds. GPU index tensors are clamped by the kernels unless checked mode copies them to

@@ -45,12 +45,16 @@ class CudaBackend final : public core::Backend {
              std::to_string(p.sk);
     if (backward && p.block_table) return "backward through paged K/V is not supported on CUDA";
     if (backward && (p.kv_batch_idx || p.leftpad_k)) return "backward through a KV cache is not supported";
-    // The one driver query of a call: the memory really is on the device the tensors claim.
-    const int device = jit::pointer_device(p.q.ptr);
+    // The one driver query of a call: the memory really is on the device the tensors claim. An empty
+    // q (no queries: torch gives it a null pointer) has no memory to ask about.
+    const int device = p.q.ptr ? jit::pointer_device(p.q.ptr) : p.device;
     if (device < 0) return "q is not a CUDA device pointer";
     if (device != p.device)
       return "q's memory is on cuda:" + std::to_string(device) +
              ", but the tensors say cuda:" + std::to_string(p.device);
+    if (device >= jit::device_count())
+      return "device cuda:" + std::to_string(device) + " is not visible (" +
+             std::to_string(jit::device_count()) + " GPUs)";
     const int arch = jit::device_arch(device);
     if (arch < 80)
       return "needs compute capability 8.0 or newer, device " + std::to_string(device) + " is " +
