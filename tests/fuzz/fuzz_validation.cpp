@@ -107,8 +107,8 @@ Extent extent(const TensorView& t) {
     if (__builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi)) throw Skip{};
   }
   i64 span, bytes;
-  if (__builtin_sub_overflow(hi, lo, &span) || !mul_ok(span + 1, dtype_size(t.dtype), &bytes) ||
-      bytes > kMaxBufferBytes)
+  if (__builtin_sub_overflow(hi, lo, &span) || span >= kMaxBufferBytes ||
+      !mul_ok(span + 1, dtype_size(t.dtype), &bytes) || bytes > kMaxBufferBytes)
     throw Skip{};
   return {lo, bytes};
 }
