@@ -15,7 +15,7 @@ FUZZ_CXX ?= clang++
 FUZZ_SECONDS ?= 120
 # -O1 with debug info and assertions on (no NDEBUG): fast enough for the CPU suites, exact stack traces.
 SAN_CMAKE := -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-             -DFLASHPORT_SANITIZE=address,undefined $(CMAKE_FLAGS)
+             -DFLASHPORT_SANITIZE=address,undefined -DFLASHPORT_BUILD_BENCH=OFF $(CMAKE_FLAGS)
 SAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_stack_use_after_return=1:strict_init_order=1
 # CPython is not instrumented: the sanitizer runtimes must be loaded first (LD_PRELOAD), and its
 # interpreter-lifetime allocations would all be reported as leaks (detect_leaks=0).
@@ -64,9 +64,11 @@ $(SAN_BUILD)/build.ninja:
 
 test-sanitize: test-sanitize-cpp test-sanitize-python
 
+# cpu and jit labels (jit: the NVRTC compile checks, about a minute once `make test` has filled the
+# kernel cache; nothing when the CUDA toolkit is absent).
 test-sanitize-cpp: $(SAN_BUILD)/build.ninja
-	cmake --build $(SAN_BUILD) -j $(JOBS)
-	cd $(SAN_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -L cpu
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target flashport_host_tests
+	cd $(SAN_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -L "cpu|jit"
 
 # The numpy path only: torch's own libraries are not instrumented and report under ASan, so the run
 # hides torch (an import of it raises ImportError and the torch tests skip).
@@ -78,9 +80,10 @@ test-sanitize-python: $(SAN_BUILD)/build.ninja
 	$(SAN_PY_ENV) PYTHONPATH=$(CURDIR)/$(SAN_BUILD)/pyroot $(PYTHON) -c "import sys; sys.modules['torch'] = None; \
 	  import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/python']))"
 
+# CPU only: the fuzzer calls the CPU backend, so the CUDA backend would only add build time.
 $(FUZZ_BUILD)/build.ninja:
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=$(FUZZ_CXX) $(SAN_CMAKE) -DFLASHPORT_FUZZ=ON -DFLASHPORT_WITH_CUDA=OFF \
-	  -DFLASHPORT_BUILD_TESTS=OFF -DFLASHPORT_BUILD_BENCH=OFF
+	  -DFLASHPORT_BUILD_TESTS=OFF
 
 # Runs the fuzzer for FUZZ_SECONDS on a copy of the committed corpus; fails on the first crash, leaving
 # the input as $(FUZZ_BUILD)/crash-<sha1>. One OpenMP thread: the calls are tiny, so thread wake-ups

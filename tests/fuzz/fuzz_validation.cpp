@@ -33,7 +33,14 @@ constexpr i64 kI64Min = std::numeric_limits<i64>::min();
 constexpr i64 kMaxBufferBytes = i64(4) << 20;
 constexpr i64 kMaxWork = i64(1) << 22;
 
-struct Skip {};  // the input asks for more memory or work than one execution may take
+struct Skip {};
+
+// FUZZ_VERBOSE=1: print each tensor, index values and the rejection (triage of a crash input, checking
+// that a seed is a valid call).
+bool verbose() {
+  static const bool on = std::getenv("FUZZ_VERBOSE") != nullptr;
+  return on;
+}  // the input asks for more memory or work than one execution may take
 
 class Bytes {
  public:
@@ -144,9 +151,16 @@ class Maker {
     // The lowest reachable element starts the buffer, or the previous tensor's buffer when that one
     // covers this view (aliasing, which outputs must reject).
     char* base = (m & 0x20) && last_ && e.bytes <= last_bytes_ ? last_ : static_cast<char*>(arena_.alloc(e.bytes));
-    if (base != last_) last_ = base, last_bytes_ = e.bytes;
+    const bool alias = base == last_;
+    if (!alias) last_ = base, last_bytes_ = e.bytes;
     t.data = base - e.lo * dtype_size(t.dtype);
     if (m & 0x40) t.data = nullptr;
+    if (verbose()) {
+      std::fprintf(stderr, "tensor %s strides", t.describe().c_str());
+      for (int i = 0; i < t.ndim; ++i) std::fprintf(stderr, " %lld", (long long)t.stride[i]);
+      std::fprintf(stderr, " buffer %lld bytes%s%s\n", (long long)e.bytes, alias ? " (the previous one's)" : "",
+                   t.data ? "" : " null");
+    }
     return t;
   }
   std::optional<TensorView> maybe(bool present, DType dtype, std::initializer_list<i64> shape) {
@@ -163,8 +177,11 @@ class Maker {
     // Fills the buffer from its start, the view's lowest element, in memory order.
     const Extent e = extent(t);
     auto* v = static_cast<int32_t*>(t.data) + e.lo;
-    for (i64 i = 0; i < e.bytes / 4; ++i)
+    for (i64 i = 0; i < e.bytes / 4; ++i) {
       v[i] = raw ? int32_t(in_.u32()) : i < i64(values.size()) ? values[size_t(i)] : 0;
+      if (verbose()) std::fprintf(stderr, "%s%d", i ? " " : "  values ", v[i]);
+    }
+    if (verbose() && e.bytes) std::fprintf(stderr, "\n");
     return t;
   }
 
@@ -198,15 +215,16 @@ i64 window(Bytes& in) {
   return x < 0xF0 ? i64(x % 12) - 1 : special[x % (sizeof special / sizeof special[0])];
 }
 
-// The problem: sizes shared by every entry point. Values are the fuzzer's; the checks only keep each
-// execution small (kMaxWork over the loop extents, non-negative ones: validation rejects the others).
+// The problem: sizes shared by every entry point. Values are the fuzzer's; the check only keeps each
+// execution small (kMaxWork over the loop extents, non-negative ones: validation rejects the others),
+// so the fp64 reference under ASan stays far inside libFuzzer's -timeout.
 struct Sizes {
   i64 b, sq, sk, hq, hk, d, dv, page, blocks, s_new;
   explicit Sizes(Bytes& in)
       : b(in.size()), sq(in.size()), sk(in.size()), hq(in.size()), hk(in.size()), d(in.size()),
         dv(in.size()), page(in.size()), blocks(in.size()), s_new(in.size()) {
     i64 work = 1;
-    for (i64 v : {b, sq, sk, hq, page, blocks, s_new})
+    for (i64 v : {b, sq, sk, hq, page, blocks, s_new, std::max(d, dv)})
       if (!mul_ok(work, std::max<i64>(v, 1), &work) || work > kMaxWork) throw Skip{};
   }
 };
@@ -248,6 +266,10 @@ AttentionOptions options(Bytes& in, Maker& mk, const Sizes& s) {
     o.k_descale = mk.maybe(which & 2, DType::f32, {s.b, s.hk});
     o.v_descale = mk.maybe(which & 4, DType::f32, {s.b, s.hk});
   }
+  if (verbose())
+    std::fprintf(stderr, "options causal %d window %lld %lld softcap %g scale %g dropout %g\n", o.causal,
+                 (long long)o.window_left, (long long)o.window_right, o.softcap, o.softmax_scale.value_or(-1),
+                 o.dropout_p);
   return o;
 }
 
@@ -397,10 +419,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const Skip&) {
     return -1;  // not added to the corpus
   } catch (const Error& e) {
-    // Rejected with a named argument: the expected outcome for most mutated inputs. FUZZ_VERBOSE=1
-    // prints the reason (to check that a seed is a valid call).
-    static const bool verbose = std::getenv("FUZZ_VERBOSE") != nullptr;
-    if (verbose) std::fprintf(stderr, "rejected: %s\n", e.what());
+    // Rejected with a named argument: the expected outcome for most mutated inputs.
+    if (verbose()) std::fprintf(stderr, "rejected: %s\n", e.what());
   }
   return 0;
 }
