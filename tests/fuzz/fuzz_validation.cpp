@@ -10,13 +10,11 @@
 // with a zero or negative extent), so any out-of-bounds access ASan reports is a library bug, never a
 // harness artefact. The library may throw flashport::Error; anything else (crash, sanitizer report,
 // other exception) is a finding.
-#include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <optional>
 #include <vector>
 
@@ -33,14 +31,14 @@ constexpr i64 kI64Min = std::numeric_limits<i64>::min();
 constexpr i64 kMaxBufferBytes = i64(4) << 20;
 constexpr i64 kMaxWork = i64(1) << 22;
 
-struct Skip {};
+struct Skip {};  // the input asks for more memory or work than one execution may take
 
 // FUZZ_VERBOSE=1: print each tensor, index values and the rejection (triage of a crash input, checking
 // that a seed is a valid call).
 bool verbose() {
   static const bool on = std::getenv("FUZZ_VERBOSE") != nullptr;
   return on;
-}  // the input asks for more memory or work than one execution may take
+}
 
 class Bytes {
  public:
@@ -168,8 +166,8 @@ class Maker {
     return tensor(dtype, shape);
   }
 
-  /// An int32 host index tensor holding `values`, then mutated like any tensor; byte 0x80 of the
-  /// mutation byte makes every value the fuzzer's raw choice.
+  /// An int32 host index tensor holding `values`, mutated like any tensor; then a byte whose low bit
+  /// replaces every value by the fuzzer's raw choice.
   TensorView index(std::vector<int32_t> values, std::initializer_list<i64> shape) {
     TensorView t = tensor(DType::i32, shape);
     const bool raw = in_.u8() & 1;
