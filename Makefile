@@ -7,7 +7,23 @@ CMAKE_FLAGS ?=
 GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 CTEST_LABELS := cpu|jit$(if $(GPU),|gpu,)
 
-.PHONY: all build demo test test-cpp test-python bench prebuild format install clean
+# Sanitizer and fuzz builds live in their own directories so they never mix with the release build.
+SAN_BUILD ?= build-asan
+SAN_CXX ?= g++
+FUZZ_BUILD ?= build-fuzz
+FUZZ_CXX ?= clang++
+FUZZ_SECONDS ?= 120
+# -O1 with debug info and assertions on (no NDEBUG): fast enough for the CPU suites, exact stack traces.
+SAN_CMAKE := -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+             -DFLASHPORT_SANITIZE=address,undefined -DFLASHPORT_BUILD_BENCH=OFF $(CMAKE_FLAGS)
+SAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_stack_use_after_return=1:strict_init_order=1
+# CPython is not instrumented: the sanitizer runtimes must be loaded first (LD_PRELOAD), and its
+# interpreter-lifetime allocations would all be reported as leaks (detect_leaks=0).
+SAN_PY_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libubsan.so)" \
+              UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc
+
+.PHONY: all build demo test test-cpp test-python bench prebuild format install clean \
+        test-sanitize test-sanitize-cpp test-sanitize-python fuzz
 
 all: build
 
@@ -42,5 +58,44 @@ install: build
 format:
 	git ls-files '*.cpp' '*.hpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
 
+# --- sanitizers and fuzzing (README "Sanitizers and fuzzing") --------------------------------------
+$(SAN_BUILD)/build.ninja:
+	cmake -S . -B $(SAN_BUILD) -DCMAKE_CXX_COMPILER=$(SAN_CXX) $(SAN_CMAKE)
+
+test-sanitize: test-sanitize-cpp test-sanitize-python
+
+# cpu and jit labels (jit: the NVRTC compile checks, about a minute once `make test` has filled the
+# kernel cache; nothing when the CUDA toolkit is absent).
+test-sanitize-cpp: $(SAN_BUILD)/build.ninja
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target flashport_host_tests
+	cd $(SAN_BUILD) && $(SAN_ENV) ctest --output-on-failure -j $(JOBS) -L "cpu|jit"
+
+# The whole Python suite against the sanitized extension, staged with the package in pyroot (ahead of
+# any installed flashport on PYTHONPATH). torch's tests run too when torch imports (about 35 s under
+# ASan with torch 2.15, no reports from its uninstrumented libraries); SAN_NO_TORCH=1 hides torch
+# (its import raises ImportError, so only the numpy-path tests run) for a torch that misbehaves there.
+test-sanitize-python: $(SAN_BUILD)/build.ninja
+	cmake -S . -B $(SAN_BUILD) -DFLASHPORT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$$(command -v $(PYTHON))"
+	cmake --build $(SAN_BUILD) -j $(JOBS) --target _C
+	rm -rf $(SAN_BUILD)/pyroot && mkdir -p $(SAN_BUILD)/pyroot
+	cp -r python/flashport $(SAN_BUILD)/pyroot/ && cp $(SAN_BUILD)/python/_C*.so $(SAN_BUILD)/pyroot/flashport/
+	$(SAN_PY_ENV) PYTHONPATH=$(CURDIR)/$(SAN_BUILD)/pyroot $(PYTHON) -c "import sys; \
+	  sys.modules.update({'torch': None} if '$(SAN_NO_TORCH)' == '1' else {}); \
+	  import pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/python']))"
+
+# CPU only: the fuzzer calls the CPU backend, so the CUDA backend would only add build time.
+$(FUZZ_BUILD)/build.ninja:
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_CXX_COMPILER=$(FUZZ_CXX) $(SAN_CMAKE) -DFLASHPORT_FUZZ=ON -DFLASHPORT_WITH_CUDA=OFF \
+	  -DFLASHPORT_BUILD_TESTS=OFF
+
+# Runs the fuzzer for FUZZ_SECONDS on a copy of the committed corpus; fails on the first crash, leaving
+# the input as $(FUZZ_BUILD)/crash-<sha1>. One OpenMP thread: the calls are tiny, so thread wake-ups
+# would dominate each execution.
+fuzz: $(FUZZ_BUILD)/build.ninja
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_validation
+	mkdir -p $(FUZZ_BUILD)/corpus && cp tests/fuzz/corpus/* $(FUZZ_BUILD)/corpus/
+	$(SAN_ENV) OMP_NUM_THREADS=1 $(FUZZ_BUILD)/tests/fuzz/fuzz_validation -max_total_time=$(FUZZ_SECONDS) -timeout=20 \
+	  -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)

@@ -1,4 +1,5 @@
 // TensorView helpers and the names used in error messages.
+#include <limits>
 #include <string>
 
 #include "core/problem.h"
@@ -50,6 +51,13 @@ const char* device_type_name(DeviceType t) {
 }
 
 namespace {
+// Extents and strides come from callers unchecked (validation runs later and reads these helpers), so
+// their products are computed with overflow checks: no view whose element count overflows int64 can
+// address memory, and the helpers below answer conservatively for one instead of overflowing (UB).
+bool mul_overflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
 TensorView make_view(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device) {
   if (shape.size() > (size_t)kMaxDims) throw Error("shape", "at most 4 dimensions are supported");
   TensorView t;
@@ -69,7 +77,7 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   int64_t n = 1;
   for (int d = t.ndim - 1; d >= 0; --d) {
     t.stride[d] = n;
-    n *= t.shape[d];
+    if (mul_overflows(n, t.shape[d], &n)) n = std::numeric_limits<int64_t>::max();
   }
   return t;
 }
@@ -84,8 +92,12 @@ TensorView TensorView::strided(void* data, DType dtype, std::initializer_list<in
 }
 
 int64_t TensorView::numel() const {
+  // Any zero extent makes the view empty, however large the others: (2^62, 3, 0) has no elements.
+  for (int d = 0; d < ndim; ++d)
+    if (shape[d] == 0) return 0;
   int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
+  for (int d = 0; d < ndim; ++d)
+    if (mul_overflows(n, shape[d], &n)) return std::numeric_limits<int64_t>::max();
   return n;
 }
 
@@ -94,7 +106,7 @@ bool TensorView::is_contiguous() const {
   int64_t n = 1;
   for (int d = ndim - 1; d >= 0; --d) {
     if (shape[d] != 1 && stride[d] != n) return false;
-    n *= shape[d];
+    if (mul_overflows(n, shape[d], &n)) return false;
   }
   return true;
 }
@@ -102,13 +114,17 @@ bool TensorView::is_contiguous() const {
 std::array<uintptr_t, 2> TensorView::byte_span() const {
   const auto base = reinterpret_cast<uintptr_t>(data);
   if (numel() == 0) return {base, base};
-  int64_t lo = 0, hi = 0;  // element offsets of the extreme elements
-  for (int d = 0; d < ndim; ++d) {
-    const int64_t reach = (shape[d] - 1) * stride[d];
-    (reach < 0 ? lo : hi) += reach;
-  }
+  constexpr std::array<uintptr_t, 2> everything{0, std::numeric_limits<uintptr_t>::max()};
   const int64_t es = dtype_size(dtype);
-  return {base + (uintptr_t)(lo * es), base + (uintptr_t)((hi + 1) * es)};
+  int64_t lo = 0, hi = 0, reach;  // element offsets of the extreme elements
+  for (int d = 0; d < ndim; ++d) {
+    if (__builtin_sub_overflow(shape[d], 1, &reach) || mul_overflows(reach, stride[d], &reach) ||
+        __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi))
+      return everything;  // a view no memory can hold overlaps whatever it is compared with
+  }
+  if (mul_overflows(lo, es, &lo) || mul_overflows(hi, es, &hi) || __builtin_add_overflow(hi, es, &hi))
+    return everything;
+  return {base + (uintptr_t)lo, base + (uintptr_t)hi};
 }
 
 std::string TensorView::describe() const {
