@@ -1,5 +1,9 @@
 // The public entry points: validate, build the problem block, pick a backend, run.
+#include <array>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "attn_validate.hpp"
 #include "backend.hpp"
@@ -37,6 +41,34 @@ Operand operand(const TensorView& t) {
   return {t.data, 0, t.stride[0], t.stride[1]};
 }
 
+using Named = std::pair<const TensorView*, const char*>;
+
+/// Outputs may not share memory with the small inputs read while they are written (index tensors,
+/// ALiBi slopes, descales, rotary tables): a write would change them mid-call (the fuzzer's out over
+/// cache_leftpad made the CPU forward read past K).
+template <class Inputs>
+void check_outputs_spare(std::initializer_list<Named> outputs, const Inputs& inputs) {
+  for (const auto& [out, out_name] : outputs)
+    for (const auto& [in, in_name] : inputs)
+      if (out && in) core::check_no_overlap(*out, out_name, *in, in_name);
+}
+
+const TensorView* ptr(const std::optional<TensorView>& t) {
+  return t ? &*t : nullptr;
+}
+
+/// The small inputs every attention call may read (see check_outputs_spare).
+std::array<Named, 8> small_inputs(const SequenceLayout& lay, const AttentionOptions& o) {
+  return {{{ptr(lay.cu_seqlens_q), "cu_seqlens_q"},
+           {ptr(lay.cu_seqlens_k), "cu_seqlens_k"},
+           {ptr(lay.seqused_k), "seqused_k"},
+           {ptr(lay.block_table), "block_table"},
+           {ptr(o.alibi_slopes), "alibi_slopes"},
+           {ptr(o.q_descale), "q_descale"},
+           {ptr(o.k_descale), "k_descale"},
+           {ptr(o.v_descale), "v_descale"}}};
+}
+
 }  // namespace
 
 void forward(const ForwardArgs& a) {
@@ -54,6 +86,8 @@ void forward(const ForwardArgs& a) {
     core::check_no_overlap(*a.s_dmask, "s_dmask", a.out, "out");
     p.s_dmask = static_cast<float*>(a.s_dmask->data);
   }
+  check_outputs_spare({{&a.out, "out"}, {ptr(a.lse), "lse"}, {ptr(a.s_dmask), "s_dmask"}},
+                      small_inputs(a.layout, a.options));
   const core::Backend& be = backend_or_throw(a.q);
   check_supported(be, p, a.impl, false);
   be.forward(p, a.impl);
@@ -87,6 +121,7 @@ void backward(const BackwardArgs& a) {
     core::check_no_overlap(g, grads[i].second, a.lse, "lse");
     for (int j = 0; j < i; ++j) core::check_no_overlap(g, grads[i].second, *grads[j].first, grads[j].second);
   }
+  check_outputs_spare({{&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}}, small_inputs(a.layout, a.options));
   p.dout = operand(a.dout);
   p.grad_q = operand(a.dq), p.grad_k = operand(a.dk), p.grad_v = operand(a.dv);
   const core::Backend& be = backend_or_throw(a.q);
@@ -118,9 +153,12 @@ void forward_kvcache(const KvCacheArgs& a) {
   SequenceLayout lay;
   if (paged) lay.block_table = a.block_table;
   const int64_t cache_rows = a.k_cache.shape[0];
-  const int64_t capacity = paged
-                               ? (a.block_table->ndim == 2 ? a.block_table->shape[1] : 0) * a.k_cache.shape[1]
-                               : a.k_cache.shape[1];
+  int64_t capacity = a.k_cache.shape[1];
+  if (paged) {
+    const int64_t pages = a.block_table->ndim == 2 ? a.block_table->shape[1] : 0;
+    require(!__builtin_mul_overflow(pages, a.k_cache.shape[1], &capacity), "block_table",
+            [&] { return "holds more tokens than int64 counts: " + a.block_table->describe(); });
+  }
   TensorView k_cache = a.k_cache, v_cache = a.v_cache;
   if (!paged && !a.cache_batch_idx) {
     require(cache_rows == batch, "k_cache", [&] {
@@ -225,6 +263,19 @@ void forward_kvcache(const KvCacheArgs& a) {
   }
   kp.s_new = s_new;
   kp.rotary_interleaved = a.rotary_interleaved;
+  {
+    const TensorView* k_out = a.k_new ? &a.k_cache : nullptr;  // the caches are written only when appending
+    const TensorView* v_out = a.k_new ? &a.v_cache : nullptr;
+    const std::initializer_list<Named> outputs = {
+        {&a.out, "out"}, {ptr(a.lse), "lse"}, {k_out, "k_cache"}, {v_out, "v_cache"}};
+    const std::array<Named, 5> cache_inputs = {{{ptr(a.cache_seqlens), "cache_seqlens"},
+                                                {ptr(a.cache_batch_idx), "cache_batch_idx"},
+                                                {ptr(a.cache_leftpad), "cache_leftpad"},
+                                                {ptr(a.rotary_cos), "rotary_cos"},
+                                                {ptr(a.rotary_sin), "rotary_sin"}}};
+    check_outputs_spare(outputs, small_inputs(lay, a.options));
+    check_outputs_spare(outputs, cache_inputs);
+  }
   kp.rotary_q_per_token = a.options.causal || a.options.window_left >= 0 || a.options.window_right >= 0;
   kp.num_splits = a.num_splits;
   kp.attn = p;
@@ -239,6 +290,7 @@ void merge_states(const MergeArgs& a) {
   core::check_tensor(a.out_a, "out_a", {-1, -1, -1, -1}, types, dev);
   const TensorView& t = a.out_a;
   const int64_t b = t.shape[0], s = t.shape[1], h = t.shape[2], d = t.shape[3];
+  require(d >= 1, "out_a", [&] { return "head dim must be >= 1, got " + t.describe(); });
   core::check_tensor(a.out_b, "out_b", {b, s, h, d}, {t.dtype}, dev);
   core::check_tensor(a.out, "out", {b, s, h, d}, {t.dtype}, dev);
   core::check_tensor(a.lse_a, "lse_a", {b, h, s}, {DType::f32}, dev);

@@ -188,7 +188,8 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     check_tensor(v, "v", {num_blocks, page, hk, -1}, {q.dtype}, dev);
     require(page >= 1, "k", [&] { return "page size must be >= 1, got " + k.describe(); });
     check_index_tensor(*lay.block_table, "block_table", {batch, -1}, dev);
-    sk = lay.block_table->shape[1] * page;
+    require(!__builtin_mul_overflow(lay.block_table->shape[1], page, &sk), "block_table",
+            [&] { return "holds more tokens than int64 counts: " + lay.block_table->describe(); });
     if (varlen) {
       require(lay.max_seqlen_k >= 0 && lay.max_seqlen_k <= sk, "max_seqlen_k", [&] {
         return "must be in [0, max_blocks_per_seq * page_size = " + num(sk) + "], got " +

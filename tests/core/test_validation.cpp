@@ -433,6 +433,38 @@ TEST(Validation, KvCacheAppendMayNotAliasInputs) {
   expect_error([&] { forward_kvcache(a); }, "k_cache", "must not share memory");
 }
 
+TEST(Validation, OutputsMayNotAliasSmallInputs) {
+  // The fuzzer's case: out written over cache_leftpad changed the pads mid-call (the CPU forward then
+  // read past K). Every output is checked against every index tensor, ALiBi, descale and rotary table.
+  Decode t;
+  KvCacheArgs a = t.args(false);
+  a.out = TensorView::contiguous(t.seqlens.view().data, DType::f32, {2, 1, 2, 8});  // seqlens inside out
+  expect_error([&] { forward_kvcache(a); }, "out", "overlaps cache_seqlens");
+  t.kc.set(0, 0.0), t.kc.set(1, 0.0);  // valid pads (0, 0) as int32 bits, inside the k_cache written
+  a = t.args();
+  a.cache_leftpad = TensorView::contiguous(t.kc.view().data, DType::i32, {2});
+  expect_error([&] { forward_kvcache(a); }, "k_cache", "overlaps cache_leftpad");
+  Paged p({0, 4, 7});
+  ForwardArgs f = p.args();
+  f.lse = TensorView::contiguous(p.bt.view().data, DType::f32, {4, 9});  // lse over the block table
+  expect_error([&] { forward(f); }, "lse", "overlaps block_table");
+}
+
+TEST(Validation, HugeBlockTableIsNamed) {
+  // An empty block table (batch 0) with 3 * 2^61 columns: its token count overflows int64.
+  Paged p({0, 4, 7});
+  ForwardArgs f = p.args();
+  f.layout.block_table->shape = {2, int64_t(3) << 61};
+  f.layout.block_table->stride = {int64_t(3) << 61, 1};
+  expect_error([&] { forward(f); }, "block_table", "");
+  Decode t;
+  HostTensor table(DType::i32, {0, 1});
+  KvCacheArgs a = t.args(false);
+  a.q.shape[0] = 0, a.out.shape[0] = 0, a.cache_seqlens->shape[0] = 0;
+  a.block_table = TensorView::contiguous(table.view().data, DType::i32, {0, int64_t(3) << 61});
+  expect_error([&] { forward_kvcache(a); }, "block_table", "int64");
+}
+
 TEST(Validation, KvCacheWithoutAppendIsAnInput) {
   // Nothing appended: the caches are inputs, so a broadcast cache and a q inside it are fine.
   Decode t;
@@ -456,6 +488,9 @@ TEST(Validation, MergeStates) {
   HostTensor out(DType::f32, {1, 3, 2, 8});
   MergeArgs m{oa, la, ob, lb, out, std::nullopt, nullptr};
   expect_error([&] { merge_states(m); }, "lse_b", "expected shape (1, 2, 3)");
+  HostTensor empty(DType::f32, {1, 3, 2, 0});
+  MergeArgs z{empty, la, empty, la, empty, std::nullopt, nullptr};
+  expect_error([&] { merge_states(z); }, "out_a", "head dim must be >= 1");
 }
 
 TEST(TensorView, DescribeSpanContiguity) {
