@@ -117,9 +117,10 @@ void check_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int
       return "must be non-decreasing (sequence lengths are differences, never negative), got " +
              num(v[i - 1]) + " then " + num(v[i]) + " at index " + num(i);
     });
-    require(v[i] - v[i - 1] <= max_len, max_name, [&] {
-      return "is an upper bound of the lengths, but sequence " + num(i - 1) + " has length " +
-             num(v[i] - v[i - 1]) + " > " + num(max_len);
+    const int64_t len = (int64_t)v[i] - v[i - 1];  // int32 values of any sign: the difference needs 33 bits
+    require(len <= max_len, max_name, [&] {
+      return "is an upper bound of the lengths, but sequence " + num(i - 1) + " has length " + num(len) +
+             " > " + num(max_len);
     });
   }
   if (total >= 0)
@@ -232,7 +233,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     if (const int32_t* u = host_ints(*lay.seqused_k)) {
       for (int64_t b = 0; b < batch; ++b) {
         const int32_t* cu = lay.cu_seqlens_k ? host_ints(*lay.cu_seqlens_k) : nullptr;
-        const int64_t cap = cu ? cu[b + 1] - cu[b] : sk;
+        const int64_t cap = cu ? (int64_t)cu[b + 1] - cu[b] : sk;
         require(u[b] >= 0 && u[b] <= cap, "seqused_k",
                 [&] { return "entry " + num(b) + " = " + num(u[b]) + " is outside [0, " + num(cap) + "]"; });
       }
@@ -244,7 +245,7 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     // Lengths from cu_seqlens_k are bounded by max_seqlen_k, itself bounded by the block table above.
     check_block_table(*lay.block_table, num_blocks, page, [&](int64_t b) -> int64_t {
       if (used) return used[b];
-      if (cu) return cu[b + 1] - cu[b];
+      if (cu) return (int64_t)cu[b + 1] - cu[b];
       return lay.block_table->shape[1] * page;
     });
   }
