@@ -2,7 +2,12 @@
 # this machine can run (cpu + jit always, gpu when a CUDA device is visible, Python tests).
 BUILD ?= build
 JOBS ?= $(shell nproc)
-PYTHON ?= python3
+# Python: the extension is built and tested in a virtual environment of its own (.venv, made with
+# --system-site-packages so a torch or transformers installed for the machine's python3 stays visible),
+# never in the active Python; `make test PYTHON=python3` opts into the active interpreter instead.
+VENV ?= .venv
+PYTHON ?= $(VENV)/bin/python
+PY_DEPS := $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
 CMAKE_FLAGS ?=
 GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 CTEST_LABELS := cpu|jit$(if $(GPU),|gpu,)
@@ -41,11 +46,15 @@ test: test-cpp test-python
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L "$(CTEST_LABELS)"
 
-test-python:
-	$(PYTHON) -m pip install -q --no-build-isolation .
+$(VENV)/bin/python:
+	python3 -m venv --system-site-packages $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check nanobind scikit-build-core numpy pytest
+
+test-python: $(PY_DEPS)
+	$(PYTHON) -m pip install -q --disable-pip-version-check --no-build-isolation .
 	$(PYTHON) -m pytest -q tests/python
 
-bench: build
+bench: build $(PY_DEPS)
 	$(BUILD)/bench/flashport_bench --out $(BUILD)/bench_flashport.jsonl
 	$(PYTHON) bench/peer_torch.py $(BUILD)/bench_flashport.jsonl
 
@@ -74,7 +83,7 @@ test-sanitize-cpp: $(SAN_BUILD)/build.ninja
 # any installed flashport on PYTHONPATH). torch's tests run too when torch imports (about 35 s under
 # ASan with torch 2.15, no reports from its uninstrumented libraries); SAN_NO_TORCH=1 hides torch
 # (its import raises ImportError, so only the numpy-path tests run) for a torch that misbehaves there.
-test-sanitize-python: $(SAN_BUILD)/build.ninja
+test-sanitize-python: $(SAN_BUILD)/build.ninja $(PY_DEPS)
 	cmake -S . -B $(SAN_BUILD) -DFLASHPORT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$$(command -v $(PYTHON))"
 	cmake --build $(SAN_BUILD) -j $(JOBS) --target _C
 	rm -rf $(SAN_BUILD)/pyroot && mkdir -p $(SAN_BUILD)/pyroot
@@ -98,4 +107,4 @@ fuzz: $(FUZZ_BUILD)/build.ninja
 	  -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus
 
 clean:
-	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(SAN_BUILD) $(FUZZ_BUILD) $(VENV)

@@ -179,3 +179,28 @@ def test_sdpa_layout(device):
         assert out.shape == q.shape and (out.cpu() - want).abs().max() < (1e-5 if device == "cpu" else 2e-3)
     with pytest.raises(ValueError, match="enable_gqa"):
         flashport.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_inputs_propagate(device, where, value):
+    """docs/SPEC.md: a NaN reaches every row that reads it (q row i: that row; k or v row j: every query
+    that sees key j), an Inf likewise where it does not merely mask a key; never another head or sequence."""
+    b, sq, sk, h, d = 2, 37, 45, 3, 32
+    q, k, v = (torch.randn(b, s, h, d, dtype=work_dtype(device), device=device) for s in (sq, sk, sk))
+    row = 20 if where == "q" else 30  # a query row, or a key row seen by queries 22.. under causal
+    {"q": q, "k": k, "v": v}[where][1, row, 2, 5] = value
+    out, lse, _ = flashport.flash_attn_func(q, k, v, causal=True, window_size=(4, 0), return_attn_probs=True)
+    bad = ~torch.isfinite(out).all(-1)  # (b, sq, h)
+    sees = visible(sq, sk, True, (4, 0))[:, row]  # queries that see key `row`
+    reads = torch.zeros(sq, dtype=torch.bool)
+    if where == "q":
+        reads[row] = True
+    else:
+        reads |= sees
+    # An Inf in q or k makes scores of either sign, and a -inf score is a masked key: only NaN must show.
+    if value != value or where == "v":
+        assert bad[1, :, 2].cpu()[reads].all(), "a row that reads the value stayed finite"
+    if where != "v":  # v: a masked P of 0 times NaN may reach other rows of this head (as in SDPA)
+        assert not bad[1, :, 2].cpu()[~reads].any(), "a row that does not read the value became non-finite"
+    assert not bad[0].any() and not bad[1, :, :2].any(), "another sequence or head became non-finite"
