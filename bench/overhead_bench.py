@@ -171,7 +171,7 @@ def main():
     table = markdown(results)
     print("\n" + table)
     if args.perf_md:
-        write_perf_md(table, dev)
+        write_perf_md(table, dev, args)
 
 
 def markdown(results):
@@ -192,13 +192,14 @@ def markdown(results):
     return "\n".join(lines)
 
 
-def write_perf_md(table, dev):
+def write_perf_md(table, dev, args):
     from gpu_bench import splice_perf_md
 
     block = (f"### Per-call overhead (small calls through Python)\n\n{dev}, torch {torch.__version__}, commit "
              f"{os.environ.get('FLASHPORT_COMMIT', 'n/a')}. Command: `python3 bench/overhead_bench.py --perf-md`. "
-             "Wall time per call in microseconds (300 back-to-back calls between two synchronisations, median of "
-             "5): b 1, s 128, 16 heads, d 64, causal, bf16 unless the row says otherwise.\n\n" + table)
+             f"Wall time per call in microseconds ({args.calls} back-to-back calls between two synchronisations, "
+             f"median of {args.repeats}): b 1, s 128, 16 heads, d 64, causal, bf16 unless the row says "
+             "otherwise.\n\n" + table)
     old = open("docs/PERF.md").read() if os.path.exists("docs/PERF.md") else ""
     text = splice_perf_md(old, block, BEGIN, END)
     with open("docs/PERF.md", "w") as f:
