@@ -51,11 +51,14 @@ FP_HD T alibi_bias(T slope, i64 i, i64 j, i64 sq, i64 sk) {
   return -slope * T(dist);
 }
 
-/// The visible key range of one query row (step 4), as a half-open [lo, hi) clamped to [0, sk).
-/// `wl`/`wr` < 0 mean unbounded. Empty when lo >= hi.
-struct KeyRange {
+/// A half-open range [lo, hi) of positions (keys, queries or tiles); empty when lo >= hi.
+struct Range {
   i64 lo, hi;
 };
+using KeyRange = Range;
+
+/// The visible key range of one query row (step 4), as a half-open [lo, hi) clamped to [0, sk).
+/// `wl`/`wr` < 0 mean unbounded. Empty when lo >= hi.
 FP_HD KeyRange visible_keys(i64 i, i64 sq, i64 sk, i64 wl, i64 wr) {
   const i64 r = diagonal(i, sq, sk);
   i64 lo = wl < 0 ? 0 : r - wl;
@@ -67,6 +70,42 @@ FP_HD KeyRange visible_keys(i64 i, i64 sq, i64 sk, i64 wl, i64 wr) {
 FP_HD bool is_visible(i64 i, i64 j, i64 sq, i64 sk, i64 wl, i64 wr) {
   const KeyRange kr = visible_keys(i, sq, sk, wl, wr);
   return j >= kr.lo && j < kr.hi;
+}
+
+// Tile ranges: the loops of the tiled paths visit only the tiles these name. Each is exact (not a
+// superset) with respect to is_visible; tests/cpu/test_tile_ranges.cpp checks that by brute force.
+
+/// The keys seen by some query of rows [i0, i1) (i0 < i1): the union of their visible_keys. One range:
+/// lo and hi are non-decreasing in the row and step by at most one, so non-empty row ranges overlap or
+/// touch, and an empty first or last row has the union's bound (0 or sk). Empty when no row sees a key.
+FP_HD KeyRange tile_keys(i64 i0, i64 i1, i64 sq, i64 sk, i64 wl, i64 wr) {
+  const KeyRange first = visible_keys(i0, sq, sk, wl, wr);
+  const KeyRange last = visible_keys(i1 - 1, sq, sk, wl, wr);
+  return {first.lo, last.hi > first.lo ? last.hi : first.lo};
+}
+
+/// The queries that see some key of [j0, j1) (0 <= j0 < j1 <= sk), clamped to [0, sq]: visible_keys
+/// inverted, query i sees key j iff diagonal(i) - wl <= j <= diagonal(i) + wr.
+FP_HD Range seeing_queries(i64 j0, i64 j1, i64 sq, i64 sk, i64 wl, i64 wr) {
+  const i64 shift = sk - sq;
+  i64 lo = wr < 0 ? 0 : j0 - wr - shift;
+  i64 hi = wl < 0 ? sq : j1 + wl - shift;
+  lo = lo < 0 ? 0 : lo > sq ? sq : lo;
+  hi = hi < 0 ? 0 : hi > sq ? sq : hi;
+  return {lo, hi};
+}
+
+/// The tiles of `tile` positions that hold some position of [lo, hi) (lo >= 0): [lo / tile,
+/// ceil(hi / tile)), empty at lo / tile when [lo, hi) is. Templated on the index type so 32-bit kernel
+/// code stays 32-bit.
+template <class I>
+struct Tiles {
+  I begin, end;
+};
+template <class I>
+FP_HD Tiles<I> covering_tiles(I lo, I hi, I tile) {
+  const I begin = lo / tile;
+  return {begin, hi > lo ? (hi + tile - 1) / tile : begin};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -86,10 +86,9 @@ inline void backward_block(const AttnProblem& p, const BackwardShared& shared, c
   std::fill(dk_acc, dk_acc + (long long)kBlockK * d_pad, 0.0f);
   std::fill(dv_acc, dv_acc + (long long)kBlockK * dv_pad, 0.0f);
 
-  // Queries that see at least one key of the block: i + sk - sq + wr >= j0 and i + sk - sq - wl < j1.
-  const long long off = sk - sq, j1 = j0 + nk;
-  const long long i_lo = p.window_right < 0 ? 0 : std::max(0LL, j0 - off - p.window_right);
-  const long long i_hi = p.window_left < 0 ? sq : std::min(sq, j1 - off + p.window_left);
+  // Queries that see at least one key of the block.
+  const sem::Range seen = sem::seeing_queries(j0, j0 + nk, sq, sk, p.window_left, p.window_right);
+  const long long i_lo = seen.lo, i_hi = seen.hi;
   const bool softcap = p.softcap > 0.0f, dropout = p.dropout_p > 0.0f;
   const long long group = p.hq / p.hk, n_tiles = (sq + kBlockQ - 1) / kBlockQ;
 

@@ -379,14 +379,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   for (int nb = (int)blockIdx.x; nb * kBN < c.seq.rows_k; nb += (int)gridDim.x) {
     c.n0 = nb * kBN;
-    // Query blocks that see a key of [n0, n1): query i sees j iff i + shift - wl <= j <= i + shift + wr.
+    // Query blocks that see a key of [n0, n1).
     int m_begin = 0, n_m = 0;
     if (c.n0 < len_k && len_q > 0) {
-      const i64 n1 = min_int(c.n0 + kBN, len_k), shift = (i64)len_k - len_q;
-      const i64 i_lo = p.window_right < 0 ? 0 : c.n0 - p.window_right - shift;
-      const i64 i_hi = p.window_left < 0 ? len_q : n1 + p.window_left - shift;
-      const int lo = clamp_int(i_lo, 0, len_q), hi = clamp_int(i_hi, 0, len_q);
-      if (hi > lo) m_begin = lo / kBM, n_m = (hi + kBM - 1) / kBM - m_begin;
+      const i64 n1 = min_int(c.n0 + kBN, len_k);
+      const sem::Range qs = sem::seeing_queries(c.n0, n1, len_q, len_k, p.window_left, p.window_right);
+      const int lo = (int)qs.lo, hi = (int)qs.hi;
+      if (hi > lo) {
+        const sem::Tiles<int> tiles = sem::covering_tiles(lo, hi, kBM);
+        m_begin = tiles.begin, n_m = tiles.end - tiles.begin;
+      }
     }
     const int steps = group * n_m;  // (query head, query block) pairs, head-major
 
