@@ -370,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
   c.seq = sequence(p, c.b);
   c.smem = smem_addr(dynamic_smem<unsigned char>());
   c.lane = lane_id(), c.warp = warp_id();
-  const int group = (int)(p.hq / p.hk);
+  const int group = (int)gqa_group(p);
   const int len_q = c.seq.len_q, len_k = c.seq.len_k;
   const int wn0 = (c.warp / kGridKV.cols) * (kBN / kGridKV.rows);  // this warp's dK/dV tile
   const int wd0 = (c.warp % kGridKV.cols) * (kHD / kGridKV.cols);
@@ -397,10 +397,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     // live in buffer t % kStages. Groups in flight at the top of step t: t's and (2 stages) t + 1's.
     if (steps > 0) {
       load_k_v(prm, c);
-      load_q_do(prm, c, c.hk * group, m_begin * kBM, 0);
+      load_q_do(prm, c, group_head(c.hk, group, 0), m_begin * kBM, 0);
       cp_async_commit();
       if (kStages == 2 && steps > 1) {
-        load_q_do(prm, c, c.hk * group + 1 / n_m, (m_begin + 1 % n_m) * kBM, 1);
+        load_q_do(prm, c, group_head(c.hk, group, 1 / n_m), (m_begin + 1 % n_m) * kBM, 1);
         cp_async_commit();
       }
     }
@@ -409,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     zero(acc_dk);
     zero(acc_dv);
     for (int step = 0; step < steps; ++step) {
-      const int h = c.hk * group + step / n_m, m0 = (m_begin + step % n_m) * kBM;
+      const int h = group_head(c.hk, group, step / n_m), m0 = (m_begin + step % n_m) * kBM;
       const int buf = kStages == 2 ? step & 1 : 0;
       const u32 qdo = (u32)buf * kStageBytes;
       if (kStages == 2 && step + 1 < steps)
@@ -439,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
       __syncthreads();  // (3): buffer `buf` is free (stages A and B of this step were its last readers)
       const int next = step + kStages;
       if (next < steps) {
-        load_q_do(prm, c, c.hk * group + next / n_m, (m_begin + next % n_m) * kBM, buf);
+        load_q_do(prm, c, group_head(c.hk, group, next / n_m), (m_begin + next % n_m) * kBM, buf);
         cp_async_commit();
       }
       stage_dq(prm, c, h, m0);

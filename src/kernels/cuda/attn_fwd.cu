@@ -103,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const Seq seq = sequence(p, b);
   const i64 group = prm.pack_gqa;
   const i64 hk = group > 1 ? block_y() : kv_head(p, block_y());
-  const RowMap rows{m_block * kBlockM, group, group > 1 ? block_y() * group : block_y()};
+  const RowMap rows{m_block * kBlockM, group, group > 1 ? group_head(block_y(), group, (i64)0) : block_y()};
   const i64 packed_len = seq.len_q * group;
   if (rows.m0 >= packed_len) return;  // whole CTA: no barrier has been reached yet
   // The block's first and last queries (rows beyond packed_len are padding, never stored).

@@ -58,7 +58,7 @@ FP_DEV Work make_work(const BwdParams& prm) {
   w.b = (int)blockIdx.z + prm.batch_offset;
   w.hk = (int)blockIdx.y;
   w.n0 = (int)blockIdx.x * kBlockN;
-  w.group = (int)(p.hq / p.hk);
+  w.group = (int)gqa_group(p);
   w.seq = bwd::sequence(p, w.b);
   w.m_begin = w.n_m = 0;
   const int len_q = w.seq.len_q, len_k = w.seq.len_k;
@@ -77,7 +77,7 @@ FP_DEV Work make_work(const BwdParams& prm) {
 }
 
 FP_DEV int step_head(const Work& w, int t) {
-  return w.hk * w.group + t / w.n_m;
+  return group_head(w.hk, w.group, t / w.n_m);
 }
 FP_DEV int step_m0(const Work& w, int t) {
   return (w.m_begin + t % w.n_m) * kBlockM;
