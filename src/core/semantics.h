@@ -43,12 +43,20 @@ FP_HD i64 diagonal(i64 i, i64 sq, i64 sk) {
   return i + sk - sq;
 }
 
-/// ALiBi bias (step 3): -slope * |i + sk - sq - j|.
+/// The ALiBi distance |diag - j| of key j from a query's diagonal key (step 3). Templated on the index
+/// type: tiled paths pass tile-relative positions in 32 bits (|diag - j| < 2^30: the host bounds
+/// sequence lengths).
+template <class I>
+FP_HD I alibi_distance(I diag, I j) {
+  I dist = diag - j;
+  if (dist < 0) dist = -dist;
+  return dist;
+}
+
+/// ALiBi bias (step 3): -slope * |i + sk - sq - j|. Tiled paths subtract slope * alibi_distance.
 template <class T>
 FP_HD T alibi_bias(T slope, i64 i, i64 j, i64 sq, i64 sk) {
-  i64 dist = diagonal(i, sq, sk) - j;
-  if (dist < 0) dist = -dist;
-  return -slope * T(dist);
+  return -slope * T(alibi_distance(diagonal(i, sq, sk), j));
 }
 
 /// A half-open range [lo, hi) of positions (keys, queries or tiles); empty when lo >= hi.

@@ -270,10 +270,7 @@ inline void transform_scores(const ScoreParams& sp, float* s, float* tanh_out, i
       }
     }
     if (sp.slope_log2 != 0.0f) {
-      for (int r = 0; r < kBlockQ; ++r) {
-        const int dist = rel + r;
-        s_j[r] -= sp.slope_log2 * (float)(dist < 0 ? -dist : dist);
-      }
+      for (int r = 0; r < kBlockQ; ++r) s_j[r] -= sp.slope_log2 * (float)sem::alibi_distance(rel + r, 0);
     }
   }
 }

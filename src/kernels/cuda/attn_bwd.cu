@@ -231,7 +231,7 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0, int 
         const int r = e >> 1, j = j0 + (e & 1);
         const float capped = sem::softcap(acc_s[mt][nt][e] * p.scale, cap);
         float score = capped;
-        if (alibi) score -= slope * (float)(diag[r] > j ? diag[r] - j : j - diag[r]);
+        if (alibi) score -= slope * (float)sem::alibi_distance(diag[r], j);
         const bool visible = full || (j >= lo[r] && j < hi[r]);
         const float prob = visible ? fast_exp2(score * kLog2e - lse2[mt][r]) : 0.0f;
         const bool kept = (keep >> e) & 1u;
