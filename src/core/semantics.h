@@ -178,6 +178,21 @@ FP_HD RotaryTap rotary_tap(int c, int rotary_dim, bool interleaved) {
   return c < half ? RotaryTap{c + half, c, -1.0f} : RotaryTap{c - half, c - half, 1.0f};  // NeoX halves
 }
 
+/// Channel c (< rotary_dim) of one row rotated: x[c] * cos[k] + sign * x[partner] * sin[k] in fp32, each
+/// operation rounded on its own (no FMA contraction: the CPU and every kernel give the same bits).
+/// `x(channel)`, `cos(k)` and `sin(k)` load fp32 values of the row and of the position's table rows.
+template <class X, class Cos, class Sin>
+FP_HD float rotary_channel(int c, int rotary_dim, bool interleaved, X&& x, Cos&& cos, Sin&& sin) {
+  const RotaryTap tap = rotary_tap(c, rotary_dim, interleaved);
+  const float cos_v = cos(tap.freq), sin_v = sin(tap.freq);
+  const float xc = x(c), xp = x(tap.partner);
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(xc, cos_v), __fmul_rn(tap.sign * xp, sin_v));
+#else
+  return xc * cos_v + tap.sign * xp * sin_v;  // host builds are ISO C++: no contraction
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Merging partial softmax states (split-KV, merge_states, the online softmax itself).
 
