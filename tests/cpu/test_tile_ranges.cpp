@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 
 #include "core/semantics.h"
 
@@ -61,6 +62,16 @@ std::string describe(const Shape& s) {
          " wr " + std::to_string(s.wr);
 }
 
+/// `got` equals the brute-force range `want` when that is non-empty, and is empty when it is.
+void expect_exact(const sem::Range& want, const sem::Range& got, const std::string& what) {
+  if (want.lo < want.hi) {
+    EXPECT_EQ(got.lo, want.lo) << what;
+    EXPECT_EQ(got.hi, want.hi) << what;
+  } else {
+    EXPECT_GE(got.lo, got.hi) << what << ": empty";
+  }
+}
+
 TEST(TileRanges, TileKeysIsTheUnionOfTheRowsVisibleKeys) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 3000; ++trial) {
@@ -69,12 +80,7 @@ TEST(TileRanges, TileKeysIsTheUnionOfTheRowsVisibleKeys) {
     const i64 i1 = std::uniform_int_distribution<i64>(i0 + 1, s.sq)(rng);
     const sem::Range want = union_keys(s, i0, i1);
     const sem::Range got = sem::tile_keys(i0, i1, s.sq, s.sk, s.wl, s.wr);
-    if (want.lo < want.hi) {
-      EXPECT_EQ(got.lo, want.lo) << describe(s) << " rows [" << i0 << ", " << i1 << ")";
-      EXPECT_EQ(got.hi, want.hi) << describe(s) << " rows [" << i0 << ", " << i1 << ")";
-    } else {
-      EXPECT_GE(got.lo, got.hi) << describe(s) << " rows [" << i0 << ", " << i1 << ") see no key";
-    }
+    expect_exact(want, got, describe(s) + " rows [" + std::to_string(i0) + ", " + std::to_string(i1) + ")");
   }
 }
 
@@ -89,12 +95,7 @@ TEST(TileRanges, SeeingQueriesIsTheSetOfQueriesThatSeeTheKeys) {
     const sem::Range got = sem::seeing_queries(j0, j1, s.sq, s.sk, s.wl, s.wr);
     EXPECT_GE(got.lo, 0);
     EXPECT_LE(got.hi, s.sq);
-    if (want.lo < want.hi) {
-      EXPECT_EQ(got.lo, want.lo) << describe(s) << " keys [" << j0 << ", " << j1 << ")";
-      EXPECT_EQ(got.hi, want.hi) << describe(s) << " keys [" << j0 << ", " << j1 << ")";
-    } else {
-      EXPECT_GE(got.lo, got.hi) << describe(s) << " keys [" << j0 << ", " << j1 << ") seen by no query";
-    }
+    expect_exact(want, got, describe(s) + " keys [" + std::to_string(j0) + ", " + std::to_string(j1) + ")");
   }
 }
 

@@ -115,6 +115,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const sem::KeyRange keys =
       sem::tile_keys(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
   const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
+  const i64 hi_first = sem::visible_keys(first_row, seq.len_q, seq.len_k, p.window_left, p.window_right).hi;
   i64 tile_begin = tiles.begin, tile_end = tiles.end;
   if (prm.num_splits > 1) {
     const i64 per = ceil_div(tile_end - tile_begin, prm.num_splits);
@@ -207,7 +208,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   // Warps whose 16 rows are all padding (short or decode blocks) only help load K/V: warp-uniform skip.
   const bool warp_has_rows = rows.m0 + 16 * warp < packed_len;
   const i64 lo_last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right).lo;
-  const i64 hi_first = sem::visible_keys(first_row, seq.len_q, seq.len_k, p.window_left, p.window_right).hi;
   for (int t = 0; t < n_tiles; ++t) {
     const int buf = t % kStages;
     const i64 j0 = (tile_begin + t) * kBlockN;
