@@ -5,6 +5,8 @@
 #   scripts/sass_snapshot.sh take DIR [BUILD_DIR]   compile every variant into DIR/<key>.cubin + .sass
 #                                                   ($ONLY: space-separated key substrings, a subset)
 #   scripts/sass_snapshot.sh diff OLD NEW           per kernel of NEW: identical / differs, exit 1 if any differ
+#   scripts/sass_snapshot.sh ops OLD NEW            of the kernels that differ: opcode counts per family
+#                                                   (reordering only / integer bookkeeping / main loops)
 #
 # `take` uses the build's embedded sources (rebuild first) and the regular kernel cache, so kernels whose
 # sources did not change come from the cache. The .sass files drop cuobjdump's file-name lines, so two
@@ -70,8 +72,9 @@ strip_sass() {
 case ${1:-} in
 take) take "${@:2}" ;;
 diff) diff_dirs "${@:2}" ;;
+ops) python3 "$(dirname "$0")/sass_opcodes.py" "${@:2}" ;;
 *)
-  sed -n '2,10p' "$0"
+  sed -n '2,13p' "$0"
   exit 2
   ;;
 esac
