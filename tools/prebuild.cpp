@@ -2,6 +2,7 @@
 // cache, so first use of flashport does not wait for NVRTC; prunes or clears that cache on request.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,11 +27,13 @@ using flashport::jit::KernelSpec;
 
 void usage() {
   std::printf(
-      "usage: flashport-prebuild [--arch 80,90] [-j N] [--list]\n"
+      "usage: flashport-prebuild [--arch 80,90] [-j N] [--list] [--dump DIR] [--only TEXT]\n"
       "       flashport-prebuild --prune [--max-mb N] | --clear\n"
       "  --arch    compute capabilities to build for (default: the local GPUs', else 80,90)\n"
       "  -j        parallel compiles (default: hardware threads)\n"
       "  --list    print the kernels without compiling\n"
+      "  --only    only the kernels whose key contains TEXT (repeatable: any of them)\n"
+      "  --dump    also write each cubin to DIR/<key>.cubin (scripts/sass_snapshot.sh diffs their SASS)\n"
       "  --prune   remove the least recently used kernels until the cache is within 90%% of its cap\n"
       "  --max-mb  the cap for --prune (default: $FLASHPORT_CACHE_MAX_MB, else %llu; 0 = unlimited)\n"
       "  --clear   remove every cached kernel (autotune results are kept)\n"
@@ -87,6 +90,24 @@ int prune(bool clear, std::optional<uint64_t> max_mb) {
   return 0;
 }
 
+/// A file name for spec's key: characters other than [A-Za-z0-9._=,-] become '_'.
+std::string dump_name(const KernelSpec& spec) {
+  std::string name = spec.key();
+  for (char& ch : name) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("._=,-", ch) != nullptr;
+    if (!keep) ch = '_';
+  }
+  return name + ".cubin";
+}
+
+void dump_cubin(const std::string& dir, const KernelSpec& spec, const std::vector<char>& cubin) {
+  const std::string path = dir + "/" + dump_name(spec);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  const bool ok = f && std::fwrite(cubin.data(), 1, cubin.size(), f) == cubin.size();
+  if (f) std::fclose(f);
+  if (!ok) throw std::runtime_error("cannot write " + path);
+}
+
 std::vector<int> parse_archs(const char* text) {
   std::vector<int> archs;
   for (const char* p = text; *p;) {
@@ -122,6 +143,8 @@ int main(int argc, char** argv) {
   std::vector<int> archs;
   unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
   bool list_only = false, prune_only = false, clear = false;
+  std::string dump_dir;
+  std::vector<std::string> only;
   std::optional<uint64_t> max_mb;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -130,6 +153,10 @@ int main(int argc, char** argv) {
         archs = parse_archs(argv[++i]);
       } else if (arg == "-j" && i + 1 < argc) {
         jobs = static_cast<unsigned>(std::max(1, std::atoi(argv[++i])));
+      } else if (arg == "--only" && i + 1 < argc) {
+        only.push_back(argv[++i]);
+      } else if (arg == "--dump" && i + 1 < argc) {
+        dump_dir = argv[++i];
       } else if (arg == "--list") {
         list_only = true;
       } else if (arg == "--prune") {
@@ -155,7 +182,13 @@ int main(int argc, char** argv) {
   std::vector<KernelSpec> specs;
   for (int arch : archs) {
     auto more = variants_for(arch);
-    specs.insert(specs.end(), more.begin(), more.end());
+    for (auto& spec : more) {
+      const std::string key = spec.key();
+      const bool wanted = only.empty() || std::any_of(only.begin(), only.end(), [&](const std::string& text) {
+                            return key.find(text) != std::string::npos;
+                          });
+      if (wanted) specs.push_back(std::move(spec));
+    }
   }
   if (list_only) {
     for (const auto& spec : specs) std::printf("%s\n", spec.key().c_str());
@@ -177,6 +210,7 @@ int main(int argc, char** argv) {
       const KernelSpec& spec = specs[i];
       try {
         const auto result = flashport::jit::compile(spec);
+        if (!dump_dir.empty()) dump_cubin(dump_dir, spec, result.cubin);
         std::lock_guard lock(print_mutex);
         ++done;
         cached += result.from_cache;

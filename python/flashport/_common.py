@@ -11,6 +11,29 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e4m3fnuz": 240.0, "float8_e5m2": 5734
 
 SUPPORTED_DEVICES = ("cpu", "cuda")
 
+# Dynamic fp8 quantisation, written once for the numpy and torch paths (each passes its own `where`).
+
+
+def fp8_groups(shape, nheads_k: int, varlen: bool):
+    """How dynamic fp8 quantisation groups x, one scale per (sequence, kv head): the shape splitting the
+    heads into (kv head, query heads of its group), and the axes the amax reduces. Dense (b, s, h, d):
+    over tokens, group and channels. Varlen (total, h, d): per token over group and channels (the caller
+    then takes the maximum per sequence)."""
+    if varlen:
+        total, h, d = shape
+        return (total, nheads_k, h // nheads_k, d), (2, 3)
+    b, s, h, d = shape
+    return (b, s, nheads_k, h // nheads_k, d), (1, 3, 4)
+
+
+def fp8_descale(amax, fp8_name: str, where):
+    """The descale (x ~= fp8 * descale) from a group's amax: amax / fp8_max, and 1 where that is 0 (an
+    all-zero group, or an amax so small the quotient underflows), so x / descale stays finite."""
+    descale = amax / FP8_MAX[fp8_name]
+    return where(descale == 0, 1.0, descale)
+
+
+
 # Ranges of the C++ arguments: int32 lengths and counts, int64 sizes, fp32 scalars, head dims.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1

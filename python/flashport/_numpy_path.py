@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
-from ._common import FP8_MAX, check_float, check_int, check_ndim, error, padded, softmax_scale, split_rng_state
+from ._common import FP8_MAX, check_float, check_int, check_ndim, error, fp8_descale, fp8_groups, padded, softmax_scale, split_rng_state
 from ._common import window as parse_window
 
 _FLOAT_KINDS = ("float16", "float32", "float64")
@@ -175,26 +175,20 @@ def quantize(x, nheads_k: int, cu_seqlens=None, fp8: str = "float8_e4m3fn"):
     if x.dtype.name not in _FLOAT_KINDS:
         raise error("q", f"fp8 quantisation takes float16/float32/float64 inputs, got {x.dtype}")
     xf = x.astype(np.float32)
-    hk = nheads_k
-    if cu_seqlens is None:  # (b, s, h, d)
-        b, s, h, d = xf.shape
-        amax = np.abs(xf.reshape(b, s, hk, h // hk, d)).max(axis=(1, 3, 4), initial=0.0)
-        token_seq = None
-    else:  # (total, h, d)
-        t, h, d = xf.shape
-        cu = np.asarray(cu_seqlens).astype(np.int64)
-        token_seq = np.searchsorted(cu[1:], np.arange(t), side="right")
-        token_amax = np.abs(xf.reshape(t, hk, h // hk, d)).max(axis=(2, 3), initial=0.0)
-        amax = np.zeros((cu.shape[0] - 1, hk), np.float32)
-        np.maximum.at(amax, token_seq, token_amax)
-    descale = (amax / np.float32(FP8_MAX[fp8])).astype(np.float32)
-    descale[descale == 0] = 1.0
-    if token_seq is None:
-        scale_full = descale[:, None, :, None, None]
-        scaled = xf.reshape(b, s, hk, h // hk, d) / scale_full
+    grouped_shape, axes = fp8_groups(xf.shape, nheads_k, cu_seqlens is not None)
+    grouped = xf.reshape(grouped_shape)
+    if cu_seqlens is None:
+        amax = np.abs(grouped).max(axis=axes, initial=0.0)
     else:
-        scale_full = descale[token_seq][:, :, None, None]
-        scaled = xf.reshape(t, hk, h // hk, d) / scale_full
+        cu = np.asarray(cu_seqlens).astype(np.int64)
+        token_seq = np.searchsorted(cu[1:], np.arange(xf.shape[0]), side="right")
+        amax = np.zeros((cu.shape[0] - 1, nheads_k), np.float32)
+        np.maximum.at(amax, token_seq, np.abs(grouped).max(axis=axes, initial=0.0))
+    descale = fp8_descale(amax, fp8, np.where).astype(np.float32)
+    if cu_seqlens is None:
+        scaled = grouped / descale[:, None, :, None, None]
+    else:
+        scaled = grouped / descale[token_seq][:, :, None, None]
     data = np.empty(x.shape, np.uint8)
     _C.cast(np.ascontiguousarray(scaled.reshape(x.shape), dtype=np.float32), (data, fp8))
     return (data, fp8), descale

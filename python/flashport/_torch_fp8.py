@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._common import FP8_MAX, error
+from ._common import error, fp8_descale, fp8_groups
 from ._torch_ops import _tracing, bwd, run_bwd, run_fwd
 
 
@@ -23,30 +23,32 @@ def quantize(x: Tensor, nheads_k: int, cu_seqlens: Optional[Tensor], fp8_dtype: 
     """
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise error("q", f"fp8 quantisation takes float16/bfloat16/float32 inputs, got {x.dtype}")
-    fp8_max = FP8_MAX[str(fp8_dtype).removeprefix("torch.")]
+    fp8_name = str(fp8_dtype).removeprefix("torch.")
     xf = x.float()
-    h, d = x.shape[-2], x.shape[-1]
-    group = h // nheads_k
     if cu_seqlens is None:
-        grouped = xf.reshape(x.shape[0], -1, nheads_k, group, d) if not shared_batch else xf.reshape(1, -1, nheads_k, group, d)
+        # Paged blocks (shared_batch) are one pool: a batch of one whose tokens are every block's.
+        pool = (1, x.shape[0] * x.shape[1]) + tuple(x.shape[2:])
+        grouped_shape, axes = fp8_groups(pool if shared_batch else tuple(x.shape), nheads_k, False)
+        grouped = xf.reshape(grouped_shape)
         if grouped.numel():
-            amax = grouped.abs().amax(dim=(1, 3, 4))
+            amax = grouped.abs().amax(dim=axes)
         else:
             amax = xf.new_zeros(grouped.shape[0], nheads_k)
-        descale = torch.where(amax > 0, amax / fp8_max, torch.ones_like(amax))
+        descale = fp8_descale(amax, fp8_name, torch.where)
         x8 = (grouped / descale[:, None, :, None, None]).reshape(x.shape).to(fp8_dtype)
         if shared_batch:
             descale = descale.expand(shared_batch, nheads_k)
         return x8, descale
     total = x.shape[0]
     batch = cu_seqlens.shape[0] - 1
-    grouped = xf.reshape(total, nheads_k, group, d)
+    grouped_shape, axes = fp8_groups(tuple(x.shape), nheads_k, True)
+    grouped = xf.reshape(grouped_shape)
     token_seq = torch.searchsorted(cu_seqlens[1:].to(torch.int64), torch.arange(total, device=x.device), right=True)
     amax = xf.new_zeros(batch, nheads_k)
     if total:
-        token_amax = grouped.abs().amax(dim=(2, 3))
+        token_amax = grouped.abs().amax(dim=axes)
         amax = amax.scatter_reduce(0, token_seq[:, None].expand(total, nheads_k), token_amax, reduce="amax")
-    descale = torch.where(amax > 0, amax / fp8_max, torch.ones_like(amax))
+    descale = fp8_descale(amax, fp8_name, torch.where)
     x8 = (grouped / descale[token_seq][:, :, None, None]).reshape(x.shape).to(fp8_dtype)
     return x8, descale
 

@@ -132,9 +132,29 @@ FP_HD long long lse_offset(const AttnProblem& p, long long b, long long h, long 
   return p.cu_seqlens_q ? h * p.total_q + p.cu_seqlens_q[b] + i : (b * p.hq + h) * p.sq + i;
 }
 
-/// The kv head query head h reads (GQA/MQA).
+// GQA/MQA: query heads [hk * group, (hk + 1) * group) read kv head hk (validation checks hq % hk == 0).
+
+/// Query heads per kv head.
+FP_HD long long gqa_group(const AttnProblem& p) {
+  return p.hq / p.hk;
+}
+
+/// The kv head query head h reads.
 FP_HD long long kv_head(const AttnProblem& p, long long h) {
-  return h / (p.hq / p.hk);
+  return h / gqa_group(p);
+}
+
+/// Query head g (0 <= g < group) of kv head hk: kv_head's inverse. Templated on the index type so
+/// 32-bit kernel code stays 32-bit.
+template <class I>
+FP_HD I group_head(I hk, I group, I g) {
+  return hk * group + g;
+}
+
+/// The query heads that read kv head hk.
+FP_HD sem::Range group_heads(const AttnProblem& p, long long hk) {
+  const long long group = gqa_group(p);
+  return {group_head(hk, group, 0LL), group_head(hk + 1, group, 0LL)};
 }
 
 /// ALiBi slope of (b, h), 0 when ALiBi is off.

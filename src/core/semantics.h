@@ -43,19 +43,30 @@ FP_HD i64 diagonal(i64 i, i64 sq, i64 sk) {
   return i + sk - sq;
 }
 
-/// ALiBi bias (step 3): -slope * |i + sk - sq - j|.
+/// The ALiBi distance |diag - j| of key j from a query's diagonal key (step 3). Templated on the index
+/// type: tiled paths pass tile-relative positions in 32 bits (|diag - j| < 2^30: the host bounds
+/// sequence lengths).
+template <class I>
+FP_HD I alibi_distance(I diag, I j) {
+  I dist = diag - j;
+  if (dist < 0) dist = -dist;
+  return dist;
+}
+
+/// ALiBi bias (step 3): -slope * |i + sk - sq - j|. Tiled paths subtract slope * alibi_distance.
 template <class T>
 FP_HD T alibi_bias(T slope, i64 i, i64 j, i64 sq, i64 sk) {
-  i64 dist = diagonal(i, sq, sk) - j;
-  if (dist < 0) dist = -dist;
-  return -slope * T(dist);
+  return -slope * T(alibi_distance(diagonal(i, sq, sk), j));
 }
+
+/// A half-open range [lo, hi) of positions (keys, queries or tiles); empty when lo >= hi.
+struct Range {
+  i64 lo, hi;
+};
+using KeyRange = Range;
 
 /// The visible key range of one query row (step 4), as a half-open [lo, hi) clamped to [0, sk).
 /// `wl`/`wr` < 0 mean unbounded. Empty when lo >= hi.
-struct KeyRange {
-  i64 lo, hi;
-};
 FP_HD KeyRange visible_keys(i64 i, i64 sq, i64 sk, i64 wl, i64 wr) {
   const i64 r = diagonal(i, sq, sk);
   i64 lo = wl < 0 ? 0 : r - wl;
@@ -67,6 +78,42 @@ FP_HD KeyRange visible_keys(i64 i, i64 sq, i64 sk, i64 wl, i64 wr) {
 FP_HD bool is_visible(i64 i, i64 j, i64 sq, i64 sk, i64 wl, i64 wr) {
   const KeyRange kr = visible_keys(i, sq, sk, wl, wr);
   return j >= kr.lo && j < kr.hi;
+}
+
+// Tile ranges: the loops of the tiled paths visit only the tiles these name. Each is exact (not a
+// superset) with respect to is_visible; tests/cpu/test_tile_ranges.cpp checks that by brute force.
+
+/// The keys seen by some query of rows [i0, i1) (i0 < i1): the union of their visible_keys. One range:
+/// lo and hi are non-decreasing in the row and step by at most one, so non-empty row ranges overlap or
+/// touch, and an empty first or last row has the union's bound (0 or sk). Empty when no row sees a key.
+FP_HD KeyRange tile_keys(i64 i0, i64 i1, i64 sq, i64 sk, i64 wl, i64 wr) {
+  const KeyRange first = visible_keys(i0, sq, sk, wl, wr);
+  const KeyRange last = visible_keys(i1 - 1, sq, sk, wl, wr);
+  return {first.lo, last.hi > first.lo ? last.hi : first.lo};
+}
+
+/// The queries that see some key of [j0, j1) (0 <= j0 < j1 <= sk), clamped to [0, sq]: visible_keys
+/// inverted, query i sees key j iff diagonal(i) - wl <= j <= diagonal(i) + wr.
+FP_HD Range seeing_queries(i64 j0, i64 j1, i64 sq, i64 sk, i64 wl, i64 wr) {
+  const i64 shift = sk - sq;
+  i64 lo = wr < 0 ? 0 : j0 - wr - shift;
+  i64 hi = wl < 0 ? sq : j1 + wl - shift;
+  lo = lo < 0 ? 0 : lo > sq ? sq : lo;
+  hi = hi < 0 ? 0 : hi > sq ? sq : hi;
+  return {lo, hi};
+}
+
+/// The tiles of `tile` positions that hold some position of [lo, hi) (lo >= 0): [lo / tile,
+/// ceil(hi / tile)), empty at lo / tile when [lo, hi) is. Templated on the index type so 32-bit kernel
+/// code stays 32-bit.
+template <class I>
+struct Tiles {
+  I begin, end;
+};
+template <class I>
+FP_HD Tiles<I> covering_tiles(I lo, I hi, I tile) {
+  const I begin = lo / tile;
+  return {begin, hi > lo ? (hi + tile - 1) / tile : begin};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -84,6 +131,9 @@ FP_HD void mulhilo32(u32 a, u32 b, u32& hi, u32& lo) {
 
 /// Philox4x32 with 10 rounds over counter `c` and key (k0, k1).
 FP_HD Philox4 philox4x32_10(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+#if !defined(__CUDACC__) && !defined(__HIPCC__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 10  // unrolled, the CPU fast path's loop over a tile's rows vectorises (AVX-512)
+#endif
   for (int round = 0; round < 10; ++round) {
     u32 hi0, lo0, hi1, lo1;
     mulhilo32(0xD2511F53u, c0, hi0, lo0);
@@ -126,6 +176,21 @@ FP_HD RotaryTap rotary_tap(int c, int rotary_dim, bool interleaved) {
   const int half = rotary_dim / 2;
   if (interleaved) return {c ^ 1, c >> 1, (c & 1) ? 1.0f : -1.0f};  // GPT-J pairs (0,1),(2,3)
   return c < half ? RotaryTap{c + half, c, -1.0f} : RotaryTap{c - half, c - half, 1.0f};  // NeoX halves
+}
+
+/// Channel c (< rotary_dim) of one row rotated: x[c] * cos[k] + sign * x[partner] * sin[k] in fp32, each
+/// operation rounded on its own (no FMA contraction: the CPU and every kernel give the same bits).
+/// `x(channel)`, `cos(k)` and `sin(k)` load fp32 values of the row and of the position's table rows.
+template <class X, class Cos, class Sin>
+FP_HD float rotary_channel(int c, int rotary_dim, bool interleaved, X&& x, Cos&& cos, Sin&& sin) {
+  const RotaryTap tap = rotary_tap(c, rotary_dim, interleaved);
+  const float cos_v = cos(tap.freq), sin_v = sin(tap.freq);
+  const float xc = x(c), xp = x(tap.partner);
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn(xc, cos_v), __fmul_rn(tap.sign * xp, sin_v));
+#else
+  return xc * cos_v + tap.sign * xp * sin_v;  // host builds are ISO C++: no contraction
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -122,6 +122,27 @@ TEST(SemanticsScores, SoftcapAlibiAndWeights) {
   EXPECT_NEAR(sem::lse_weight(1.0, 3.0), std::exp(-2.0), 1e-15);
 }
 
+TEST(SemanticsRotary, ChannelRotatesPairsInFp32WithoutFma) {
+  // rotary_channel: x[c] cos + sign x[partner] sin, each product and the sum rounded to fp32.
+  const int rot = 16;
+  std::mt19937 gen(9);
+  std::normal_distribution<float> nd;
+  for (bool interleaved : {true, false}) {
+    std::vector<float> x(rot), cs(rot / 2), sn(rot / 2);
+    for (auto& v : x) v = nd(gen);
+    for (int k = 0; k < rot / 2; ++k) cs[k] = std::cos(nd(gen)), sn[k] = std::sin(nd(gen));
+    for (int c = 0; c < rot; ++c) {
+      const sem::RotaryTap t = sem::rotary_tap(c, rot, interleaved);
+      const volatile float a = x[c] * cs[t.freq], b = t.sign * x[t.partner] * sn[t.freq];
+      const float want = a + b;
+      const float got = sem::rotary_channel(
+          c, rot, interleaved, [&](int ch) { return x[ch]; }, [&](int k) { return cs[k]; },
+          [&](int k) { return sn[k]; });
+      EXPECT_EQ(std::bit_cast<u32>(got), std::bit_cast<u32>(want)) << "channel " << c;
+    }
+  }
+}
+
 TEST(SemanticsRotary, TapsRealiseGptjPairsAndNeoxHalves) {
   const int rot = 8, half = rot / 2;
   for (int c = 0; c < rot; ++c) {

@@ -116,6 +116,28 @@ def test_numpy_fp8_matches_torch():
     np.testing.assert_array_equal(out_np, out_t.numpy())
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_quantize_numpy_and_torch_share_the_scale_rule(varlen):
+    """One scale rule (_common.fp8_descale): an all-zero group and a group whose amax / fp8_max underflows
+    both get descale 1 (finite fp8 data), identically in the numpy and torch paths."""
+    from flashport import _numpy_path, _torch_fp8
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 4, 8)).astype(np.float32)
+    x[0, :, 0:2] = 0.0
+    x[1, :, 2:4] = 1e-44  # subnormal: 1e-44 / 448 is 0 in fp32
+    cu = None
+    if varlen:
+        x = x.reshape(10, 4, 8)
+        cu = np.array([0, 5, 10], np.int32)
+    (data, name), descale = _numpy_path.quantize(x, 2, cu)
+    x8, descale_t = _torch_fp8.quantize(torch.from_numpy(x), 2, None if cu is None else torch.from_numpy(cu), E4M3)
+    np.testing.assert_array_equal(descale, descale_t.numpy())
+    np.testing.assert_array_equal(data, x8.view(torch.uint8).numpy())
+    assert descale[0, 0] == 1.0 and descale[1, 1] == 1.0
+    assert np.isfinite(x8.float().numpy()).all()
+
+
 def test_fp8_descales_need_fp8_inputs():
     q = torch.randn(1, 4, 2, 32)
     with pytest.raises(ValueError, match="q_descale"):

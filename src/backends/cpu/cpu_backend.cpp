@@ -70,13 +70,12 @@ std::vector<unsigned char> rotate_queries(const core::KvCacheProblem& kp, Operan
             store(q_rot.ptr, type, dst + c, load_f64(a.q.ptr, type, src + c));
             continue;
           }
-          const sem::RotaryTap tap = sem::rotary_tap((int)c, rot_dim, kp.rotary_interleaved);
-          const long long cs_off = pos * kp.rotary_row_stride + tap.freq;
-          const float cos_v = load_f32(kp.rotary_cos, type, cs_off);
-          const float sin_v = load_f32(kp.rotary_sin, type, cs_off);
-          const float x = load_f32(a.q.ptr, type, src + c);
-          const float x_partner = load_f32(a.q.ptr, type, src + tap.partner);
-          store(q_rot.ptr, type, dst + c, x * cos_v + tap.sign * x_partner * sin_v);
+          const long long cs = pos * kp.rotary_row_stride;
+          const float y = sem::rotary_channel((int)c, rot_dim, kp.rotary_interleaved,
+                                              [&](int ch) { return load_f32(a.q.ptr, type, src + ch); },
+                                              [&](int k) { return load_f32(kp.rotary_cos, type, cs + k); },
+                                              [&](int k) { return load_f32(kp.rotary_sin, type, cs + k); });
+          store(q_rot.ptr, type, dst + c, y);
         }
       }
     }

@@ -248,12 +248,8 @@ inline void amx_forward_block(const AttnProblem& p, const QueryBlock& blk, const
     for (int byte = 0; byte < dv * out_bytes; byte += 64) __builtin_prefetch(o_row + byte, 1, 3);
   }
   row_ranges(p, i0, nq, sq, sk, lo, hi);
-  long long span_lo = sk, span_hi = 0;
-  for (int r = 0; r < nq; ++r) {
-    if (lo[r] >= hi[r]) continue;
-    span_lo = std::min<long long>(span_lo, lo[r]);
-    span_hi = std::max<long long>(span_hi, hi[r]);
-  }
+  const sem::KeyRange span = sem::tile_keys(i0, i0 + nq, sq, sk, p.window_left, p.window_right);
+  const long long span_lo = span.lo, span_hi = span.hi;  // no tile when empty
   std::fill(m, m + kBlockQ, kNegInf);
   std::fill(l, l + kBlockQ, 0.0f);
   std::fill(o_t, o_t + lay.dv32 * kBlockQ, 0.0f);

@@ -86,19 +86,19 @@ inline void backward_block(const AttnProblem& p, const BackwardShared& shared, c
   std::fill(dk_acc, dk_acc + (long long)kBlockK * d_pad, 0.0f);
   std::fill(dv_acc, dv_acc + (long long)kBlockK * dv_pad, 0.0f);
 
-  // Queries that see at least one key of the block: i + sk - sq + wr >= j0 and i + sk - sq - wl < j1.
-  const long long off = sk - sq, j1 = j0 + nk;
-  const long long i_lo = p.window_right < 0 ? 0 : std::max(0LL, j0 - off - p.window_right);
-  const long long i_hi = p.window_left < 0 ? sq : std::min(sq, j1 - off + p.window_left);
+  // Queries that see at least one key of the block.
+  const sem::Range seen = sem::seeing_queries(j0, j0 + nk, sq, sk, p.window_left, p.window_right);
+  const long long i_lo = seen.lo, i_hi = seen.hi;
   const bool softcap = p.softcap > 0.0f, dropout = p.dropout_p > 0.0f;
-  const long long group = p.hq / p.hk, n_tiles = (sq + kBlockQ - 1) / kBlockQ;
+  const long long n_tiles = (sq + kBlockQ - 1) / kBlockQ;
+  const sem::Range heads = group_heads(p, hk);
 
-  for (long long h = hk * group; h < (hk + 1) * group; ++h) {
+  for (long long h = heads.lo; h < heads.hi; ++h) {
     const ScoreParams sp = score_params(p, b, h);
     for (long long t = i_lo / kBlockQ; t * kBlockQ < i_hi; ++t) {
       const long long i0 = t * kBlockQ;
       const int nq = (int)std::min<long long>(kBlockQ, sq - i0);
-      const float* q_tile = shared.tiles + blk.tiles + ((h - hk * group) * n_tiles + t) * qt.floats;
+      const float* q_tile = shared.tiles + blk.tiles + ((h - heads.lo) * n_tiles + t) * qt.floats;
       const float* lse2 = q_tile + qt.lse2;
       row_ranges(p, i0, nq, sq, sk, lo, hi);
 

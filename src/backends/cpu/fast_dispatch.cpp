@@ -110,7 +110,7 @@ std::string unsupported(const AttnProblem& p, bool backward) {
 
 void forward(const AttnProblem& p) {
   const Kernels& kernels = select_kernels(p.in_type, true);
-  const long long group = p.hq / p.hk;
+  const long long group = gqa_group(p);
 
   // Each (sequence, kv head) whose K/V feed several query tiles gets them packed once into a shared
   // region (contiguous rows also stay in L2, where head-strided rows thrash its sets). Groups are
@@ -136,7 +136,7 @@ void forward(const AttnProblem& p) {
       if (n_tiles == 0) continue;
       if (group * n_tiles < 2 || floats * 4 > kMaxPackedBytes) {
         for (long long t = n_tiles - 1; t >= 0; --t) {
-          for (long long h = hk * group; h < (hk + 1) * group; ++h) loose.push_back({b, h, t * kBlockQ});
+          for (long long g = 0; g < group; ++g) loose.push_back({b, group_head(hk, group, g), t * kBlockQ});
         }
         continue;
       }
@@ -149,8 +149,8 @@ void forward(const AttnProblem& p) {
         r.packs.push_back({b, hk, j0, std::min(sk, j0 + kBlockK), sk, round_floats});
       }
       for (long long t = n_tiles - 1; t >= 0; --t) {
-        for (long long h = hk * group; h < (hk + 1) * group; ++h) {
-          r.tiles.push_back({b, h, t * kBlockQ});
+        for (long long g = 0; g < group; ++g) {
+          r.tiles.push_back({b, group_head(hk, group, g), t * kBlockQ});
           r.tile_group.push_back(round_floats);
         }
       }
@@ -183,7 +183,7 @@ void forward(const AttnProblem& p) {
 
 void backward(const AttnProblem& p) {
   const Kernels& kernels = select_kernels(p.in_type, false);
-  const long long rows = query_rows(p), dq_ld = pad_to(p.d, kMaxVec), group = p.hq / p.hk;
+  const long long rows = query_rows(p), dq_ld = pad_to(p.d, kMaxVec), group = gqa_group(p);
   const QueryTileLayout qt = query_tile_layout(p.d, p.dv);
 
   // Rounds of (sequence, kv head) groups whose packed query tiles fit kMaxPackedBytes (a group
@@ -209,7 +209,8 @@ void backward(const AttnProblem& p) {
       Round& r = rounds.back();
       for (long long hl = 0; hl < group; ++hl) {
         for (long long t = 0; t < n_tiles; ++t) {
-          r.tiles.push_back({b, hk * group + hl, t * kBlockQ, r.floats + (hl * n_tiles + t) * qt.floats});
+          r.tiles.push_back(
+              {b, group_head(hk, group, hl), t * kBlockQ, r.floats + (hl * n_tiles + t) * qt.floats});
         }
       }
       for (long long j0 = 0; j0 < sk; j0 += kBlockK) r.blocks.push_back({b, hk, j0, r.floats});

@@ -91,14 +91,10 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const flo
     for (int r = 0; r < kBlockQ; ++r) q_t[c * kBlockQ + r] = q_rows[(long long)r * d + c];
   }
 
-  // Key span of the tile: union of the rows' visible ranges (contiguous: ranges shift by one per row).
+  // Key span of the tile: union of the rows' visible ranges.
   row_ranges(p, i0, nq, sq, sk, lo, hi);
-  long long span_lo = sk, span_hi = 0;
-  for (int r = 0; r < nq; ++r) {
-    if (lo[r] >= hi[r]) continue;
-    span_lo = std::min<long long>(span_lo, lo[r]);
-    span_hi = std::max<long long>(span_hi, hi[r]);
-  }
+  const sem::KeyRange span = sem::tile_keys(i0, i0 + nq, sq, sk, p.window_left, p.window_right);
+  const long long span_lo = span.lo, span_hi = span.hi;  // no tile when empty
 
   std::fill(m, m + kBlockQ, kNegInf);
   std::fill(l, l + kBlockQ, 0.0f);

@@ -270,10 +270,7 @@ inline void transform_scores(const ScoreParams& sp, float* s, float* tanh_out, i
       }
     }
     if (sp.slope_log2 != 0.0f) {
-      for (int r = 0; r < kBlockQ; ++r) {
-        const int dist = rel + r;
-        s_j[r] -= sp.slope_log2 * (float)(dist < 0 ? -dist : dist);
-      }
+      for (int r = 0; r < kBlockQ; ++r) s_j[r] -= sp.slope_log2 * (float)sem::alibi_distance(rel + r, 0);
     }
   }
 }
@@ -287,22 +284,14 @@ inline void mask_scores(float* s, int nk, long long j0, const int* lo, const int
   }
 }
 
-/// Philox4x32-10 (sem::philox4x32_10, bit for bit) for every query row of a tile at once: counter
-/// (group, i0 + r, head, offset), so the rounds vectorise across rows. words[w][r] is output word w.
+/// sem::philox4x32_10 for every query row of a tile at once: counter (group, i0 + r, head, offset). The
+/// row loop is innermost after inlining, so the rounds vectorise across rows.
 inline void philox_rows(uint32_t group, long long i0, uint32_t head, uint32_t offset, uint64_t seed,
                         uint32_t (*words)[kBlockQ]) {
   for (int r = 0; r < kBlockQ; ++r) {
-    uint32_t c0 = group, c1 = (uint32_t)(i0 + r), c2 = head, c3 = offset;
-    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
-#pragma GCC unroll 10
-    for (int round = 0; round < 10; ++round) {
-      const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-      const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-      c0 = n0, c1 = (uint32_t)p1, c2 = n2, c3 = (uint32_t)p0;
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    words[0][r] = c0, words[1][r] = c1, words[2][r] = c2, words[3][r] = c3;
+    const sem::Philox4 w =
+        sem::philox4x32_10(group, (uint32_t)(i0 + r), head, offset, (uint32_t)seed, (uint32_t)(seed >> 32));
+    words[0][r] = w.x[0], words[1][r] = w.x[1], words[2][r] = w.x[2], words[3][r] = w.x[3];
   }
 }
 

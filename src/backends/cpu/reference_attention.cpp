@@ -158,7 +158,7 @@ void forward_row(const AttnProblem& p, const KvSlab<T>& slab, const Head<T>& hd,
 template <class T>
 void forward_all(const AttnProblem& p, bool round) {
   if (p.s_dmask) std::memset(p.s_dmask, 0, sizeof(float) * (size_t)(p.batch * p.hq * p.sq * p.sk));
-  const long long group = p.hq / p.hk;
+  const long long group = gqa_group(p);
   KvSlab<T> slab;
   for (long long b = 0; b < p.batch; ++b) {
     const long long sq = seqlen_q(p, b), rows = group * sq;
@@ -171,7 +171,7 @@ void forward_all(const AttnProblem& p, bool round) {
         RowScratch<T> scratch(slab.n, p.dv);
 #pragma omp for schedule(dynamic, 4)
         for (long long r = 0; r < rows; ++r)
-          forward_row<T>(p, slab, head_of<T>(p, b, hk * group + r / sq), r % sq, round, scratch);
+          forward_row<T>(p, slab, head_of<T>(p, b, group_head(hk, group, r / sq)), r % sq, round, scratch);
       }
     }
   }
@@ -182,12 +182,13 @@ void forward_all(const AttnProblem& p, bool round) {
 void backward_kv_head(const AttnProblem& p, long long b, long long hk) {
   KvSlab<double> slab;
   slab.load_from(p, b, hk);
-  const long long n_keys = slab.n, group = p.hq / p.hk;
+  const long long n_keys = slab.n;
+  const sem::Range heads = group_heads(p, hk);
   std::vector<double> dk((size_t)(n_keys * p.d), 0.0), dv((size_t)(n_keys * p.dv), 0.0);
   std::vector<double> q, dout, dq((size_t)p.d), dot((size_t)n_keys + 1), prob((size_t)n_keys + 1),
       z((size_t)n_keys + 1), ds((size_t)n_keys + 1);
   const double cap = p.softcap;
-  for (long long h = hk * group; h < (hk + 1) * group; ++h) {
+  for (long long h = heads.lo; h < heads.hi; ++h) {
     const Head<double> hd = head_of<double>(p, b, h);
     for (long long i = 0; i < hd.sq; ++i) {
       const sem::KeyRange kr = sem::visible_keys(i, hd.sq, hd.sk, p.window_left, p.window_right);

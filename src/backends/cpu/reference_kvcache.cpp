@@ -27,13 +27,13 @@ void append_kv(const core::KvCacheProblem& kp) {
             store(a.k.ptr, a.in_type, k_dst + c, load_f64(kp.k_new.ptr, a.in_type, k_src + c));
             continue;
           }
-          const sem::RotaryTap tap = sem::rotary_tap((int)c, rot_dim, kp.rotary_interleaved);
-          const long long cs_off = pos * kp.rotary_row_stride + tap.freq;
-          const float cos_v = load_f32(kp.rotary_cos, a.in_type, cs_off);
-          const float sin_v = load_f32(kp.rotary_sin, a.in_type, cs_off);
-          const float x = load_f32(kp.k_new.ptr, a.in_type, k_src + c);
-          const float x_partner = load_f32(kp.k_new.ptr, a.in_type, k_src + tap.partner);
-          store(a.k.ptr, a.in_type, k_dst + c, x * cos_v + tap.sign * x_partner * sin_v);
+          const long long cs = pos * kp.rotary_row_stride;
+          const float y =
+              sem::rotary_channel((int)c, rot_dim, kp.rotary_interleaved,
+                                  [&](int ch) { return load_f32(kp.k_new.ptr, a.in_type, k_src + ch); },
+                                  [&](int k) { return load_f32(kp.rotary_cos, a.in_type, cs + k); },
+                                  [&](int k) { return load_f32(kp.rotary_sin, a.in_type, cs + k); });
+          store(a.k.ptr, a.in_type, k_dst + c, y);
         }
       }
     }

@@ -10,15 +10,14 @@ namespace {
 
 constexpr int kWarps = 4;  // one warp per (batch, token, head) row
 
-/// Channel c of a row rotated at position `pos` (SPEC "KV-cache update"): x[c] cos + sign x[partner]
-/// sin, in fp32 with explicitly rounded operations so the result is bit-identical to the CPU
-/// reference (no FMA contraction), then rounded to the storage type by the caller.
+/// Channel c of a row rotated at position `pos` (SPEC "KV-cache update"), rounded to the storage type
+/// by the caller.
 FP_DEV float rotated(const KvAppendParams& kp, const void* x, int type, i64 off, int c, i64 pos) {
-  const sem::RotaryTap tap = sem::rotary_tap(c, kp.rotary_dim, kp.rotary_interleaved != 0);
-  const i64 cs = pos * kp.rotary_row_stride + tap.freq;
-  const float cos_v = load_as(kp.rotary_cos, type, cs), sin_v = load_as(kp.rotary_sin, type, cs);
-  const float xc = load_as(x, type, off + c), xp = load_as(x, type, off + tap.partner);
-  return __fadd_rn(__fmul_rn(xc, cos_v), __fmul_rn(tap.sign * xp, sin_v));
+  const i64 cs = pos * kp.rotary_row_stride;
+  return sem::rotary_channel(
+      c, kp.rotary_dim, kp.rotary_interleaved != 0, [&](int ch) { return load_as(x, type, off + ch); },
+      [&](int k) { return load_as(kp.rotary_cos, type, cs + k); },
+      [&](int k) { return load_as(kp.rotary_sin, type, cs + k); });
 }
 
 }  // namespace
