@@ -159,8 +159,7 @@ def main():
                 times[impl] = wall_us(fn, device, args.warmup, args.calls, args.repeats)
             except Exception as e:  # a peer without this feature or backend on this GPU
                 print(f"  {name}: {impl} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-        sdpa = [t for n, t in times.items() if n.startswith("sdpa")]
-        ratio = times.get("flashport", 0) / min(sdpa) if sdpa and "flashport" in times else None
+        ratio = ratio_to_sdpa(times)
         print(f"{name}: " + ", ".join(f"{n} {t:.1f} us" for n, t in times.items()) +
               (f"  (flashport / best SDPA {ratio:.2f})" if ratio else ""), flush=True)
         for impl, t in times.items():
@@ -174,6 +173,12 @@ def main():
         write_perf_md(table, dev, args)
 
 
+def ratio_to_sdpa(times):
+    """flashport's time over the best SDPA backend's in one row, or None where either is missing."""
+    sdpa = [t for n, t in times.items() if n.startswith("sdpa")]
+    return times["flashport"] / min(sdpa) if sdpa and "flashport" in times else None
+
+
 def markdown(results):
     impls = []
     for r in results:
@@ -185,8 +190,7 @@ def markdown(results):
     lines = ["| call | " + " | ".join(impls) + " | flashport / best SDPA |",
              "|---" * (len(impls) + 2) + "|"]
     for row, times in rows.items():
-        sdpa = [t for n, t in times.items() if n.startswith("sdpa")]
-        ratio = f"{times['flashport'] / min(sdpa):.2f}" if sdpa and "flashport" in times else "-"
+        ratio = f"{ratio_to_sdpa(times):.2f}" if ratio_to_sdpa(times) else "-"
         cells = [f"{times[i]:.1f}" if i in times else "-" for i in impls]
         lines.append(f"| {row} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines)

@@ -111,7 +111,6 @@ def forward(p, device, impl):
 
 def backward(p, device, impl, state, out, lse):
     (q, k, v, dout, lay, opts, stream) = state
-    lay = {n: t for n, t in lay.items() if n not in ("block_table",)}
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     ops.backward(dout, q, k, v, out.to(device), lse.to(device), *grads, stream=stream, impl=impl,
                  deterministic=p["deterministic"], **lay, **opts)
@@ -164,11 +163,10 @@ def rule(got, ref, base, factor, what, p, scale_ref=None):
 def check(p, device):
     """A list of mismatch descriptions (empty: the problem passed)."""
     state, out, lse = forward(p, device, "automatic")
-    _, ref_out, ref_lse = forward(p, "cpu", "reference")
+    cpu_state, ref_out, ref_lse = forward(p, "cpu", "reference")
     _, base_out, base_lse = forward(p, "cpu", "baseline")
     bad = [rule(out, ref_out, base_out, FACTOR_FWD, "out", p), rule(lse, ref_lse, base_lse, FACTOR_FWD, "lse", p)]
     if p["layout"] != "paged":  # no backward through paged K/V
-        cpu_state, _, _ = forward(p, "cpu", "reference")
         got = backward(p, device, "automatic", state, ref_out, ref_lse)
         ref = backward(p, "cpu", "reference", cpu_state, ref_out, ref_lse)
         base = baseline_grads(p, cpu_state)
