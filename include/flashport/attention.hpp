@@ -106,6 +106,15 @@ void merge_states(const MergeArgs& args);
 void set_checked_mode(bool on);
 bool checked_mode();
 
+/// Device checks (on unless FLASHPORT_DEVICE_CHECKS=0): without checked mode, a call with index tensors
+/// in GPU memory queues a small kernel that checks them on the device before the call's own kernels,
+/// which clamp every index and so never read or write out of bounds. A fault it finds is recorded in
+/// host memory, and the next call on that device raises it as the Error host-side validation would
+/// raise for the same values (and does not run). check_device waits for the work queued on `device`
+/// (it synchronises, so call it where a stall is acceptable: tests, the end of a step) and raises a
+/// recorded fault. The record is per device: any thread's next call may be the one that raises it.
+void check_device(Device device);
+
 /// The library version, "MAJOR.MINOR.PATCH".
 const char* version();
 

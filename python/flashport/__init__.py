@@ -28,9 +28,34 @@ from .interface import (
 
 __version__ = _version()
 
+
+def check(device=None):
+    """Wait for the GPU and raise any index fault its device checks recorded (a FlashportError
+    naming the argument, as host validation would). Calls with index tensors in GPU memory
+    (cu_seqlens_*, seqused_k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table) queue a
+    small check kernel; its findings surface at the next flashport call on that GPU, or here.
+    Synchronises: use it in tests or at the end of a step. `device`: None (torch's current CUDA
+    device), an index, "cuda:N" or a torch.device. Does nothing for the CPU, whose indices are
+    validated before every call."""
+    from . import _C
+
+    text = "cuda" if device is None else f"cuda:{device}" if isinstance(device, int) else str(device)
+    if not text.startswith("cuda"):
+        return
+    if ":" in text:
+        index = int(text.split(":")[1])
+    else:  # the current device, as torch means it
+        torch = _sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return
+        index = torch.cuda.current_device()
+    _C.check_cuda_device(index)
+
+
 __all__ = [
     "FlashportError",
     "available_backends",
+    "check",
     "checked_mode",
     "flash_attn_func",
     "flash_attn_fp8_func",

@@ -482,6 +482,13 @@ NB_MODULE(_C, m) {
   m.def("set_checked_mode", &flashport::set_checked_mode, "on"_a,
         "Validate GPU-resident index tensors on the host (synchronising copies); see flashport.set_checked.");
   m.def("checked_mode", &flashport::checked_mode);
+  m.def(
+      "check_cuda_device",
+      [](int index) {
+        nb::gil_scoped_release release;  // it waits for the GPU
+        flashport::check_device({flashport::DeviceType::cuda, index});
+      },
+      "index"_a, "Wait for GPU `index` and raise an index fault its kernels recorded; see flashport.check.");
   m.def("version", &flashport::version);
   m.def("available_backends", &flashport::available_backends);
 }

@@ -170,7 +170,7 @@ void forward_kvcache(const KvCacheArgs& a) {
     k_cache.shape[0] = batch;
     v_cache.shape[0] = batch;
   }
-  AttnProblem p = core::build_attention(a.q, k_cache, v_cache, a.out, a.options, lay, a.stream);
+  AttnProblem p = core::build_attention(a.q, k_cache, v_cache, a.out, a.options, lay, a.stream, paged);
   if (a.lse) {
     core::attach_lse(p, *a.lse, dev);
     for (const auto& [t, name] :
@@ -235,6 +235,9 @@ void forward_kvcache(const KvCacheArgs& a) {
       }
     p.leftpad_k = static_cast<const int*>(a.cache_leftpad->data);
   }
+  // The pages each sequence uses follow from cache_seqlens and the appended tokens (all of them without
+  // cache_seqlens); entries past them are never read, so they may hold anything (padding, -1).
+  if (paged) core::check_block_table_values(*a.block_table, p, std::nullopt, a.cache_seqlens);
   require(a.rotary_cos.has_value() == a.rotary_sin.has_value(), a.rotary_cos ? "rotary_sin" : "rotary_cos",
           "rotary_cos and rotary_sin must be given together");
   if (a.rotary_cos) {

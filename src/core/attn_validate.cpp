@@ -1,6 +1,7 @@
 // Validation of the attention arguments and their translation into the plain AttnProblem block.
 #include "attn_validate.hpp"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "check.hpp"
+#include "index_fault.hpp"
 
 namespace flashport::core {
 namespace {
@@ -128,28 +130,11 @@ void check_cu_seqlens(const TensorView& cu, const char* name, int64_t total, int
             [&] { return "must end at the total token count " + num(total) + ", got " + num(v[n - 1]); });
 }
 
-/// Block-table entries covering `len(b)` tokens of every sequence lie in [0, num_blocks) (host only).
-template <class LenFn>
-void check_block_table(const TensorView& bt, int64_t num_blocks, int64_t page, LenFn len) {
-  const int32_t* v = host_ints(bt);
-  if (!v) return;
-  for (int64_t b = 0; b < bt.shape[0]; ++b) {
-    const int64_t used = (len(b) + page - 1) / page;
-    for (int64_t j = 0; j < used; ++j) {
-      const int32_t e = v[b * bt.stride[0] + j];
-      require(e >= 0 && e < num_blocks, "block_table", [&] {
-        return "entry [" + num(b) + ", " + num(j) + "] = " + num(e) +
-               " is outside [0, num_blocks = " + num(num_blocks) + ")";
-      });
-    }
-  }
-}
-
 }  // namespace
 
 AttnProblem build_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                             const TensorView& out, const AttentionOptions& opts, const SequenceLayout& lay,
-                            void* stream) {
+                            void* stream, bool table_lengths_later) {
   AttnProblem p{};
   const Device dev = q.device;
   const bool varlen = lay.cu_seqlens_q.has_value();
@@ -239,17 +224,6 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
       }
     }
   }
-  if (paged) {
-    const int32_t* cu = lay.cu_seqlens_k ? host_ints(*lay.cu_seqlens_k) : nullptr;
-    const int32_t* used = lay.seqused_k ? host_ints(*lay.seqused_k) : nullptr;
-    // Lengths from cu_seqlens_k are bounded by max_seqlen_k, itself bounded by the block table above.
-    check_block_table(*lay.block_table, num_blocks, page, [&](int64_t b) -> int64_t {
-      if (used) return used[b];
-      if (cu) return (int64_t)cu[b + 1] - cu[b];
-      return lay.block_table->shape[1] * page;
-    });
-  }
-
   // Output.
   const bool fp8 = is_fp8(q.dtype);
   const std::initializer_list<DType> out_fp8 = {DType::bf16, DType::f16, DType::f32};
@@ -282,7 +256,30 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
   fill_options(p, opts);
   p.stream = stream;
   p.device = dev.index;
+  // Lengths from cu_seqlens_k / seqused_k are checked above, so the columns each sequence uses are known.
+  if (paged && !table_lengths_later)
+    check_block_table_values(*lay.block_table, p, lay.cu_seqlens_k, lay.seqused_k);
   return p;
+}
+
+void check_block_table_values(const TensorView& block_table, AttnProblem p,
+                              const std::optional<TensorView>& cu_seqlens_k,
+                              const std::optional<TensorView>& seqused_k) {
+  // The host copies (or host tensors themselves) stand in for the pointers the kernels read.
+  p.block_table = host_ints(block_table);
+  if (!p.block_table) return;
+  if (cu_seqlens_k && !(p.cu_seqlens_k = host_ints(*cu_seqlens_k))) return;
+  if (seqused_k && !(p.seqused_k = host_ints(*seqused_k))) return;
+  const int64_t columns = block_table.shape[1];
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t used = std::min<int64_t>(block_table_columns(p, b), columns);  // lengths were checked: <= columns
+    for (int64_t c = 0; c < used; ++c) {
+      const IndexFault f = block_table_fault(p, b, c);
+      if (f.kind == kFaultNone) continue;
+      const FaultText t = describe_fault(f, kCallForward);
+      throw Error(t.argument, t.message);
+    }
+  }
 }
 
 void attach_lse(AttnProblem& p, const TensorView& lse, const Device& dev) {

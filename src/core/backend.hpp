@@ -51,6 +51,9 @@ class Backend {
   virtual void backward(const AttnProblem& p, Impl impl) const = 0;
   virtual void forward_kvcache(const KvCacheProblem& p, Impl impl) const = 0;
   virtual void merge_states(const MergeProblem& p) const = 0;
+  /// flashport::check_device: waits for the work queued on `device` and raises what the device recorded
+  /// about earlier calls (index faults). Backends that find everything on the host have nothing to do.
+  virtual void check_device(int device) const {}
   /// Checked mode: copies `bytes` of device memory to the host after the work queued on `stream`
   /// (synchronising). Backends whose memory the host reads directly never get here.
   virtual void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) const {

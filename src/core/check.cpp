@@ -22,6 +22,10 @@ bool checked_mode() {
   return g_checked.load(std::memory_order_relaxed);
 }
 
+void check_device(Device device) {
+  if (const core::Backend* be = core::backend_for(device.type)) be->check_device(device.index);
+}
+
 }  // namespace flashport
 
 namespace flashport::core {

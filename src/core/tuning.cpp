@@ -74,9 +74,9 @@ Knob<int> small_int(const EnvLookup& env, const char* name, int lo, int hi, int 
   return k;
 }
 
-/// A switch: "1" on, "0" or unset off.
-Knob<bool> flag(const EnvLookup& env, const char* name) {
-  const Knob<int> v = small_int(env, name, 0, 1, 0);
+/// A switch: "1" on, "0" off, unset `unset`.
+Knob<bool> flag(const EnvLookup& env, const char* name, bool unset = false) {
+  const Knob<int> v = small_int(env, name, 0, 1, unset ? 1 : 0);
   return {name, v.value == 1,
           v.error.empty() ? "" : "expected '0', '1' or unset, got '" + text_of(env, name) + "'"};
 }
@@ -149,6 +149,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.bwd_stages = small_int(env, "FLASHPORT_BWD_STAGES", 1, 2, 0);
   t.bwd_general = flag(env, "FLASHPORT_BWD_GENERAL");
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
+  t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.nvrtc_path = {"FLASHPORT_NVRTC_PATH", text_of(env, "FLASHPORT_NVRTC_PATH")};
   t.cuda_home = text_of(env, "CUDA_HOME");
   t.cuda_path = text_of(env, "CUDA_PATH");

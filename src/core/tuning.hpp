@@ -61,6 +61,9 @@ struct Tuning {
   Knob<int> bwd_stages{"FLASHPORT_BWD_STAGES", 0};  // 1, 2, 0 when unset
   Knob<bool> bwd_general{"FLASHPORT_BWD_GENERAL"};
   Knob<bool> jit_verbose{"FLASHPORT_JIT_VERBOSE"};
+  // Device-resident index tensors checked on the GPU before each call's kernels (index_rules.h); 0 skips
+  // the extra launch (a bad index is then clamped without a report).
+  Knob<bool> device_checks{"FLASHPORT_DEVICE_CHECKS", true};
   Knob<std::string> nvrtc_path{"FLASHPORT_NVRTC_PATH"};  // any path; "" when unset
   // Not ours, so not validated: toolkit roots searched for libnvrtc (<root>/lib64/).
   std::string cuda_home, cuda_path;

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -53,6 +54,10 @@ struct Driver {
   decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   decltype(&::cuMemcpyDtoHAsync) memcpy_dtoh_async = nullptr;
+  // Optional (device fault records, flashport::check_device).
+  decltype(&::cuMemHostAlloc) host_alloc = nullptr;
+  decltype(&::cuMemHostGetDevicePointer) host_device_pointer = nullptr;
+  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
   int devices = 0;
   int cuda_version = 0;     ///< what the driver supports, e.g. 13000
   std::string unavailable;  ///< why the driver cannot be used; empty when it can
@@ -119,6 +124,9 @@ Driver load_driver() {
   optional_sym(d.stream_is_capturing, "cuStreamIsCapturing");
   optional_sym(d.stream_synchronize, "cuStreamSynchronize");
   optional_sym(d.memcpy_dtoh_async, "cuMemcpyDtoHAsync");
+  optional_sym(d.host_alloc, "cuMemHostAlloc");
+  optional_sym(d.host_device_pointer, "cuMemHostGetDevicePointer");
+  optional_sym(d.ctx_synchronize, "cuCtxSynchronize");
   if (!d.unavailable.empty()) return d;
   d.driver_version(&d.cuda_version);
   if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
@@ -171,6 +179,7 @@ void check_device(int device, const std::string& who) {
 constexpr int kCachedDevices = 64;
 std::atomic<CUcontext> g_contexts[kCachedDevices];
 std::atomic<int> g_archs[kCachedDevices], g_sm_counts[kCachedDevices];  // 0: not read yet
+std::atomic<const MappedMemory*> g_fault_memory[kCachedDevices];
 
 /// The primary context of `device`, retained once per process and kept for its lifetime.
 CUcontext primary_context(int device, const std::string& who) {
@@ -511,6 +520,40 @@ void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
   check(d.memcpy_dtoh_async(dst, reinterpret_cast<CUdeviceptr>(src), bytes, cu_stream), who,
         "cuMemcpyDtoHAsync");
   check(d.stream_synchronize(cu_stream), who, "cuStreamSynchronize");
+}
+
+const MappedMemory& fault_memory(int device) {
+  static std::mutex mutex;
+  static std::map<int, MappedMemory> blocks;
+  const std::string who = "device fault record";
+  if (device >= 0 && device < kCachedDevices)
+    if (const MappedMemory* m = g_fault_memory[device].load(std::memory_order_acquire)) return *m;
+  std::lock_guard lock(mutex);
+  MappedMemory& m = blocks[device];  // std::map: the address stays valid as entries are added
+  if (!m.host) {
+    const Driver& d = driver(who);
+    if (!d.host_alloc || !d.host_device_pointer)
+      throw Error(who, "libcuda lacks cuMemHostAlloc / cuMemHostGetDevicePointer");
+    ContextScope scope(primary_context(device, who), who);
+    void* host = nullptr;
+    check(d.host_alloc(&host, kFaultMemoryBytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP), who,
+          "cuMemHostAlloc");
+    std::memset(host, 0, kFaultMemoryBytes);
+    CUdeviceptr dev_ptr = 0;
+    check(d.host_device_pointer(&dev_ptr, host, 0), who, "cuMemHostGetDevicePointer");
+    m.device = reinterpret_cast<void*>(dev_ptr);
+    m.host = host;  // kept for the process: kernels in flight or captured in graphs may write it
+  }
+  if (device >= 0 && device < kCachedDevices) g_fault_memory[device].store(&m, std::memory_order_release);
+  return m;
+}
+
+void device_synchronize(int device) {
+  const std::string who = "flashport.check";
+  const Driver& d = driver(who);
+  if (!d.ctx_synchronize) throw Error(who, "libcuda lacks cuCtxSynchronize");
+  ContextScope scope(primary_context(device, who), who);
+  check(d.ctx_synchronize(), who, "cuCtxSynchronize");
 }
 
 void memset_async(void* ptr, unsigned char value, size_t bytes, void* stream) {

@@ -115,6 +115,18 @@ void free_async(void* ptr, void* stream);
 /// Copies `bytes` from device memory to host memory after the work queued on `stream` and waits for it
 /// (cuMemcpyDtoHAsync + cuStreamSynchronize): checked mode only.
 void copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
+/// Host memory that kernels on one GPU write through: `host` for the CPU, `device` for kernel arguments.
+struct MappedMemory {
+  void* host = nullptr;
+  void* device = nullptr;
+};
+inline constexpr size_t kFaultMemoryBytes = 256;
+/// kFaultMemoryBytes of zeroed, mapped, portable pinned host memory for GPU `device` (cuMemHostAlloc):
+/// where kernels report faults the host reads without synchronising. Allocated on the first call per
+/// device and kept for the process (kernels in flight or captured in graphs may still write it).
+const MappedMemory& fault_memory(int device);
+/// Waits for all work on GPU `device` (cuCtxSynchronize in its primary context): flashport::check_device.
+void device_synchronize(int device);
 /// cuMemsetD8Async.
 void memset_async(void* ptr, unsigned char value, size_t bytes, void* stream);
 

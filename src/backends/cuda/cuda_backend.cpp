@@ -8,6 +8,7 @@
 #include "backends/cuda/arch.hpp"
 #include "backends/cuda/backward.hpp"
 #include "backends/cuda/family.hpp"
+#include "backends/cuda/index_check.hpp"
 #include "backends/cuda/sm80/forward.hpp"
 #include "core/tuning.hpp"
 #include "flashport/tensor.hpp"
@@ -65,13 +66,30 @@ class CudaBackend final : public core::Backend {
     return {};
   }
 
+  // Each call first reports what the device found wrong with an earlier call's index tensors, then
+  // queues the check of its own ahead of its kernels (index_check.hpp).
   void forward(const AttnProblem& p, Impl) const override {
+    raise_device_fault(p.device);
     const int arch = jit::device_arch(p.device);
-    choose(forward_families(), p, arch, core::tuning().cuda_forward.get()).launch(p, arch);
+    const ForwardFamily& family = choose(forward_families(), p, arch, core::tuning().cuda_forward.get());
+    check_indices_async(p, kCallForward);
+    family.launch(p, arch);
   }
-  void backward(const AttnProblem& p, Impl) const override { launch_backward(p); }
-  void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override { launch_forward_kvcache(kp); }
-  void merge_states(const core::MergeProblem& mp) const override { launch_merge_states(mp); }
+  void backward(const AttnProblem& p, Impl) const override {
+    raise_device_fault(p.device);
+    check_indices_async(p, kCallBackward);
+    launch_backward(p);
+  }
+  void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override {
+    raise_device_fault(kp.attn.device);
+    check_indices_async(kp.attn, kCallKvCache);
+    launch_forward_kvcache(kp);
+  }
+  void merge_states(const core::MergeProblem& mp) const override {
+    if (mp.out.ptr) raise_device_fault(jit::pointer_device(mp.out.ptr));
+    launch_merge_states(mp);
+  }
+  void check_device(int device) const override { synchronize_and_raise(device); }
   void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) const override {
     jit::copy_to_host(dst, src, bytes, stream);
   }

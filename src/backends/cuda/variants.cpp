@@ -35,13 +35,18 @@ jit::KernelSpec merge_states_spec(int arch) {
   return {"cuda/merge_states.cu", "merge_states", {}, arch};
 }
 
+jit::KernelSpec index_check_spec(int arch) {
+  return {"cuda/index_check.cu", "index_check", {}, arch};
+}
+
 std::vector<jit::KernelSpec> all_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   const auto append = [&](std::vector<jit::KernelSpec> more) {
     for (auto& spec : more) specs.push_back(std::move(spec));
   };
   for (const ForwardFamily& f : forward_families()) append(f.variants(arch));
-  append({split_combine_spec(arch), kv_append_spec(arch), rotate_q_spec(arch), merge_states_spec(arch)});
+  append({split_combine_spec(arch), kv_append_spec(arch), rotate_q_spec(arch), merge_states_spec(arch),
+          index_check_spec(arch)});
   append(backward_aux_variants(arch));
   for (const BackwardFamily& f : backward_families()) append(f.variants(arch));
   return specs;

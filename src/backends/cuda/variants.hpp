@@ -18,6 +18,8 @@ jit::KernelSpec kv_append_spec(int arch);
 jit::KernelSpec rotate_q_spec(int arch);
 /// merge_states (runtime element type).
 jit::KernelSpec merge_states_spec(int arch);
+/// The device-side index check (index_check.cu).
+jit::KernelSpec index_check_spec(int arch);
 
 /// Every spec the dispatcher can pick on `arch`: every family's of both tables (family.hpp), and the
 /// kernels around them (split-KV combine, kv-cache, merge, backward D and dQ convert).

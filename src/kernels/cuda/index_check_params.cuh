@@ -1,0 +1,16 @@
+// Kernel arguments of index_check.cu (NVRTC-safe; the host launcher in backends/cuda/index_check.cpp).
+#pragma once
+
+#include "core/index_rules.h"
+
+namespace flashport::cuda {
+
+/// The call's problem (only its index tensors and bounds are read), where to report, and which call
+/// it is (IndexCallKind: picks the rules for seqused_k vs cache_seqlens).
+struct IndexCheckParams {
+  AttnProblem p;
+  FaultRecord* record;  // mapped host memory, one per device
+  int call;
+};
+
+}  // namespace flashport::cuda
