@@ -231,7 +231,7 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0, int 
         const int r = e >> 1, j = j0 + (e & 1);
         const float capped = sem::softcap(acc_s[mt][nt][e] * p.scale, cap);
         float score = capped;
-        if (alibi) score -= slope * (float)(diag[r] > j ? diag[r] - j : j - diag[r]);
+        if (alibi) score -= slope * (float)sem::alibi_distance(diag[r], j);
         const bool visible = full || (j >= lo[r] && j < hi[r]);
         const float prob = visible ? fast_exp2(score * kLog2e - lse2[mt][r]) : 0.0f;
         const bool kept = (keep >> e) & 1u;
@@ -370,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
   c.seq = sequence(p, c.b);
   c.smem = smem_addr(dynamic_smem<unsigned char>());
   c.lane = lane_id(), c.warp = warp_id();
-  const int group = (int)(p.hq / p.hk);
+  const int group = (int)gqa_group(p);
   const int len_q = c.seq.len_q, len_k = c.seq.len_k;
   const int wn0 = (c.warp / kGridKV.cols) * (kBN / kGridKV.rows);  // this warp's dK/dV tile
   const int wd0 = (c.warp % kGridKV.cols) * (kHD / kGridKV.cols);
@@ -379,14 +379,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   for (int nb = (int)blockIdx.x; nb * kBN < c.seq.rows_k; nb += (int)gridDim.x) {
     c.n0 = nb * kBN;
-    // Query blocks that see a key of [n0, n1): query i sees j iff i + shift - wl <= j <= i + shift + wr.
+    // Query blocks that see a key of [n0, n1).
     int m_begin = 0, n_m = 0;
     if (c.n0 < len_k && len_q > 0) {
-      const i64 n1 = min_int(c.n0 + kBN, len_k), shift = (i64)len_k - len_q;
-      const i64 i_lo = p.window_right < 0 ? 0 : c.n0 - p.window_right - shift;
-      const i64 i_hi = p.window_left < 0 ? len_q : n1 + p.window_left - shift;
-      const int lo = clamp_int(i_lo, 0, len_q), hi = clamp_int(i_hi, 0, len_q);
-      if (hi > lo) m_begin = lo / kBM, n_m = (hi + kBM - 1) / kBM - m_begin;
+      const i64 n1 = min_int(c.n0 + kBN, len_k);
+      const sem::Range qs = sem::seeing_queries(c.n0, n1, len_q, len_k, p.window_left, p.window_right);
+      const int lo = (int)qs.lo, hi = (int)qs.hi;
+      if (hi > lo) {
+        const sem::Tiles<int> tiles = sem::covering_tiles(lo, hi, kBM);
+        m_begin = tiles.begin, n_m = tiles.end - tiles.begin;
+      }
     }
     const int steps = group * n_m;  // (query head, query block) pairs, head-major
 
@@ -395,10 +397,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     // live in buffer t % kStages. Groups in flight at the top of step t: t's and (2 stages) t + 1's.
     if (steps > 0) {
       load_k_v(prm, c);
-      load_q_do(prm, c, c.hk * group, m_begin * kBM, 0);
+      load_q_do(prm, c, group_head(c.hk, group, 0), m_begin * kBM, 0);
       cp_async_commit();
       if (kStages == 2 && steps > 1) {
-        load_q_do(prm, c, c.hk * group + 1 / n_m, (m_begin + 1 % n_m) * kBM, 1);
+        load_q_do(prm, c, group_head(c.hk, group, 1 / n_m), (m_begin + 1 % n_m) * kBM, 1);
         cp_async_commit();
       }
     }
@@ -407,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     zero(acc_dk);
     zero(acc_dv);
     for (int step = 0; step < steps; ++step) {
-      const int h = c.hk * group + step / n_m, m0 = (m_begin + step % n_m) * kBM;
+      const int h = group_head(c.hk, group, step / n_m), m0 = (m_begin + step % n_m) * kBM;
       const int buf = kStages == 2 ? step & 1 : 0;
       const u32 qdo = (u32)buf * kStageBytes;
       if (kStages == 2 && step + 1 < steps)
@@ -437,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
       __syncthreads();  // (3): buffer `buf` is free (stages A and B of this step were its last readers)
       const int next = step + kStages;
       if (next < steps) {
-        load_q_do(prm, c, c.hk * group + next / n_m, (m_begin + next % n_m) * kBM, buf);
+        load_q_do(prm, c, group_head(c.hk, group, next / n_m), (m_begin + next % n_m) * kBM, buf);
         cp_async_commit();
       }
       stage_dq(prm, c, h, m0);

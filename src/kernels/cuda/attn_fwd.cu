@@ -103,20 +103,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const Seq seq = sequence(p, b);
   const i64 group = prm.pack_gqa;
   const i64 hk = group > 1 ? block_y() : kv_head(p, block_y());
-  const RowMap rows{m_block * kBlockM, group, group > 1 ? block_y() * group : block_y()};
+  const RowMap rows{m_block * kBlockM, group, group > 1 ? group_head(block_y(), group, (i64)0) : block_y()};
   const i64 packed_len = seq.len_q * group;
   if (rows.m0 >= packed_len) return;  // whole CTA: no barrier has been reached yet
   // The block's first and last queries (rows beyond packed_len are padding, never stored).
   const i64 first_row = rows.m0 / group;
   const i64 last_row = ((rows.m0 + kBlockM < packed_len ? rows.m0 + kBlockM : packed_len) - 1) / group;
 
-  // Key tiles this CTA visits: the union of its rows' visible ranges (both bounds are
-  // non-decreasing in the row), cut into splits. Tiles inside every row's range need no mask.
-  const sem::KeyRange first =
-      sem::visible_keys(first_row, seq.len_q, seq.len_k, p.window_left, p.window_right);
-  const sem::KeyRange last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right);
-  const i64 key_lo = first.lo, key_hi = last.hi > first.lo ? last.hi : first.lo;
-  i64 tile_begin = key_lo / kBlockN, tile_end = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : tile_begin;
+  // Key tiles this CTA visits: the union of its rows' visible ranges, cut into splits. Tiles inside
+  // every row's range need no mask.
+  const sem::KeyRange keys =
+      sem::tile_keys(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
+  const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
+  const i64 hi_first = sem::visible_keys(first_row, seq.len_q, seq.len_k, p.window_left, p.window_right).hi;
+  i64 tile_begin = tiles.begin, tile_end = tiles.end;
   if (prm.num_splits > 1) {
     const i64 per = ceil_div(tile_end - tile_begin, prm.num_splits);
     const i64 lo = tile_begin + split * per, hi = lo + per;
@@ -208,7 +208,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   // Warps whose 16 rows are all padding (short or decode blocks) only help load K/V: warp-uniform skip.
   const bool warp_has_rows = rows.m0 + 16 * warp < packed_len;
   const i64 lo_last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right).lo;
-  const i64 hi_first = first.hi;
   for (int t = 0; t < n_tiles; ++t) {
     const int buf = t % kStages;
     const i64 j0 = (tile_begin + t) * kBlockN;

@@ -58,24 +58,26 @@ FP_DEV Work make_work(const BwdParams& prm) {
   w.b = (int)blockIdx.z + prm.batch_offset;
   w.hk = (int)blockIdx.y;
   w.n0 = (int)blockIdx.x * kBlockN;
-  w.group = (int)(p.hq / p.hk);
+  w.group = (int)gqa_group(p);
   w.seq = bwd::sequence(p, w.b);
   w.m_begin = w.n_m = 0;
   const int len_q = w.seq.len_q, len_k = w.seq.len_k;
   if (w.n0 < len_k && len_q > 0) {
-    // Queries that see a key of [n0, n1): i + shift - wl <= j <= i + shift + wr for some j there.
-    const i64 n1 = min_int(w.n0 + kBlockN, len_k), shift = (i64)len_k - len_q;
-    const i64 i_lo = p.window_right < 0 ? 0 : w.n0 - p.window_right - shift;
-    const i64 i_hi = p.window_left < 0 ? len_q : n1 + p.window_left - shift;
-    const int lo = (int)clamp_i64(i_lo, 0, len_q), hi = (int)clamp_i64(i_hi, 0, len_q);
-    if (hi > lo) w.m_begin = lo / kBlockM, w.n_m = (hi + kBlockM - 1) / kBlockM - w.m_begin;
+    // Query blocks that see a key of [n0, n1).
+    const i64 n1 = min_int(w.n0 + kBlockN, len_k);
+    const sem::Range qs = sem::seeing_queries(w.n0, n1, len_q, len_k, p.window_left, p.window_right);
+    const int lo = (int)qs.lo, hi = (int)qs.hi;
+    if (hi > lo) {
+      const sem::Tiles<int> tiles = sem::covering_tiles(lo, hi, kBlockM);
+      w.m_begin = tiles.begin, w.n_m = tiles.end - tiles.begin;
+    }
   }
   w.steps = w.group * w.n_m;
   return w;
 }
 
 FP_DEV int step_head(const Work& w, int t) {
-  return w.hk * w.group + t / w.n_m;
+  return group_head(w.hk, w.group, t / w.n_m);
 }
 FP_DEV int step_m0(const Work& w, int t) {
   return (w.m_begin + t % w.n_m) * kBlockM;

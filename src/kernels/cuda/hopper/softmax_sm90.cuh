@@ -69,16 +69,15 @@ FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
   blk.q_batch = p.cu_seqlens_q ? 0 : blk.b;
   blk.k_row = p.cu_seqlens_k ? p.cu_seqlens_k[blk.b] : 0;
   blk.k_batch = p.cu_seqlens_k ? 0 : blk.b;
-  // Visible ranges [lo, hi) are non-decreasing in the row, so the block's keys lie in
-  // [lo(first row), hi(last row)); empty when that is empty.
-  const int last = (blk.m0 + kBlockM < blk.sq ? blk.m0 + kBlockM : blk.sq) - 1;
-  const sem::KeyRange first_keys = sem::visible_keys(blk.m0, blk.sq, blk.sk, p.window_left, p.window_right);
-  const sem::KeyRange last_keys = sem::visible_keys(last, blk.sq, blk.sk, p.window_left, p.window_right);
-  if (last_keys.hi <= first_keys.lo) {
+  // Key tiles that hold a key some row of the block sees (empty: n_max <= n_min).
+  const int m1 = blk.m0 + kBlockM < blk.sq ? blk.m0 + kBlockM : blk.sq;
+  const sem::KeyRange keys = sem::tile_keys(blk.m0, m1, blk.sq, blk.sk, p.window_left, p.window_right);
+  if (keys.hi <= keys.lo) {
     blk.n_min = blk.n_max = 0;
   } else {
-    blk.n_min = (int)(first_keys.lo / kBlockN);
-    blk.n_max = (int)ceil_div(last_keys.hi, kBlockN);
+    const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
+    blk.n_min = (int)tiles.begin;
+    blk.n_max = (int)tiles.end;
   }
   return true;
 }
