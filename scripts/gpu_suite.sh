@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
-# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,sanitize,ncu,bench,overhead,train,memory,
-# fuzz,huge
+# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
+# memory,fuzz,huge
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
-# peak-memory benchmark; `fuzz` the differential GPU fuzzer (FUZZ_SECONDS, FUZZ_WORKERS); `huge` the
+# peak-memory benchmark; `prebuild` compiles every kernel variant into the cache; `fuzz` the differential
+# GPU fuzzer (FUZZ_SECONDS, FUZZ_WORKERS; beside the sanitizer when both run); `huge` the
 # more-than-2^31-elements test.
 # GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
@@ -60,6 +61,23 @@ if has python; then
   python3 -m pytest -q -x tests/python >"$OUT/pytest.log" 2>&1 || status=1
   tail -15 "$OUT/pytest.log"
 fi
+if has prebuild; then
+  # Every kernel variant of this GPU compiled once, in parallel, into the cache the later steps share (the
+  # fuzzer's worker processes would otherwise each compile what they meet first).
+  step "prebuild every kernel variant for this GPU"
+  build-gpu/src/jit/flashport-prebuild -j "$(nproc)" 2>&1 | tail -2
+fi
+fuzz_pid=
+if has fuzz; then
+  # In the background when the sanitizer runs too: the fuzzer is CPU-bound (the fp64 oracle), the
+  # sanitizer GPU- and single-thread-bound.
+  step "differential fuzzing of the CUDA kernels against the CPU oracle (${FUZZ_SECONDS:-120} s)"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  python3 tests/fuzz/gpu_diff_fuzz.py --seconds "${FUZZ_SECONDS:-120}" --workers "${FUZZ_WORKERS:-14}" \
+    >"$OUT/gpu_fuzz.log" 2>&1 &
+  fuzz_pid=$!
+  has sanitize || wait $fuzz_pid
+fi
 if has sanitize; then
   # Every kernel family on small shapes: the portable and Hopper forward and backward (*Small*), split-KV
   # combine, kv-cache append/rotary (GpuKvCacheSmall), merge_states, paged decode.
@@ -71,11 +89,10 @@ if has sanitize; then
     echo "$tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -4
   done
 fi
-if has fuzz; then
-  step "differential fuzzing of the CUDA kernels against the CPU oracle"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
-  python3 tests/fuzz/gpu_diff_fuzz.py --seconds "${FUZZ_SECONDS:-120}" --workers "${FUZZ_WORKERS:-14}" \
-    2>&1 | tee "$OUT/gpu_fuzz.log" | grep -v "^  [0-9]* problems" | tail -25 || status=1
+if [[ -n "$fuzz_pid" ]]; then
+  wait $fuzz_pid || status=1
+  step "differential fuzzing: result"
+  grep -v "^  [0-9]* problems" "$OUT/gpu_fuzz.log" | tail -25
 fi
 if has huge; then
   step "tensors over 2^31 elements, forward and backward"

@@ -1,5 +1,9 @@
 // A quick cross-section of the forward-side CUDA paths on tiny shapes, for compute-sanitizer
 // (scripts/gpu_suite.sh runs memcheck and racecheck on tests matching *Small*).
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+
 #include "gpu/gpu_test_util.hpp"
 
 namespace flashport::test::gpu {
@@ -40,6 +44,21 @@ TEST(GpuForwardSmall, SplitKv) {
 /// Index tensors in device memory are not validated by the core (it cannot read them): the kernels
 /// must treat bad entries as empty sequences / zero keys instead of reading or writing out of bounds.
 /// Outputs are unspecified where indices are bad; here every output row still gets written.
+/// flashport::check_device raises the index fault the device recorded, naming one of `args` (sequences
+/// are checked in parallel: with several broken, any may be the one recorded), and then nothing.
+void expect_device_fault(std::initializer_list<std::string> args, const std::string& fragment) {
+  const Device gpu{DeviceType::cuda, 0};
+  try {
+    check_device(gpu);
+    ADD_FAILURE() << "no device fault recorded for " << *args.begin();
+  } catch (const Error& e) {
+    EXPECT_NE(std::find(args.begin(), args.end(), e.argument()), args.end()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("found on cuda:0"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_device(gpu)) << "a fault is raised once";
+}
+
 TEST(GpuForwardSmall, InvalidDeviceIndicesStayInBounds) {
   FP_SKIP_WITHOUT_GPU();
   if (cpu_mode()) GTEST_SKIP() << "host-resident indices are validated by the core";
@@ -59,6 +78,8 @@ TEST(GpuForwardSmall, InvalidDeviceIndicesStayInBounds) {
   a.options.causal = true;
   forward(a);
   EXPECT_EQ(count_nan(out.to_host(out_host)), 0);
+  // The device check found the first broken rule and the next look at the device raises it (once).
+  expect_device_fault({"cu_seqlens_q", "cu_seqlens_k"}, "must");
 
   // Paged: block-table entries outside [0, num_blocks) read as zero keys; cache lengths past the table
   // clamp.
@@ -72,6 +93,7 @@ TEST(GpuForwardSmall, InvalidDeviceIndicesStayInBounds) {
   const GpuResult r = run_gpu(c, in);
   EXPECT_EQ(r.out_nan, 0);
   EXPECT_EQ(r.lse_nan, 0);
+  expect_device_fault({"seqused_k"}, "is outside [0, ");
 }
 
 }  // namespace
