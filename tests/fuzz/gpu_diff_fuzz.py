@@ -13,6 +13,7 @@ On a machine without CUDA, `--device cpu` runs the same comparison of the CPU fa
 import argparse
 import ast
 import multiprocessing
+import os
 import random
 import sys
 import time
@@ -178,6 +179,8 @@ def check(p, device):
 def run(args_tuple):
     """One worker's loop: (tried, failures, families, refusals)."""
     seconds, max_problems, seed, device, only = args_tuple
+    if only is None:
+        torch.set_num_threads(1)  # one core per worker process: the workers are the parallelism
     rng = random.Random(seed)
     start, tried, failures, families, refusals = time.time(), 0, [], {}, {}
     while time.time() - start < seconds and tried < max_problems:
@@ -215,7 +218,9 @@ def main():
     if args.workers == 1:
         results = [run(jobs[0])]
     else:
-        torch.set_num_threads(1)
+        # Spawned workers read OMP_NUM_THREADS when they start (flashport's CPU oracle is OpenMP): without
+        # it every worker ran one thread per core, 13 workers x 16 threads on 16 cores.
+        os.environ["OMP_NUM_THREADS"] = "1"
         with multiprocessing.get_context("spawn").Pool(args.workers) as pool:  # CUDA needs spawn, not fork
             results = pool.map(run, jobs)
     tried = sum(r[0] for r in results)

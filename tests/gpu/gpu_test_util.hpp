@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -420,6 +421,21 @@ struct GpuForwardCall {
     return r;
   }
 };
+
+/// flashport::check_device raises the index fault the device recorded, naming one of `args` (sequences
+/// are checked in parallel: with several broken, any may be the one recorded), and then nothing.
+inline void expect_device_fault(std::initializer_list<std::string> args, const std::string& fragment) {
+  const Device gpu{DeviceType::cuda, 0};
+  try {
+    check_device(gpu);
+    ADD_FAILURE() << "no device fault recorded for " << *args.begin();
+  } catch (const Error& e) {
+    EXPECT_NE(std::find(args.begin(), args.end(), e.argument()), args.end()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("found on cuda:0"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_device(gpu)) << "a fault is raised once";
+}
 
 inline GpuResult run_gpu(const FwdCase& c, const FwdInputs& in) {
   GpuForwardCall call(c, in);

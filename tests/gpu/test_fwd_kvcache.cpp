@@ -219,6 +219,7 @@ TEST(GpuKvCacheSmall, InvalidDeviceSeqlensStayInBounds) {
   EXPECT_EQ(count_nan(gpu.out), 0);
   EXPECT_EQ(max_abs_diff(gpu.k_cache, h.k_cache), 0.0) << "nothing may be appended";
   EXPECT_EQ(max_abs_diff(gpu.v_cache, h.v_cache), 0.0) << "nothing may be appended";
+  expect_device_fault({"cache_seqlens", "cache_leftpad"}, "entry ");
 }
 
 }  // namespace
