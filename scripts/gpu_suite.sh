@@ -55,11 +55,17 @@ if has portable; then
     >"$OUT/gpu_portable_bwd.log" 2>&1 || status=1
   grep -E "PASSED|FAILED|Failure" "$OUT/gpu_portable_bwd.log" | head -20
 fi
+py_pid=
 if has python; then
-  step "python suite on the GPU"
+  step "python suite on the GPU${PY_BACKGROUND:+ (in the background)}"
   python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; status=1; }
-  python3 -m pytest -q -x tests/python >"$OUT/pytest.log" 2>&1 || status=1
-  tail -15 "$OUT/pytest.log"
+  if [[ -n "${PY_BACKGROUND:-}" ]]; then  # beside the fuzzer and the sanitizer: a few cores of its own
+    OMP_NUM_THREADS=2 python3 -m pytest -q -x tests/python >"$OUT/pytest.log" 2>&1 &
+    py_pid=$!
+  else
+    python3 -m pytest -q -x tests/python >"$OUT/pytest.log" 2>&1 || status=1
+    tail -15 "$OUT/pytest.log"
+  fi
 fi
 if has prebuild; then
   # Every kernel variant of this GPU compiled once, in parallel, into the cache the later steps share (the
@@ -81,13 +87,26 @@ fi
 if has sanitize; then
   # Every kernel family on small shapes: the portable and Hopper forward and backward (*Small*), split-KV
   # combine, kv-cache append/rotary (GpuKvCacheSmall), merge_states, paged decode.
+  # The three tools run at once (each is one CPU thread driving the GPU); SANITIZE_FILTER_<tool> narrows one.
   step "compute-sanitizer (memcheck, racecheck, synccheck) over every kernel family, small shapes"
+  all_small='*Small*:GpuMergeStates*:GpuForwardPaged.DecodeWithSplits'
+  declare -A san_pid
   for tool in memcheck racecheck synccheck; do
+    var="SANITIZE_FILTER_$tool"
     timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/flashport_tests_gpu \
-      --gtest_filter="${SANITIZE_FILTER:-*Small*:GpuMergeStates*:GpuForwardPaged.DecodeWithSplits}" \
-      >"$OUT/sanitize_$tool.log" 2>&1
-    echo "$tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -4
+      --gtest_filter="${!var:-${SANITIZE_FILTER:-$all_small}}" >"$OUT/sanitize_$tool.log" 2>&1 &
+    san_pid[$tool]=$!
   done
+  for tool in memcheck racecheck synccheck; do
+    wait ${san_pid[$tool]}; rc=$?
+    echo "$tool exit $rc ($(grep -c 'OK \]' "$OUT/sanitize_$tool.log") tests passed)"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$OUT/sanitize_$tool.log" | tail -4
+  done
+fi
+if [[ -n "$py_pid" ]]; then
+  wait $py_pid || status=1
+  step "python suite on the GPU: result"
+  tail -15 "$OUT/pytest.log"
 fi
 if [[ -n "$fuzz_pid" ]]; then
   wait $fuzz_pid || status=1
