@@ -169,6 +169,23 @@ TEST(FastForward, EveryIsaCopy) {
   }
 }
 
+TEST(FastForward, UnknownIsaIsAnErrorNamingTheKnob) {
+  // FLASHPORT_CPU_ISA is read through core::cpu_isa_setting: a value outside amx|avx512|avx2|base fails the
+  // call that would use it, naming the variable; the reference, which never reads it, still runs.
+  const Case c = fastcheck::dense(DType::f32, 1, 17, 23, 2, 1, 40, 40);
+  const fastcheck::Inputs in = fastcheck::make_inputs(c);
+  fastcheck::with_isa("AVX2", [&] {
+    try {
+      fastcheck::run_forward(c, in, Impl::fast);
+      ADD_FAILURE() << "FLASHPORT_CPU_ISA=AVX2 accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "FLASHPORT_CPU_ISA") << e.what();
+      EXPECT_NE(std::string(e.what()).find("'AVX2'"), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(fastcheck::run_forward(c, in, Impl::reference));
+  });
+}
+
 TEST(FastForward, AutomaticIsFastBitForBit) {
   Case c = apply(fastcheck::dense(DType::bf16, 2, 113, 203, 4, 2, 64, 64), kFeatures[8]);
   const fastcheck::Inputs in = fastcheck::make_inputs(c);
