@@ -27,7 +27,7 @@ SAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_
 SAN_PY_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libubsan.so)" \
               UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc
 
-.PHONY: all build demo test test-cpp test-python test-emu bench prebuild format install clean \
+.PHONY: all build demo test test-cpp test-python test-emu bench prebuild format check-format install clean \
         test-sanitize test-sanitize-cpp test-sanitize-python fuzz
 
 all: build
@@ -71,8 +71,12 @@ prebuild: build
 install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
 
+# clang-format-14 (what CI checks with scripts/check_format.sh; other versions format differently).
 format:
-	git ls-files '*.cpp' '*.hpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
+	git ls-files '*.c' '*.cc' '*.cpp' '*.cxx' '*.h' '*.hh' '*.hpp' '*.cu' '*.cuh' | xargs clang-format-14 -i
+
+check-format:
+	scripts/check_format.sh
 
 # --- sanitizers and fuzzing (README "Sanitizers and fuzzing") --------------------------------------
 $(SAN_BUILD)/build.ninja:
