@@ -9,11 +9,14 @@ namespace flashport::core {
 
 const Backend* backend_for(DeviceType device) {
   switch (device) {
-    case DeviceType::cpu: return &cpu::backend();
+    case DeviceType::cpu:
+      return &cpu::backend();
 #ifdef FLASHPORT_WITH_CUDA
-    case DeviceType::cuda: return cuda::backend();  // null when no driver/GPU is usable
+    case DeviceType::cuda:
+      return cuda::backend();  // null when no driver/GPU is usable
 #endif
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 

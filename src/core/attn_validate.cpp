@@ -272,7 +272,8 @@ void check_block_table_values(const TensorView& block_table, AttnProblem p,
   if (seqused_k && !(p.seqused_k = host_ints(*seqused_k))) return;
   const int64_t columns = block_table.shape[1];
   for (int64_t b = 0; b < p.batch; ++b) {
-    const int64_t used = std::min<int64_t>(block_table_columns(p, b), columns);  // lengths were checked: <= columns
+    const int64_t used =
+        std::min<int64_t>(block_table_columns(p, b), columns);  // lengths were checked: <= columns
     for (int64_t c = 0; c < used; ++c) {
       const IndexFault f = block_table_fault(p, b, c);
       if (f.kind == kFaultNone) continue;

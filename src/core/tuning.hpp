@@ -75,8 +75,9 @@ Tuning parse_tuning(const EnvLookup& env);
 /// parse_tuning(process_env()), parsed on the first call (thread safe) and kept for the process.
 const Tuning& tuning();
 
-// Knobs read on every use: tests and tools (flashport-prebuild, the cache tests) change them within one
-// process, and they select no kernel.
+// Knobs read on every use: tests and tools (flashport-prebuild, the cache tests, the CPU fast path's
+// per-ISA tests) change them within one process, and they select no JIT-compiled kernel (whose cached
+// launches must not change under a process).
 
 /// The kernel cache directory: FLASHPORT_CACHE_DIR, else $XDG_CACHE_HOME/flashport, else
 /// $HOME/.cache/flashport (the password database's home when HOME is unset); empty when none is known.
@@ -88,7 +89,8 @@ Knob<uint64_t> cache_max_mb_setting(const EnvLookup& env, uint64_t default_mb);
 /// `text` as a whole number of megabytes that fits in bytes; throws Error naming `name` otherwise.
 uint64_t parse_cache_max_mb(const std::string& text, const std::string& name);
 
-/// FLASHPORT_CPU_ISA: "" (the widest the CPU runs), "amx", "avx512", "avx2" or "base".
+/// FLASHPORT_CPU_ISA: "" (the widest the CPU runs), "amx", "avx512", "avx2" or "base": the cap on the CPU
+/// fast path's kernel copy (backends/cpu/fast_dispatch.cpp reads it on each call).
 Knob<std::string> cpu_isa_setting(const EnvLookup& env);
 
 }  // namespace flashport::core

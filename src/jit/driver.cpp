@@ -4,8 +4,8 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>

@@ -116,8 +116,8 @@ inline ::testing::AssertionResult accuracy_rule(const HostTensor& out, const Hos
                                                 const HostTensor& ref, double factor = 2.0) {
   const double err = max_abs_diff(out, ref), base = max_abs_diff(baseline, ref);
   if (err <= factor * base + 1e-5) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "max|out-ref| = " << err << " > " << factor
-                                       << " * max|baseline-ref| (" << base << ") + 1e-5";
+  return ::testing::AssertionFailure()
+         << "max|out-ref| = " << err << " > " << factor << " * max|baseline-ref| (" << base << ") + 1e-5";
 }
 
 }  // namespace flashport::test

@@ -5,9 +5,6 @@
 namespace flashport::test {
 namespace {
 
-using fastcheck::Case;
-using fastcheck::Layout;
-
 /// There is no baseline backward, so the bound is relative to the gradient's size: both sides see the
 /// same rounded inputs, the reference accumulates in fp64 and the fast path in fp32, and both round
 /// the result to the input dtype. Allowed: 3 (SPEC's gradient factor) x one rounding step of the
@@ -27,7 +24,7 @@ void expect_grads(const Case& c) {
   SCOPED_TRACE(c.describe());
   const fastcheck::Inputs in = fastcheck::make_inputs(c);
   const fastcheck::Forward fwd = fastcheck::run_forward(c, in, Impl::reference);
-  const HostTensor dout = randn(c.dtype, fastcheck::out_shape(c));
+  const HostTensor dout = randn(c.dtype, out_shape(c));
   const fastcheck::Grads fast = fastcheck::run_backward(c, in, fwd, dout, Impl::fast);
   const fastcheck::Grads ref = fastcheck::run_backward(c, in, fwd, dout, Impl::reference);
   EXPECT_TRUE(grads_close(fast.dq, ref.dq, c.dtype)) << "dq";
@@ -43,31 +40,27 @@ Case with(Case c, bool causal, int64_t wl, int64_t wr, double softcap, int alibi
 
 TEST(FastBackward, ShapesFeaturesDtypes) {
   for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
-    expect_grads(fastcheck::dense(dt, 2, 1, 1, 1, 1, 40, 40));
-    expect_grads(with(fastcheck::dense(dt, 1, 113, 203, 7, 1, 59, 59), true, -1, -1, 0, 0, 0));
-    expect_grads(with(fastcheck::dense(dt, 1, 203, 113, 4, 1, 64, 64), false, 30, 7, 0, 0, 0));
-    expect_grads(with(fastcheck::dense(dt, 2, 70, 70, 2, 2, 128, 128), false, -1, -1, 4.0, 0, 0));
-    expect_grads(with(fastcheck::dense(dt, 1, 90, 130, 4, 4, 40, 40), true, -1, -1, 0, 2, 0));
-    expect_grads(with(fastcheck::dense(dt, 1, 77, 77, 4, 2, 64, 64), false, -1, -1, 0, 0, 0.2));
-    expect_grads(with(fastcheck::dense(dt, 1, 65, 150, 4, 1, 59, 40), true, 60, -1, 3.0, 1, 0.1));
+    expect_grads(dense(dt, 2, 1, 1, 1, 1, 40, 40));
+    expect_grads(with(dense(dt, 1, 113, 203, 7, 1, 59, 59), true, -1, -1, 0, 0, 0));
+    expect_grads(with(dense(dt, 1, 203, 113, 4, 1, 64, 64), false, 30, 7, 0, 0, 0));
+    expect_grads(with(dense(dt, 2, 70, 70, 2, 2, 128, 128), false, -1, -1, 4.0, 0, 0));
+    expect_grads(with(dense(dt, 1, 90, 130, 4, 4, 40, 40), true, -1, -1, 0, 2, 0));
+    expect_grads(with(dense(dt, 1, 77, 77, 4, 2, 64, 64), false, -1, -1, 0, 0, 0.2));
+    expect_grads(with(dense(dt, 1, 65, 150, 4, 1, 59, 40), true, 60, -1, 3.0, 1, 0.1));
   }
 }
 
 TEST(FastBackward, FullyMaskedRows) {
-  expect_grads(with(fastcheck::dense(DType::f32, 1, 150, 40, 2, 1, 64, 64), true, -1, -1, 0, 0, 0));
+  expect_grads(with(dense(DType::f32, 1, 150, 40, 2, 1, 64, 64), true, -1, -1, 0, 0, 0));
 }
 
 TEST(FastBackward, VarlenWithEmptySequencesAndSequsedK) {
-  Case c;
-  c.layout = Layout::varlen;
-  c.hq = 7, c.hk = 1, c.d = 59, c.dv = 59;
-  c.q_lens = {0, 113, 1, 64, 0, 90};
-  c.k_lens = {5, 203, 0, 64, 0, 120};
+  Case c = varlen(dense(DType::bf16, 1, 1, 1, 7, 1, 59), kEmptySequences.q, kEmptySequences.k);
   for (DType dt : {DType::f32, DType::bf16}) {
     c.dtype = dt;
     c.used_k.clear();
     expect_grads(with(c, true, -1, -1, 0, 0, 0));
-    c.used_k = {3, 150, 0, 64, 0, 17};
+    c.used_k = kEmptySequences.used_k;
     expect_grads(with(c, false, -1, -1, 2.0, 1, 0.15));
   }
 }
@@ -76,17 +69,17 @@ TEST(FastBackward, EveryIsaCopy) {
   for (const char* isa : {"avx512", "avx2", "base"}) {
     fastcheck::with_isa(isa, [&] {
       SCOPED_TRACE(isa);
-      expect_grads(with(fastcheck::dense(DType::f32, 1, 113, 203, 7, 1, 59, 59), true, 70, -1, 5.0, 2, 0.1));
-      expect_grads(with(fastcheck::dense(DType::bf16, 2, 70, 70, 4, 2, 40, 128), false, -1, -1, 0, 0, 0));
+      expect_grads(with(dense(DType::f32, 1, 113, 203, 7, 1, 59, 59), true, 70, -1, 5.0, 2, 0.1));
+      expect_grads(with(dense(DType::bf16, 2, 70, 70, 4, 2, 40, 128), false, -1, -1, 0, 0, 0));
     });
   }
 }
 
 TEST(FastBackward, DeterministicAndAutomaticIsFast) {
-  Case c = with(fastcheck::dense(DType::bf16, 2, 130, 203, 4, 2, 64, 64), true, -1, -1, 0, 0, 0.1);
+  Case c = with(dense(DType::bf16, 2, 130, 203, 4, 2, 64, 64), true, -1, -1, 0, 0, 0.1);
   const fastcheck::Inputs in = fastcheck::make_inputs(c);
   const fastcheck::Forward fwd = fastcheck::run_forward(c, in, Impl::reference);
-  const HostTensor dout = randn(c.dtype, fastcheck::out_shape(c));
+  const HostTensor dout = randn(c.dtype, out_shape(c));
   const fastcheck::Grads a = fastcheck::run_backward(c, in, fwd, dout, Impl::fast, true);
   const fastcheck::Grads b = fastcheck::run_backward(c, in, fwd, dout, Impl::fast, true);
   const fastcheck::Grads automatic = fastcheck::run_backward(c, in, fwd, dout, Impl::automatic);

@@ -1,74 +1,18 @@
-// Helpers of the CPU fast-path tests: a problem description covering dense, varlen and paged layouts,
-// fresh random inputs, and forward/backward calls through the public API with poisoned outputs.
+// Helpers of the CPU fast-path tests: fresh random inputs for a Case (common/cases.hpp: dense, varlen
+// and paged layouts), and forward/backward calls through the public API with poisoned outputs.
 #pragma once
 
 #include <algorithm>
 #include <cstdlib>
-#include <numeric>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "common/test_util.hpp"
+#include "common/cases.hpp"
 
 namespace flashport::test::fastcheck {
 
-enum class Layout { dense, varlen, paged };
-
-/// One attention problem. Dense layouts use q_lens[0] / k_lens[0] for every sequence.
-struct Case {
-  DType dtype = DType::f32;
-  Layout layout = Layout::dense;
-  int64_t hq = 1, hk = 1, d = 64, dv = 64;
-  std::vector<int64_t> q_lens{1}, k_lens{1};  // one entry per sequence
-  std::vector<int64_t> used_k;                // seqused_k; empty: absent
-  int64_t page = 16;                          // paged only
-  bool causal = false;
-  int64_t wl = -1, wr = -1;
-  double softcap = 0.0;
-  int alibi = 0;  // 0 off, 1 slopes (hq,), 2 slopes (b, hq)
-  double dropout = 0.0;
-  double q_stddev = 1.0;  // larger values make softcap bite
-
-  int64_t batch() const { return (int64_t)q_lens.size(); }
-  int64_t max_q() const { return *std::max_element(q_lens.begin(), q_lens.end()); }
-  int64_t max_k() const { return *std::max_element(k_lens.begin(), k_lens.end()); }
-  int64_t total_q() const { return std::accumulate(q_lens.begin(), q_lens.end(), int64_t{0}); }
-  int64_t total_k() const { return std::accumulate(k_lens.begin(), k_lens.end(), int64_t{0}); }
-  std::string describe() const {
-    std::ostringstream s;
-    s << dtype_name(dtype)
-      << (layout == Layout::dense    ? " dense"
-          : layout == Layout::varlen ? " varlen"
-                                     : " paged")
-      << " q_lens=(";
-    for (int64_t n : q_lens) s << n << ",";
-    s << ") k_lens=(";
-    for (int64_t n : k_lens) s << n << ",";
-    s << ")";
-    if (!used_k.empty()) {
-      s << " used_k=(";
-      for (int64_t n : used_k) s << n << ",";
-      s << ")";
-    }
-    if (layout == Layout::paged) s << " page=" << page;
-    s << " hq=" << hq << " hk=" << hk << " d=" << d << " dv=" << dv << " causal=" << causal << " window=("
-      << wl << "," << wr << ") softcap=" << softcap << " alibi=" << alibi << " dropout=" << dropout;
-    return s.str();
-  }
-};
-
-/// A dense case (b, sq, sk) with everything else default.
-inline Case dense(DType dtype, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d,
-                  int64_t dv) {
-  Case c;
-  c.dtype = dtype;
-  c.q_lens.assign((size_t)b, sq);
-  c.k_lens.assign((size_t)b, sk);
-  c.hq = hq, c.hk = hk, c.d = d, c.dv = dv;
-  return c;
-}
+// The problem description (Case, Layout, dense, with) and the shared shape tables: common/cases.hpp.
 
 /// The tensors of a case. Paged: k/v are (num_blocks, page, hk, d) caches reached through a shuffled
 /// block table, q stays dense (b, max_q, hq, d).
@@ -76,13 +20,8 @@ struct Inputs {
   HostTensor q, k, v, alibi, cu_q, cu_k, used_k, block_table;
 };
 
-inline HostTensor cumsum_i32(const std::vector<int64_t>& lens) {
-  std::vector<int32_t> cu{0};
-  for (int64_t n : lens) cu.push_back(cu.back() + (int32_t)n);
-  return int_tensor(cu);
-}
-
 inline Inputs make_inputs(const Case& c) {
+  EXPECT_EQ(c.pad, 0) << "row padding is a CUDA-harness feature";
   Inputs in;
   const int64_t b = c.batch();
   switch (c.layout) {
@@ -99,28 +38,16 @@ inline Inputs make_inputs(const Case& c) {
       in.cu_k = cumsum_i32(c.k_lens);
       break;
     case Layout::paged: {
-      const int64_t per_seq = std::max<int64_t>(1, (c.max_k() + c.page - 1) / c.page);
-      const int64_t blocks = b * per_seq + 3;  // spare blocks nobody reads
+      const int64_t blocks = page_pool_blocks(c);
       in.q = randn(c.dtype, {b, c.q_lens[0], c.hq, c.d}, c.q_stddev);
       in.k = randn(c.dtype, {blocks, c.page, c.hk, c.d});
       in.v = randn(c.dtype, {blocks, c.page, c.hk, c.dv});
-      std::vector<int32_t> ids((size_t)blocks);
-      std::iota(ids.begin(), ids.end(), 0);
-      std::shuffle(ids.begin(), ids.end(), rng());
-      in.block_table = HostTensor(DType::i32, {b, per_seq});
-      std::copy(ids.begin(), ids.begin() + b * per_seq, in.block_table.i32());
+      in.block_table = shuffled_block_table(c);
       break;
     }
   }
-  if (!c.used_k.empty()) {
-    std::vector<int32_t> u(c.used_k.begin(), c.used_k.end());
-    in.used_k = int_tensor(u);
-  }
-  if (c.alibi) {
-    in.alibi = c.alibi == 1 ? HostTensor(DType::f32, {c.hq}) : HostTensor(DType::f32, {b, c.hq});
-    std::uniform_real_distribution<double> ud(0.02, 0.5);
-    for (int64_t n = 0; n < in.alibi.numel(); ++n) in.alibi.set(n, ud(rng()));
-  }
+  in.used_k = used_k_tensor(c);
+  in.alibi = alibi_slopes(c);
   return in;
 }
 
@@ -148,16 +75,6 @@ inline SequenceLayout layout(const Case& c, const Inputs& in) {
   if (c.layout == Layout::paged) l.block_table = in.block_table.view();
   if (!c.used_k.empty()) l.seqused_k = in.used_k.view();
   return l;
-}
-
-/// Output (same layout as q with dv channels) and LSE shapes of a case.
-inline std::vector<int64_t> out_shape(const Case& c) {
-  if (c.layout == Layout::varlen) return {c.total_q(), c.hq, c.dv};
-  return {c.batch(), c.q_lens[0], c.hq, c.dv};
-}
-inline std::vector<int64_t> lse_shape(const Case& c) {
-  if (c.layout == Layout::varlen) return {c.hq, c.total_q()};
-  return {c.batch(), c.hq, c.q_lens[0]};
 }
 
 struct Forward {

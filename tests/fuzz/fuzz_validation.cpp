@@ -10,8 +10,8 @@
 // with a zero or negative extent), so any out-of-bounds access ASan reports is a library bug, never a
 // harness artefact. The library may throw flashport::Error; anything else (crash, sanitizer report,
 // other exception) is a finding.
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -55,8 +55,22 @@ class Bytes {
   }
   /// A size: 0..9 for most bytes, else a value that stresses range checks and size arithmetic.
   i64 size() {
-    static constexpr i64 special[] = {10, 16, 32, 64, 128, 256, 257, -1, -2, i64(1) << 31, (i64(1) << 31) - 1,
-                                      i64(1) << 32, i64(1) << 62, kI64Max, kI64Min, 3 * (i64(1) << 61)};
+    static constexpr i64 special[] = {10,
+                                      16,
+                                      32,
+                                      64,
+                                      128,
+                                      256,
+                                      257,
+                                      -1,
+                                      -2,
+                                      i64(1) << 31,
+                                      (i64(1) << 31) - 1,
+                                      i64(1) << 32,
+                                      i64(1) << 62,
+                                      kI64Max,
+                                      kI64Min,
+                                      3 * (i64(1) << 61)};
     const uint8_t x = u8();
     return x < 0xF0 ? x % 10 : special[x - 0xF0];
   }
@@ -132,7 +146,7 @@ class Maker {
     const uint8_t m = in_.u8();
     if (m & 0x01) t.dtype = DType(in_.u8());  // any byte: invalid enum values included
     if (m & 0x02) t.device = Device{DeviceType(in_.u8() % 4), int(in_.u8()) - 1};
-    if (m & 0x04) {  // change the rank, then maybe one extent
+    if (m & 0x04) {                                       // change the rank, then maybe one extent
       const int nd = int(in_.u8() % (kMaxDims + 2)) - 1;  // -1..4
       for (int i = t.ndim; i < std::max(nd, 0); ++i) t.shape[i] = 1 + in_.u8() % 3;
       t.ndim = nd;
@@ -148,7 +162,8 @@ class Maker {
     const Extent e = extent(t);
     // The lowest reachable element starts the buffer, or the previous tensor's buffer when that one
     // covers this view (aliasing, which outputs must reject).
-    char* base = (m & 0x20) && last_ && e.bytes <= last_bytes_ ? last_ : static_cast<char*>(arena_.alloc(e.bytes));
+    char* base =
+        (m & 0x20) && last_ && e.bytes <= last_bytes_ ? last_ : static_cast<char*>(arena_.alloc(e.bytes));
     const bool alias = base == last_;
     if (!alias) last_ = base, last_bytes_ = e.bytes;
     t.data = base - e.lo * dtype_size(t.dtype);
@@ -156,8 +171,8 @@ class Maker {
     if (verbose()) {
       std::fprintf(stderr, "tensor %s strides", t.describe().c_str());
       for (int i = 0; i < t.ndim; ++i) std::fprintf(stderr, " %lld", (long long)t.stride[i]);
-      std::fprintf(stderr, " buffer %lld bytes%s%s\n", (long long)e.bytes, alias ? " (the previous one's)" : "",
-                   t.data ? "" : " null");
+      std::fprintf(stderr, " buffer %lld bytes%s%s\n", (long long)e.bytes,
+                   alias ? " (the previous one's)" : "", t.data ? "" : " null");
     }
     return t;
   }
@@ -199,16 +214,27 @@ class Maker {
 };
 
 double real(Bytes& in, double valid) {
-  static constexpr double table[] = {
-      0.0,   -0.0, 1.0, -1.0, 0.5, 1e-3, 1e300, -1e300, std::numeric_limits<double>::quiet_NaN(),
-      std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), 5e-324, 0.999999, 30.0};
+  static constexpr double table[] = {0.0,
+                                     -0.0,
+                                     1.0,
+                                     -1.0,
+                                     0.5,
+                                     1e-3,
+                                     1e300,
+                                     -1e300,
+                                     std::numeric_limits<double>::quiet_NaN(),
+                                     std::numeric_limits<double>::infinity(),
+                                     -std::numeric_limits<double>::infinity(),
+                                     5e-324,
+                                     0.999999,
+                                     30.0};
   const uint8_t x = in.u8();
   return x == 0 ? valid : table[x % (sizeof table / sizeof table[0])];
 }
 
 i64 window(Bytes& in) {
-  static constexpr i64 special[] = {-2, kI64Max, kI64Min, i64(1) << 31, (i64(1) << 31) - 1, i64(1) << 62,
-                                    kI64Max - 1, 1000};
+  static constexpr i64 special[] = {-2,           kI64Max,     kI64Min, i64(1) << 31, (i64(1) << 31) - 1,
+                                    i64(1) << 62, kI64Max - 1, 1000};
   const uint8_t x = in.u8();
   return x < 0xF0 ? i64(x % 12) - 1 : special[x % (sizeof special / sizeof special[0])];
 }
@@ -219,8 +245,16 @@ i64 window(Bytes& in) {
 struct Sizes {
   i64 b, sq, sk, hq, hk, d, dv, page, blocks, s_new;
   explicit Sizes(Bytes& in)
-      : b(in.size()), sq(in.size()), sk(in.size()), hq(in.size()), hk(in.size()), d(in.size()),
-        dv(in.size()), page(in.size()), blocks(in.size()), s_new(in.size()) {
+      : b(in.size()),
+        sq(in.size()),
+        sk(in.size()),
+        hq(in.size()),
+        hk(in.size()),
+        d(in.size()),
+        dv(in.size()),
+        page(in.size()),
+        blocks(in.size()),
+        s_new(in.size()) {
     i64 work = 1;
     for (i64 v : {b, sq, sk, hq, page, blocks, s_new, std::max(d, dv)})
       if (!mul_ok(work, std::max<i64>(v, 1), &work) || work > kMaxWork) throw Skip{};
@@ -244,7 +278,8 @@ i64 total(const std::vector<int32_t>& len) {
 /// block_table rows: valid block ids (the fuzzer's choice modulo `blocks`).
 std::vector<int32_t> table(Bytes& in, i64 rows, i64 cols, i64 blocks) {
   std::vector<int32_t> v;
-  for (i64 i = 0; i < mul(rows, cols) && i < 4096; ++i) v.push_back(blocks > 0 ? int32_t(in.u8() % blocks) : 0);
+  for (i64 i = 0; i < mul(rows, cols) && i < 4096; ++i)
+    v.push_back(blocks > 0 ? int32_t(in.u8() % blocks) : 0);
   return v;
 }
 
@@ -257,7 +292,8 @@ AttentionOptions options(Bytes& in, Maker& mk, const Sizes& s) {
   if (f & 0x08) o.softmax_scale = real(in, 0.125);
   if (f & 0x10) o.dropout_p = real(in, 0.25), o.dropout_seed = in.u32(), o.dropout_offset = in.u32();
   o.deterministic = f & 0x20;
-  if (f & 0x40) o.alibi_slopes = (in.u8() & 1) ? mk.tensor(DType::f32, {s.hq}) : mk.tensor(DType::f32, {s.b, s.hq});
+  if (f & 0x40)
+    o.alibi_slopes = (in.u8() & 1) ? mk.tensor(DType::f32, {s.hq}) : mk.tensor(DType::f32, {s.b, s.hq});
   if (f & 0x80) {
     const uint8_t which = in.u8();
     o.q_descale = mk.maybe(which & 1, DType::f32, {s.b, s.hk});
@@ -401,7 +437,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   const uint8_t op = in.u8();
   const uint8_t flags = in.u8();
-  static constexpr DType dtypes[] = {DType::f32, DType::f16, DType::bf16, DType::f64,
+  static constexpr DType dtypes[] = {DType::f32,  DType::f16,      DType::bf16, DType::f64,
                                      DType::e4m3, DType::e4m3fnuz, DType::e5m2};
   const DType dt = in.pick(dtypes);
   try {
@@ -409,10 +445,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Arena arena;
     Maker mk(in, arena);
     switch (op % 4) {
-      case 0: run_forward(in, mk, s, dt, flags); break;
-      case 1: run_backward(in, mk, s, dt, flags); break;
-      case 2: run_kvcache(in, mk, s, dt, flags); break;
-      default: run_merge(in, mk, s, dt, flags); break;
+      case 0:
+        run_forward(in, mk, s, dt, flags);
+        break;
+      case 1:
+        run_backward(in, mk, s, dt, flags);
+        break;
+      case 2:
+        run_kvcache(in, mk, s, dt, flags);
+        break;
+      default:
+        run_merge(in, mk, s, dt, flags);
+        break;
     }
   } catch (const Skip&) {
     return -1;  // not added to the corpus

@@ -10,12 +10,10 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
-#include <numeric>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "common/test_util.hpp"
+#include "common/cases.hpp"
 
 namespace flashport::test::gpu {
 
@@ -152,78 +150,8 @@ inline int64_t count_nan(const HostTensor& t) {
   return n;
 }
 
-enum class Layout { dense, varlen, paged };
-
-/// One forward problem. Dense/paged use q_lens[0] (and dense k_lens[0]) for every sequence.
-struct FwdCase {
-  DType dtype = DType::bf16;
-  Layout layout = Layout::dense;
-  int64_t hq = 1, hk = 1, d = 64, dv = 64;
-  std::vector<int64_t> q_lens{1}, k_lens{1};
-  std::vector<int64_t> used_k;  // seqused_k; empty: absent
-  int64_t page = 16;            // paged only
-  int64_t pad = 0;              // dense only: channel padding of every operand row (unaligned strides)
-  bool causal = false;
-  int64_t wl = -1, wr = -1;
-  double softcap = 0.0;
-  int alibi = 0;  // 0 off, 1 slopes (hq,), 2 slopes (b, hq)
-  double dropout = 0.0;
-  double q_stddev = 1.0;
-
-  int64_t batch() const { return (int64_t)q_lens.size(); }
-  int64_t max_q() const { return *std::max_element(q_lens.begin(), q_lens.end()); }
-  int64_t max_k() const { return *std::max_element(k_lens.begin(), k_lens.end()); }
-  int64_t total(const std::vector<int64_t>& v) const {
-    return std::accumulate(v.begin(), v.end(), int64_t{0});
-  }
-  std::string describe() const {
-    std::ostringstream s;
-    s << dtype_name(dtype)
-      << (layout == Layout::dense    ? " dense"
-          : layout == Layout::varlen ? " varlen"
-                                     : " paged")
-      << " q_lens=(";
-    for (int64_t n : q_lens) s << n << ",";
-    s << ") k_lens=(";
-    for (int64_t n : k_lens) s << n << ",";
-    s << ")";
-    if (!used_k.empty()) {
-      s << " used_k=(";
-      for (int64_t n : used_k) s << n << ",";
-      s << ")";
-    }
-    if (layout == Layout::paged) s << " page=" << page;
-    s << " hq=" << hq << " hk=" << hk << " d=" << d << " dv=" << dv << " pad=" << pad << " causal=" << causal
-      << " window=(" << wl << "," << wr << ") softcap=" << softcap << " alibi=" << alibi
-      << " dropout=" << dropout;
-    return s.str();
-  }
-};
-
-inline FwdCase dense(DType dtype, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d) {
-  FwdCase c;
-  c.dtype = dtype;
-  c.q_lens.assign((size_t)b, sq);
-  c.k_lens.assign((size_t)b, sk);
-  c.hq = hq, c.hk = hk, c.d = d, c.dv = d;
-  return c;
-}
-
-/// Masks and score transforms.
-struct Features {
-  const char* name;
-  bool causal;
-  int64_t wl, wr;
-  double softcap;
-  int alibi;
-  double dropout;
-};
-inline FwdCase with(FwdCase c, const Features& f) {
-  c.causal = f.causal, c.wl = f.wl, c.wr = f.wr, c.softcap = f.softcap, c.alibi = f.alibi,
-  c.dropout = f.dropout;
-  if (f.softcap > 0) c.q_stddev = 3.0;  // push scores into tanh's curved range
-  return c;
-}
+// The problem description (Case, Layout, dense, with, Features) and the shared shape tables:
+// common/cases.hpp.
 
 /// An operand (rows, heads, channels) stored with `pad` spare channels per row: the returned host
 /// tensor owns the padded buffer, `view` describes the unpadded operand.
@@ -266,13 +194,7 @@ struct FwdInputs {
   HostTensor alibi, cu_q, cu_k, used_k, block_table;
 };
 
-inline HostTensor cumsum_i32(const std::vector<int64_t>& lens) {
-  std::vector<int32_t> cu{0};
-  for (int64_t n : lens) cu.push_back(cu.back() + (int32_t)n);
-  return int_tensor(cu);
-}
-
-inline FwdInputs make_inputs(const FwdCase& c) {
+inline FwdInputs make_inputs(const Case& c) {
   FwdInputs in;
   const int64_t b = c.batch();
   switch (c.layout) {
@@ -282,45 +204,27 @@ inline FwdInputs make_inputs(const FwdCase& c) {
       in.v = make_operand(c.dtype, {b, c.k_lens[0], c.hk, c.dv}, c.pad, 1.0, false);
       break;
     case Layout::varlen:
-      in.q = make_operand(c.dtype, {c.total(c.q_lens), c.hq, c.d}, 0, c.q_stddev, false);
-      in.k = make_operand(c.dtype, {c.total(c.k_lens), c.hk, c.d}, 0, 1.0, false);
-      in.v = make_operand(c.dtype, {c.total(c.k_lens), c.hk, c.dv}, 0, 1.0, false);
+      in.q = make_operand(c.dtype, {c.total_q(), c.hq, c.d}, 0, c.q_stddev, false);
+      in.k = make_operand(c.dtype, {c.total_k(), c.hk, c.d}, 0, 1.0, false);
+      in.v = make_operand(c.dtype, {c.total_k(), c.hk, c.dv}, 0, 1.0, false);
       in.cu_q = cumsum_i32(c.q_lens);
       in.cu_k = cumsum_i32(c.k_lens);
       break;
     case Layout::paged: {
-      const int64_t per_seq = std::max<int64_t>(1, (c.max_k() + c.page - 1) / c.page);
-      const int64_t blocks = b * per_seq + 3;  // spare blocks nobody reads
+      const int64_t blocks = page_pool_blocks(c);
       in.q = make_operand(c.dtype, {b, c.q_lens[0], c.hq, c.d}, 0, c.q_stddev, false);
       in.k = make_operand(c.dtype, {blocks, c.page, c.hk, c.d}, 0, 1.0, false);
       in.v = make_operand(c.dtype, {blocks, c.page, c.hk, c.dv}, 0, 1.0, false);
-      std::vector<int32_t> ids((size_t)blocks);
-      std::iota(ids.begin(), ids.end(), 0);
-      std::shuffle(ids.begin(), ids.end(), rng());
-      in.block_table = HostTensor(DType::i32, {b, per_seq});
-      std::copy(ids.begin(), ids.begin() + b * per_seq, in.block_table.i32());
+      in.block_table = shuffled_block_table(c);
       break;
     }
   }
-  if (!c.used_k.empty()) in.used_k = int_tensor(std::vector<int32_t>(c.used_k.begin(), c.used_k.end()));
-  if (c.alibi) {
-    in.alibi = c.alibi == 1 ? HostTensor(DType::f32, {c.hq}) : HostTensor(DType::f32, {b, c.hq});
-    std::uniform_real_distribution<double> ud(0.02, 0.5);
-    for (int64_t n = 0; n < in.alibi.numel(); ++n) in.alibi.set(n, ud(rng()));
-  }
+  in.used_k = used_k_tensor(c);
+  in.alibi = alibi_slopes(c);
   return in;
 }
 
-inline std::vector<int64_t> out_shape(const FwdCase& c) {
-  if (c.layout == Layout::varlen) return {c.total(c.q_lens), c.hq, c.dv};
-  return {c.batch(), c.q_lens[0], c.hq, c.dv};
-}
-inline std::vector<int64_t> lse_shape(const FwdCase& c) {
-  if (c.layout == Layout::varlen) return {c.hq, c.total(c.q_lens)};
-  return {c.batch(), c.hq, c.q_lens[0]};
-}
-
-inline AttentionOptions options(const FwdCase& c) {
+inline AttentionOptions options(const Case& c) {
   AttentionOptions o;
   o.causal = c.causal;
   o.window_left = c.wl;
@@ -337,7 +241,7 @@ struct FwdResult {
 };
 
 /// The CPU oracle (Impl::reference) or baseline on the host inputs.
-inline FwdResult run_cpu(const FwdCase& c, const FwdInputs& in, Impl impl) {
+inline FwdResult run_cpu(const Case& c, const FwdInputs& in, Impl impl) {
   HostOperand out = make_operand(c.dtype, out_shape(c), c.layout == Layout::dense ? c.pad : 0, 1.0, true);
   FwdResult r{HostTensor(), HostTensor(DType::f32, lse_shape(c))};
   poison(r.lse);
@@ -374,7 +278,7 @@ struct GpuForwardCall {
   std::vector<DeviceTensor> keep;  // index tensors, ALiBi slopes
   ForwardArgs args;
 
-  GpuForwardCall(const FwdCase& c, const FwdInputs& in)
+  GpuForwardCall(const Case& c, const FwdInputs& in)
       : q(DeviceTensor::from_view(in.q.storage, in.q.view)),
         k(DeviceTensor::from_view(in.k.storage, in.k.view)),
         v(DeviceTensor::from_view(in.v.storage, in.v.view)),
@@ -404,7 +308,7 @@ struct GpuForwardCall {
   GpuForwardCall& operator=(const GpuForwardCall&) = delete;
 
   /// out and LSE after the run; unwritten elements and writes into the row padding counted as NaN.
-  GpuResult result(const FwdCase& c) {
+  GpuResult result(const Case& c) {
     GpuResult r;
     out_host.storage = out.to_host(out_host.storage);
     out_host.view.data = out_host.storage.tv.data;  // make_operand views start at the buffer
@@ -437,14 +341,14 @@ inline void expect_device_fault(std::initializer_list<std::string> args, const s
   EXPECT_NO_THROW(check_device(gpu)) << "a fault is raised once";
 }
 
-inline GpuResult run_gpu(const FwdCase& c, const FwdInputs& in) {
+inline GpuResult run_gpu(const Case& c, const FwdInputs& in) {
   GpuForwardCall call(c, in);
   forward(call.args);
   return call.result(c);
 }
 
 /// GPU forward vs the CPU oracle by the accuracy rule, for out and LSE; every element written.
-inline void expect_forward_accurate(const FwdCase& c) {
+inline void expect_forward_accurate(const Case& c) {
   SCOPED_TRACE(c.describe());
   const FwdInputs in = make_inputs(c);
   const GpuResult gpu = run_gpu(c, in);

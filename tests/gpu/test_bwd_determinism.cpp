@@ -16,7 +16,7 @@ namespace {
 }
 
 /// Three deterministic runs: identical bits, and the first one accurate.
-void expect_deterministic(const FwdCase& c) {
+void expect_deterministic(const Case& c) {
   SCOPED_TRACE(c.describe());
   const BwdInputs in = make_bwd_inputs(c);
   const Grads first = run_gpu_backward(c, in, true);
@@ -36,10 +36,10 @@ void expect_deterministic(const FwdCase& c) {
 TEST(GpuBackwardDeterministic, BitwiseOverRuns) {
   FP_SKIP_WITHOUT_GPU();
   // Few (batch, kv head) pairs: many dQ slices, one key block each.
-  FwdCase c = dense(DType::bf16, 1, 257, 700, 8, 2, 64);
+  Case c = dense(DType::bf16, 1, 257, 700, 8, 2, 64);
   c.causal = true, c.dropout = 0.1;
   expect_deterministic(c);
-  FwdCase v = dense(DType::f16, 1, 1, 1, 4, 4, 128);
+  Case v = dense(DType::f16, 1, 1, 1, 4, 4, 128);
   v.layout = Layout::varlen;
   v.q_lens = {0, 130, 300, 7}, v.k_lens = {3, 130, 280, 0};
   v.softcap = 4.0, v.q_stddev = 3.0;
@@ -49,7 +49,7 @@ TEST(GpuBackwardDeterministic, BitwiseOverRuns) {
 TEST(GpuBackwardDeterministic, OneSliceWalksSeveralKeyBlocks) {
   FP_SKIP_WITHOUT_GPU();
   // batch * hk >= the SM count: one slice, so each CTA visits every key block of its head in turn.
-  FwdCase c = dense(DType::bf16, 2, 200, 200, 80, 80, 32);
+  Case c = dense(DType::bf16, 2, 200, 200, 80, 80, 32);
   c.causal = true;
   expect_deterministic(c);
 }

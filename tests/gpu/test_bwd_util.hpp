@@ -19,7 +19,7 @@ struct BwdInputs {
   HostTensor dout, out, lse;  // contiguous (b, sq, hq, dv) / (total_q, hq, dv); lse fp32
 };
 
-inline BwdInputs make_bwd_inputs(const FwdCase& c) {
+inline BwdInputs make_bwd_inputs(const Case& c) {
   BwdInputs in{make_inputs(c), randn(c.dtype, out_shape(c)), {}, {}};
   const FwdResult f = run_cpu(c, in.fwd, Impl::reference);
   in.out = f.out, in.lse = f.lse;
@@ -36,7 +36,7 @@ struct Grads {
   int64_t unwritten = 0;  // NaN elements left in poisoned outputs, plus stray writes into row padding
 };
 
-inline void set_layout(BackwardArgs& a, const FwdCase& c, const TensorView& cu_q, const TensorView& cu_k,
+inline void set_layout(BackwardArgs& a, const Case& c, const TensorView& cu_q, const TensorView& cu_k,
                        const TensorView* used_k) {
   if (c.layout == Layout::varlen) {
     a.layout.cu_seqlens_q = cu_q, a.layout.cu_seqlens_k = cu_k;
@@ -47,7 +47,7 @@ inline void set_layout(BackwardArgs& a, const FwdCase& c, const TensorView& cu_q
 
 /// The oracle: the CPU reference backward on fp64 copies of the same inputs (exact input values, no
 /// rounding of the gradients on the way out).
-inline Grads run_reference(const FwdCase& c, const BwdInputs& in) {
+inline Grads run_reference(const Case& c, const BwdInputs& in) {
   const HostTensor q = gather(in.fwd.q).as(DType::f64), k = gather(in.fwd.k).as(DType::f64),
                    v = gather(in.fwd.v).as(DType::f64);
   const HostTensor out = in.out.as(DType::f64), dout = in.dout.as(DType::f64);
@@ -70,7 +70,7 @@ inline Grads run_reference(const FwdCase& c, const BwdInputs& in) {
 /// bf16/fp16 (flash-attn's own test baseline): S, the softcapped and biased scores, P, P Z, dO V^T,
 /// its dropout product, dS (softmax backward), dS times the softcap derivative, and dQ, dK, dV
 /// (each a fp32 sum rounded once; dK/dV summed over a GQA group before rounding).
-inline Grads run_baseline(const FwdCase& c, const BwdInputs& in) {
+inline Grads run_baseline(const Case& c, const BwdInputs& in) {
   const int type = (int)c.dtype;
   auto rnd = [type](double x) { return (float)cpu::round_to(type, x); };
   const HostTensor q = gather(in.fwd.q), k = gather(in.fwd.k), v = gather(in.fwd.v);
@@ -198,7 +198,7 @@ struct GpuBackwardCall {
 
   /// `fwd` is referenced, not copied: its views point into its own storage (a copied FwdInputs keeps
   /// views into the original's bytes).
-  GpuBackwardCall(const FwdCase& c, const FwdInputs& fwd, const HostTensor& out_h, const HostTensor& dout_h,
+  GpuBackwardCall(const Case& c, const FwdInputs& fwd, const HostTensor& out_h, const HostTensor& dout_h,
                   const HostTensor& lse_h, bool deterministic = false)
       : q(DeviceTensor::from_view(fwd.q.storage, fwd.q.view)),
         k(DeviceTensor::from_view(fwd.k.storage, fwd.k.view)),
@@ -231,7 +231,7 @@ struct GpuBackwardCall {
 };
 
 /// The CUDA backward (Impl::automatic on device tensors); `deterministic` sets the option.
-inline Grads run_gpu_backward(const FwdCase& c, const BwdInputs& in, bool deterministic = false) {
+inline Grads run_gpu_backward(const Case& c, const BwdInputs& in, bool deterministic = false) {
   GpuBackwardCall call(c, in.fwd, in.out, in.dout, in.lse, deterministic);
   backward(call.args);
   Grads g;
@@ -244,7 +244,7 @@ inline Grads run_gpu_backward(const FwdCase& c, const BwdInputs& in, bool determ
 
 /// GPU gradients for `in` vs the oracle by the accuracy rule (3x the baseline's error), every element
 /// written; returns them for further checks.
-inline Grads expect_backward_accurate_on(const FwdCase& c, const BwdInputs& in) {
+inline Grads expect_backward_accurate_on(const Case& c, const BwdInputs& in) {
   SCOPED_TRACE(c.describe());
   Grads gpu = run_gpu_backward(c, in);
   const Grads ref = run_reference(c, in);
@@ -263,7 +263,7 @@ inline Grads expect_backward_accurate_on(const FwdCase& c, const BwdInputs& in) 
 }
 
 /// The same on fresh inputs for `c`.
-inline void expect_backward_accurate(const FwdCase& c) {
+inline void expect_backward_accurate(const Case& c) {
   expect_backward_accurate_on(c, make_bwd_inputs(c));
 }
 

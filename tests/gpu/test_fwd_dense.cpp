@@ -5,32 +5,14 @@
 namespace flashport::test::gpu {
 namespace {
 
-constexpr Features kFeatures[] = {
-    {"plain", false, -1, -1, 0.0, 0, 0.0},   {"causal", true, -1, -1, 0.0, 0, 0.0},
-    {"window", false, 37, 5, 0.0, 0, 0.0},   {"left-window", true, 20, -1, 0.0, 0, 0.0},
-    {"softcap", false, -1, -1, 3.0, 0, 0.0}, {"alibi", true, -1, -1, 0.0, 1, 0.0},
-    {"alibi-b", false, 50, 50, 0.0, 2, 0.0}, {"dropout", false, -1, -1, 0.0, 0, 0.17},
-    {"all", true, 70, -1, 5.0, 2, 0.1},
-};
-
-/// (batch, sq, sk, hq, hk, d): seqlen 1, 113 x 203, sq > sk, GQA 1/4/7, d 40 (padded to a bucket).
-struct Shape {
-  int64_t b, sq, sk, hq, hk, d;
-};
-constexpr Shape kShapes[] = {
-    {2, 1, 1, 1, 1, 40},    {1, 113, 203, 7, 1, 64}, {1, 203, 113, 4, 1, 64},
-    {2, 64, 64, 2, 2, 128}, {1, 1, 203, 4, 4, 64},   {1, 130, 257, 8, 2, 40},
-    {2, 77, 77, 7, 7, 96},  {1, 150, 65, 1, 1, 128}, {1, 200, 200, 4, 1, 64},
-};
-
 TEST(GpuForward, ShapesTimesFeatures) {
   FP_SKIP_WITHOUT_GPU();
   int n = 0;
   for (DType dt : {DType::bf16, DType::f16}) {
     for (const Features& f : kFeatures) {
-      const Shape& s = kShapes[(size_t)(n++ % std::size(kShapes))];
+      const Shape& s = kAwkwardShapes[(size_t)(n++ % std::size(kAwkwardShapes))];
       SCOPED_TRACE(f.name);
-      expect_forward_accurate(with(dense(dt, s.b, s.sq, s.sk, s.hq, s.hk, s.d), f));
+      expect_forward_accurate(with(dense(dt, s.b, s.sq, s.sk, s.hq, s.hk, s.d_cuda), f));
     }
   }
 }
@@ -40,24 +22,24 @@ TEST(GpuForward, HeadDims) {
   for (int64_t d : {32, 40, 64, 96, 128, 160, 256}) {
     const DType dt = d % 64 == 0 ? DType::bf16 : DType::f16;
     expect_forward_accurate(dense(dt, 1, 97, 131, 2, 1, d));
-    expect_forward_accurate(with(dense(dt, 1, 131, 97, 2, 2, d), kFeatures[1]));
+    expect_forward_accurate(with(dense(dt, 1, 131, 97, 2, 2, d), kCausal));
   }
 }
 
 TEST(GpuForward, ValueHeadDimDiffers) {
   FP_SKIP_WITHOUT_GPU();
-  FwdCase c = dense(DType::bf16, 1, 70, 90, 4, 2, 64);
+  Case c = dense(DType::bf16, 1, 70, 90, 4, 2, 64);
   c.dv = 40;
   expect_forward_accurate(c);
   c = dense(DType::f16, 1, 90, 70, 2, 1, 40);
   c.dv = 128;
-  expect_forward_accurate(with(c, kFeatures[1]));
+  expect_forward_accurate(with(c, kCausal));
 }
 
 TEST(GpuForward, FullyMaskedRowsAreZeroWithNegInfLse) {
   FP_SKIP_WITHOUT_GPU();
   // sq > sk with a causal mask: the first sq - sk rows see no key.
-  FwdCase c = with(dense(DType::bf16, 1, 150, 40, 2, 1, 64), kFeatures[1]);
+  Case c = with(dense(DType::bf16, 1, 150, 40, 2, 1, 64), kCausal);
   const FwdInputs in = make_inputs(c);
   const GpuResult gpu = run_gpu(c, in);
   for (int64_t h = 0; h < 2; ++h) {
@@ -68,7 +50,7 @@ TEST(GpuForward, FullyMaskedRowsAreZeroWithNegInfLse) {
   }
   expect_forward_accurate(c);
   // A window that leaves whole query blocks without keys.
-  FwdCase w = dense(DType::f16, 1, 300, 300, 1, 1, 64);
+  Case w = dense(DType::f16, 1, 300, 300, 1, 1, 64);
   w.wl = 0, w.wr = -1;  // key j visible iff j >= i: the last rows see only themselves
   expect_forward_accurate(w);
   w.wl = -1, w.wr = 0, w.k_lens = {20};  // sk < sq, causal-like: most rows empty
@@ -79,20 +61,20 @@ TEST(GpuForward, DropoutMatchesCpuMask) {
   FP_SKIP_WITHOUT_GPU();
   // Same seed -> identical Philox mask: a different mask would miss the rule by far at p = 0.5.
   for (double p : {0.5, 0.9}) {
-    FwdCase c = dense(DType::bf16, 2, 67, 129, 3, 1, 64);
+    Case c = dense(DType::bf16, 2, 67, 129, 3, 1, 64);
     c.dropout = p;
     expect_forward_accurate(c);
-    expect_forward_accurate(with(c, kFeatures[1]));
+    expect_forward_accurate(with(c, kCausal));
   }
 }
 
 TEST(GpuForward, UnalignedStridesUseTheScalarPath) {
   FP_SKIP_WITHOUT_GPU();
   for (int64_t pad : {1, 3, 8}) {
-    FwdCase c = dense(DType::bf16, 2, 45, 77, 4, 2, 64);
+    Case c = dense(DType::bf16, 2, 45, 77, 4, 2, 64);
     c.pad = pad;
     expect_forward_accurate(c);
-    expect_forward_accurate(with(c, kFeatures[8]));
+    expect_forward_accurate(with(c, kAll));
   }
 }
 
@@ -101,9 +83,9 @@ TEST(GpuForward, DecodeShapesUseSplitKv) {
   // Few CTAs and many key tiles: the heuristic splits the key range (fp32 partials + combine).
   for (int64_t sk : {1, 63, 1000, 4097}) {
     expect_forward_accurate(dense(DType::bf16, 1, 1, sk, 8, 1, 128));
-    expect_forward_accurate(with(dense(DType::f16, 2, 3, sk, 4, 2, 64), kFeatures[5]));
+    expect_forward_accurate(with(dense(DType::f16, 2, 3, sk, 4, 2, 64), kAlibi));
   }
-  expect_forward_accurate(with(dense(DType::bf16, 1, 2, 3000, 2, 2, 64), kFeatures[7]));  // dropout
+  expect_forward_accurate(with(dense(DType::bf16, 1, 2, 3000, 2, 2, 64), kDropout));  // dropout
 }
 
 }  // namespace

@@ -5,43 +5,38 @@
 namespace flashport::test::gpu {
 namespace {
 
-constexpr Features kCausal{"causal", true, -1, -1, 0.0, 0, 0.0};
-constexpr Features kAll{"all", true, 70, -1, 5.0, 2, 0.1};
-constexpr Features kWindow{"window", false, 30, 3, 0.0, 0, 0.0};
+/// A narrower two-sided window than common/cases.hpp's kWindow.
+constexpr Features kShortWindow{"window", false, 30, 3, 0.0, 0, 0.0};
 
 TEST(GpuForwardVarlen, EmptySequencesAndSequsedK) {
   FP_SKIP_WITHOUT_GPU();
-  FwdCase c;
-  c.layout = Layout::varlen;
-  c.hq = 7, c.hk = 1, c.d = 64, c.dv = 64;
-  c.q_lens = {0, 113, 1, 64, 0, 90};
-  c.k_lens = {5, 203, 0, 64, 0, 120};
+  Case c = varlen(dense(DType::bf16, 1, 1, 1, 7, 1, 64), kEmptySequences.q, kEmptySequences.k);
   for (DType dt : {DType::bf16, DType::f16}) {
     c.dtype = dt;
     c.used_k.clear();
     expect_forward_accurate(c);
     expect_forward_accurate(with(c, kCausal));
-    c.used_k = {3, 150, 0, 64, 0, 17};
+    c.used_k = kEmptySequences.used_k;
     expect_forward_accurate(with(c, kAll));
   }
 }
 
 TEST(GpuForwardVarlen, GqaAndHeadDims) {
   FP_SKIP_WITHOUT_GPU();
-  FwdCase c;
+  Case c;
   c.layout = Layout::varlen;
   c.q_lens = {17, 1, 200};
   c.k_lens = {300, 9, 150};
   for (auto [hq, hk, d] : {std::tuple{4, 4, 40}, {8, 2, 128}, {7, 1, 96}}) {
     c.hq = hq, c.hk = hk, c.d = d, c.dv = d;
-    expect_forward_accurate(with(c, kWindow));
+    expect_forward_accurate(with(c, kShortWindow));
   }
 }
 
 TEST(GpuForwardPaged, PageSizes) {
   FP_SKIP_WITHOUT_GPU();
   for (int64_t page : {1, 16, 256}) {
-    FwdCase c = dense(DType::bf16, 3, 37, 0, 8, 2, 64);
+    Case c = dense(DType::bf16, 3, 37, 0, 8, 2, 64);
     c.layout = Layout::paged;
     c.page = page;
     c.k_lens = {300, 1, 77};
@@ -56,7 +51,7 @@ TEST(GpuForwardPaged, PageSizes) {
 
 TEST(GpuForwardPaged, DecodeWithSplits) {
   FP_SKIP_WITHOUT_GPU();
-  FwdCase c = dense(DType::bf16, 2, 1, 0, 8, 1, 128);
+  Case c = dense(DType::bf16, 2, 1, 0, 8, 1, 128);
   c.layout = Layout::paged;
   c.page = 16;
   c.k_lens = {2000, 333};

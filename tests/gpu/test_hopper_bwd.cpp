@@ -35,7 +35,7 @@ Operand operand_of(const TensorView& t) {
 /// is built as backward() builds it (build_attention, attach_lse, dO and gradient operands) from the
 /// device buffers run_gpu_backward uses, so pointers and strides are the ones the dispatcher will see.
 /// The values in the buffers do not matter to the check.
-std::string hopper_declines(const FwdCase& c, const FwdInputs& in) {
+std::string hopper_declines(const Case& c, const FwdInputs& in) {
   const GpuBackwardCall call(c, in, HostTensor(c.dtype, out_shape(c)), HostTensor(c.dtype, out_shape(c)),
                              HostTensor(DType::f32, lse_shape(c)));
   const BackwardArgs& a = call.args;
@@ -47,7 +47,7 @@ std::string hopper_declines(const FwdCase& c, const FwdInputs& in) {
 }
 
 /// Fails (and returns false) unless the Hopper backward takes `c` with the layouts of `in`.
-bool expect_goes_to_hopper(const FwdCase& c, const FwdInputs& in) {
+bool expect_goes_to_hopper(const Case& c, const FwdInputs& in) {
   const std::string why = hopper_declines(c, in);
   if (why.empty()) return true;
   ADD_FAILURE() << "the Hopper backward declines " << c.describe() << ": " << why;
@@ -55,12 +55,12 @@ bool expect_goes_to_hopper(const FwdCase& c, const FwdInputs& in) {
 }
 
 /// A case the Hopper backward must take, then the public backward vs the oracle.
-void expect_hopper_backward(const FwdCase& c) {
+void expect_hopper_backward(const Case& c) {
   if (expect_goes_to_hopper(c, make_inputs(c))) expect_backward_accurate(c);
 }
 
 /// A case only the portable backward covers (so it runs under the sanitizer on every GPU).
-void expect_portable_backward(const FwdCase& c) {
+void expect_portable_backward(const Case& c) {
   EXPECT_NE(hopper_declines(c, make_inputs(c)), "") << "expected a portable-only case: " << c.describe();
   expect_backward_accurate(c);
 }
@@ -74,7 +74,7 @@ void expect_zero_rows(const HostTensor& g, int64_t first, int64_t count, int64_t
 
 /// Batch-1 dense `c` (so rows are tokens): dQ of the first `q_rows` queries and dK / dV of the first
 /// `k_rows` keys are exactly zero (they see no key / are seen by no query), besides the accuracy rule.
-void expect_hopper_zero_grads(const FwdCase& c, int64_t q_rows, int64_t k_rows) {
+void expect_hopper_zero_grads(const Case& c, int64_t q_rows, int64_t k_rows) {
   SCOPED_TRACE(c.describe());
   const BwdInputs in = make_bwd_inputs(c);
   if (!expect_goes_to_hopper(c, in.fwd)) return;
@@ -89,7 +89,7 @@ void expect_hopper_zero_grads(const FwdCase& c, int64_t q_rows, int64_t k_rows) 
 /// A kernel's D = rowsum(dO * O) comes from a different fp32 sum than its tensor-core dP (the H200 gave
 /// dK up to 1.2e-5 at d 96, fp16, summed over 203 queries), so dK is held to 1e-4 absolute instead: a
 /// wrong dK here is of the order of scale * |Q| * |dP| ~ 0.1. dQ and dV keep the rule.
-void expect_single_key_backward(const FwdCase& c) {
+void expect_single_key_backward(const Case& c) {
   SCOPED_TRACE(c.describe());
   const BwdInputs in = make_bwd_inputs(c);
   if (!expect_goes_to_hopper(c, in.fwd)) return;
@@ -100,22 +100,6 @@ void expect_single_key_backward(const FwdCase& c) {
   EXPECT_TRUE(accuracy_rule(gpu.dq, base.dq, ref.dq, 3.0)) << "dq";
   EXPECT_TRUE(accuracy_rule(gpu.dv, base.dv, ref.dv, 3.0)) << "dv";
   EXPECT_LE(max_abs_diff(gpu.dk, ref.dk), 1e-4) << "dk";
-}
-
-constexpr Features kPlain{"plain", false, -1, -1, 0.0, 0, 0.0};
-constexpr Features kCausal{"causal", true, -1, -1, 0.0, 0, 0.0};
-constexpr Features kMasks[] = {
-    {"window", false, 37, 5, 0.0, 0, 0.0},
-    {"left-window", true, 20, -1, 0.0, 0, 0.0},
-    {"window-left-only", false, 64, -1, 0.0, 0, 0.0},  // the lowest key blocks see no query block
-    {"window-right-only", false, -1, 0, 0.0, 0, 0.0},
-};
-
-FwdCase varlen(FwdCase c, std::vector<int64_t> q_lens, std::vector<int64_t> k_lens) {
-  c.layout = Layout::varlen;
-  c.q_lens = std::move(q_lens);
-  c.k_lens = std::move(k_lens);
-  return c;
 }
 
 TEST(HopperBwd, SmallSupportAndVariants) {
@@ -239,7 +223,7 @@ TEST(HopperBwd, SmallZeroGradients) {
   expect_hopper_zero_grads(with(dense(DType::bf16, 1, 300, 50, 2, 1, 128), kCausal), 250, 0);
   expect_hopper_zero_grads(with(dense(DType::f16, 1, 290, 161, 4, 2, 64), kCausal), 129, 0);
   expect_hopper_zero_grads(with(dense(DType::f16, 1, 290, 161, 4, 2, 256), kCausal), 129, 0);
-  FwdCase band = dense(DType::f16, 1, 40, 300, 2, 1, 64);
+  Case band = dense(DType::f16, 1, 40, 300, 2, 1, 64);
   band.wl = 0, band.wr = 0;  // query i sees only key i + 260
   expect_hopper_zero_grads(band, 0, 260);
   band = dense(DType::bf16, 1, 100, 300, 3, 3, 96);
@@ -251,33 +235,33 @@ TEST(HopperBwd, SmallZeroGradients) {
 
 TEST(HopperBwd, SmallMasks) {
   FP_SKIP_WITHOUT_SM90();
-  for (const Features& f : kMasks) {
+  for (const Features& f : kWindowMasks) {
     SCOPED_TRACE(f.name);
     expect_hopper_backward(with(dense(DType::bf16, 2, 257, 300, 2, 1, 64), f));
-    expect_hopper_backward(with(dense(DType::f16, 1, 300, 200, 2, 2, &f - kMasks < 2 ? 128 : 96), f));
+    expect_hopper_backward(with(dense(DType::f16, 1, 300, 200, 2, 2, &f - kWindowMasks < 2 ? 128 : 96), f));
     expect_hopper_backward(
-        with(dense(&f - kMasks < 2 ? DType::bf16 : DType::f16, 1, 200, 270, 2, 1, 256), f));
+        with(dense(&f - kWindowMasks < 2 ? DType::bf16 : DType::f16, 1, 200, 270, 2, 1, 256), f));
   }
 }
 
 TEST(HopperBwd, SmallGqa) {
   FP_SKIP_WITHOUT_SM90();
-  expect_hopper_backward(dense(DType::bf16, 2, 113, 203, 8, 2, 128));                  // 4:1
-  expect_hopper_backward(with(dense(DType::f16, 1, 203, 113, 8, 2, 64), kCausal));     // 4:1, sq > sk
-  expect_hopper_backward(with(dense(DType::bf16, 1, 150, 150, 7, 1, 64), kCausal));    // 7:1 (MQA)
-  expect_hopper_backward(dense(DType::f16, 1, 129, 257, 7, 1, 128));                   // 7:1 (MQA)
-  expect_hopper_backward(with(dense(DType::bf16, 2, 200, 260, 4, 1, 96), kMasks[2]));  // MQA, window
-  expect_hopper_backward(with(dense(DType::f16, 1, 203, 113, 7, 1, 256), kCausal));    // 7:1, sq > sk
-  expect_hopper_backward(dense(DType::bf16, 1, 113, 203, 8, 2, 256));                  // 4:1
+  expect_hopper_backward(dense(DType::bf16, 2, 113, 203, 8, 2, 128));                        // 4:1
+  expect_hopper_backward(with(dense(DType::f16, 1, 203, 113, 8, 2, 64), kCausal));           // 4:1, sq > sk
+  expect_hopper_backward(with(dense(DType::bf16, 1, 150, 150, 7, 1, 64), kCausal));          // 7:1 (MQA)
+  expect_hopper_backward(dense(DType::f16, 1, 129, 257, 7, 1, 128));                         // 7:1 (MQA)
+  expect_hopper_backward(with(dense(DType::bf16, 2, 200, 260, 4, 1, 96), kWindowLeftOnly));  // MQA, window
+  expect_hopper_backward(with(dense(DType::f16, 1, 203, 113, 7, 1, 256), kCausal));          // 7:1, sq > sk
+  expect_hopper_backward(dense(DType::bf16, 1, 113, 203, 8, 2, 256));                        // 4:1
 }
 
 TEST(HopperBwd, SmallVarlen) {
   FP_SKIP_WITHOUT_SM90();
-  for (const Features& f : {kPlain, kCausal, kMasks[0]}) {
+  for (const Features& f : {kPlain, kCausal, kWindow}) {
     SCOPED_TRACE(f.name);
     // Entry 1 has no queries, entry 2 no keys, entries 5 and 6 neither.
-    FwdCase c = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f), {37, 0, 200, 129, 1, 0, 0},
-                       {50, 10, 0, 300, 1, 0, 0});
+    Case c = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f), {37, 0, 200, 129, 1, 0, 0},
+                    {50, 10, 0, 300, 1, 0, 0});
     expect_hopper_backward(c);
     c.dtype = DType::f16, c.d = c.dv = 64;
     c.used_k = {20, 10, 0, 250, 0, 0, 0};  // seqused_k: keys past it get zero gradients
@@ -293,12 +277,12 @@ TEST(HopperBwd, SmallVarlen) {
 
 TEST(HopperBwd, SmallDenseSequsedK) {
   FP_SKIP_WITHOUT_SM90();
-  FwdCase c = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
+  Case c = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
   c.used_k = {260, 0, 131};
   expect_hopper_backward(c);
   expect_hopper_backward(with(c, kCausal));
   c.dtype = DType::f16, c.d = c.dv = 64, c.used_k = {1, 200, 64};
-  expect_hopper_backward(with(c, kMasks[0]));
+  expect_hopper_backward(with(c, kWindow));
   c.d = c.dv = 256, c.used_k = {70, 1, 260};
   expect_hopper_backward(with(c, kCausal));
 }
@@ -307,13 +291,13 @@ TEST(HopperBwd, SmallStridedLayouts) {
   FP_SKIP_WITHOUT_SM90();
   // Padded rows (gradients padded alike; the padding must keep its poison): 72 and 136 elements,
   // still 16-byte aligned, odd strides for the tensor maps.
-  FwdCase padded = dense(DType::bf16, 2, 113, 203, 2, 1, 64);
+  Case padded = dense(DType::bf16, 2, 113, 203, 2, 1, 64);
   padded.pad = 8;
   expect_hopper_backward(padded);
   padded = with(dense(DType::f16, 1, 203, 150, 4, 2, 128), kCausal);
   padded.pad = 8;
   expect_hopper_backward(padded);
-  padded = with(dense(DType::bf16, 2, 100, 130, 2, 2, 96), kMasks[0]);
+  padded = with(dense(DType::bf16, 2, 100, 130, 2, 2, 96), kWindow);
   padded.pad = 24;
   expect_hopper_backward(padded);
   padded = with(dense(DType::bf16, 2, 100, 130, 2, 1, 256), kCausal);
@@ -322,7 +306,7 @@ TEST(HopperBwd, SmallStridedLayouts) {
 
   // (b, h, s, d) storage viewed as (b, s, h, d): head stride above row stride, in the inputs and in
   // the gradients (laid out like the inputs).
-  const FwdCase c = with(dense(DType::f16, 2, 130, 190, 4, 2, 128), kCausal);
+  const Case c = with(dense(DType::f16, 2, 130, 190, 4, 2, 128), kCausal);
   BwdInputs in;
   in.fwd = make_inputs(c);
   auto transposed = [&](HostOperand& o, int64_t s, int64_t h, int64_t d) {
@@ -349,10 +333,10 @@ TEST(HopperBwd, ManyBlocks) {
   expect_hopper_backward(with(dense(DType::bf16, 1, 1100, 1100, 4, 2, 256), kCausal));
   // Group of 4 query heads per kv head; the first 76 queries see no key.
   expect_hopper_zero_grads(with(dense(DType::bf16, 1, 1100, 1024, 8, 2, 64), kCausal), 76, 0);
-  FwdCase band = dense(DType::f16, 1, 1050, 1050, 2, 1, 128);
+  Case band = dense(DType::f16, 1, 1050, 1050, 2, 1, 128);
   band.wl = 200, band.wr = 50;  // most (query block, key block) pairs see nothing
   expect_hopper_backward(band);
-  FwdCase c =
+  Case c =
       varlen(with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), kCausal),
              {0, 1100, 37, 513, 0, 1024, 129, 700, 64, 1, 900, 255, 0, 1090, 300, 128, 640, 77, 0, 450},
              {13, 1050, 0, 600, 0, 1100, 129, 650, 200, 1, 1024, 256, 40, 1000, 333, 128, 700, 77, 0, 0});
@@ -364,10 +348,10 @@ TEST(HopperBwd, ManyBlocks) {
 TEST(GpuBackwardPortable, SmallFeatures) {
   FP_SKIP_WITHOUT_GPU();
   const Features features[] = {
-      {"softcap", false, -1, -1, 3.0, 0, 0.0},  {"softcap-window", false, 37, 5, 3.0, 0, 0.0},
-      {"alibi", true, -1, -1, 0.0, 1, 0.0},     {"alibi-b-window", false, 50, 20, 0.0, 2, 0.0},
-      {"dropout", false, -1, -1, 0.0, 0, 0.17}, {"dropout-window", true, 20, -1, 0.0, 0, 0.1},
-      {"all", true, 70, -1, 5.0, 2, 0.1},
+      kSoftcap, {"softcap-window", false, 37, 5, 3.0, 0, 0.0},
+      kAlibi,   {"alibi-b-window", false, 50, 20, 0.0, 2, 0.0},
+      kDropout, {"dropout-window", true, 20, -1, 0.0, 0, 0.1},
+      kAll,
   };
   int n = 0;
   for (const Features& f : features) {
@@ -376,13 +360,13 @@ TEST(GpuBackwardPortable, SmallFeatures) {
     expect_portable_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
     expect_portable_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));
   }
-  FwdCase v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), features[6]), {0, 37, 130, 1, 0},
-                     {5, 0, 129, 64, 0});
+  Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), features[6]), {0, 37, 130, 1, 0},
+                  {5, 0, 129, 64, 0});
   expect_portable_backward(v);
   for (int64_t d : {160, 192}) {
     expect_portable_backward(dense(DType::bf16, 1, 97, 130, 2, 1, d));
     expect_portable_backward(with(dense(DType::f16, 1, 130, 77, 2, 2, d), kCausal));
-    expect_portable_backward(with(dense(DType::bf16, 2, 64, 100, 4, 2, d), kMasks[0]));
+    expect_portable_backward(with(dense(DType::bf16, 2, 64, 100, 4, 2, d), kWindow));
   }
 }
 

@@ -22,7 +22,7 @@ using HopperRun = std::function<void(const AttnProblem&)>;
 
 /// `run` (hopper::forward unless given) on device copies of `in`, out and LSE poisoned (0xFF bytes =
 /// NaN). False (with a test failure) when the kernel declines the case.
-bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r, const HopperRun& run) {
+bool run_hopper(const Case& c, const FwdInputs& in, GpuResult& r, const HopperRun& run) {
   GpuForwardCall call(c, in);
   ForwardArgs& a = call.args;
   AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, nullptr);
@@ -43,7 +43,7 @@ bool run_hopper(const FwdCase& c, const FwdInputs& in, GpuResult& r, const Hoppe
 }
 
 /// The Hopper result vs the oracle for out and LSE (accuracy rule), with no element left unwritten.
-void expect_hopper_accurate(const FwdCase& c, const FwdInputs& in, const HopperRun& run = hopper::forward) {
+void expect_hopper_accurate(const Case& c, const FwdInputs& in, const HopperRun& run = hopper::forward) {
   SCOPED_TRACE(c.describe());
   GpuResult gpu;
   if (!run_hopper(c, in, gpu, run)) return;
@@ -54,12 +54,9 @@ void expect_hopper_accurate(const FwdCase& c, const FwdInputs& in, const HopperR
   EXPECT_TRUE(accuracy_rule(gpu.out, base.out, ref.out)) << "out";
   EXPECT_TRUE(accuracy_rule(gpu.lse, base.lse, ref.lse)) << "lse";
 }
-void expect_hopper_accurate(const FwdCase& c) {
+void expect_hopper_accurate(const Case& c) {
   expect_hopper_accurate(c, make_inputs(c));
 }
-
-constexpr Features kPlain{"plain", false, -1, -1, 0.0, 0, 0.0};
-constexpr Features kCausal{"causal", true, -1, -1, 0.0, 0, 0.0};
 
 TEST(HopperFwd, SmallSupportAndVariants) {
   AttnProblem p{};
@@ -131,7 +128,7 @@ TEST(HopperFwd, ManyBlocks) {
   expect_hopper_accurate(dense(DType::bf16, 24, 260, 130, 4, 2, 64));                 // 288 blocks
   expect_hopper_accurate(with(dense(DType::f16, 20, 300, 300, 4, 1, 128), kCausal));  // 1-3 key tiles
   expect_hopper_accurate(with(dense(DType::bf16, 12, 400, 100, 4, 1, 64), kCausal));  // blocks without keys
-  FwdCase c = with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), kCausal);
+  Case c = with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), kCausal);
   c.layout = Layout::varlen;
   c.q_lens.clear();
   c.k_lens.clear();
@@ -144,13 +141,7 @@ TEST(HopperFwd, ManyBlocks) {
 
 TEST(HopperFwd, SmallMasks) {
   FP_SKIP_WITHOUT_SM90();
-  const Features masks[] = {
-      {"window", false, 37, 5, 0.0, 0, 0.0},
-      {"left-window", true, 20, -1, 0.0, 0, 0.0},
-      {"window-left-only", false, 64, -1, 0.0, 0, 0.0},  // the lowest key tiles are skipped
-      {"window-right-only", false, -1, 0, 0.0, 0, 0.0},
-  };
-  for (const Features& f : masks) {
+  for (const Features& f : kWindowMasks) {  // window-left-only: the lowest key tiles are skipped
     SCOPED_TRACE(f.name);
     expect_hopper_accurate(with(dense(DType::bf16, 2, 300, 400, 2, 1, 64), f));
     expect_hopper_accurate(with(dense(DType::f16, 1, 400, 300, 2, 2, 128), f));
@@ -163,10 +154,7 @@ TEST(HopperFwd, SmallMasks) {
 TEST(HopperFwd, SmallSoftcapAlibi) {
   FP_SKIP_WITHOUT_SM90();
   const Features features[] = {
-      {"softcap", false, -1, -1, 3.0, 0, 0.0},
-      {"alibi", true, -1, -1, 0.0, 1, 0.0},
-      {"alibi-b", false, 50, 50, 0.0, 2, 0.0},
-      {"all", true, 70, -1, 5.0, 2, 0.0},
+      kSoftcap, kAlibi, kAlibiPerBatch, {"all", true, 70, -1, 5.0, 2, 0.0},  // kAll without dropout
   };
   for (const Features& f : features) {
     SCOPED_TRACE(f.name);
@@ -186,7 +174,7 @@ TEST(HopperFwd, SmallVarlen) {
   FP_SKIP_WITHOUT_SM90();
   for (const Features& f : {kPlain, kCausal}) {
     SCOPED_TRACE(f.name);
-    FwdCase c = with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f);
+    Case c = with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f);
     c.layout = Layout::varlen;
     c.q_lens = {37, 0, 200, 129, 1};
     c.k_lens = {50, 10, 0, 300, 1};  // an empty query sequence and an empty key sequence
@@ -199,7 +187,7 @@ TEST(HopperFwd, SmallVarlen) {
 
 TEST(HopperFwd, SmallDenseSequsedK) {
   FP_SKIP_WITHOUT_SM90();
-  FwdCase c = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
+  Case c = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
   c.used_k = {260, 0, 131};
   expect_hopper_accurate(c);
   expect_hopper_accurate(with(c, kCausal));
@@ -207,12 +195,12 @@ TEST(HopperFwd, SmallDenseSequsedK) {
 
 TEST(HopperFwd, SmallStridedLayouts) {
   FP_SKIP_WITHOUT_SM90();
-  FwdCase padded = dense(DType::bf16, 2, 113, 203, 2, 1, 64);
+  Case padded = dense(DType::bf16, 2, 113, 203, 2, 1, 64);
   padded.pad = 8;  // rows of 72 elements: still 16-byte aligned, tensor maps with odd strides
   expect_hopper_accurate(padded);
 
   // (b, h, s, d) storage viewed as (b, s, h, d): the head stride exceeds the row stride.
-  FwdCase c = with(dense(DType::f16, 2, 130, 190, 4, 2, 128), kCausal);
+  Case c = with(dense(DType::f16, 2, 130, 190, 4, 2, 128), kCausal);
   FwdInputs in = make_inputs(c);
   auto transposed = [&](HostOperand& o, int64_t s, int64_t h, int64_t d) {
     o.storage = randn(c.dtype, {c.batch(), h, s, d});
@@ -238,7 +226,7 @@ TEST(HopperFwd, SmallAutotune) {
       cache.path() + "/" + cuda::autotune::file_name(jit::device_name(device), jit::driver_version());
   hopper::TunedShape tuned;
   const auto tune = [&](const AttnProblem& p) { tuned = hopper::autotune_shape(p); };
-  const FwdCase c = with(dense(DType::bf16, 2, 300, 333, 4, 2, 128), kCausal);
+  const Case c = with(dense(DType::bf16, 2, 300, 333, 4, 2, 128), kCausal);
   testing::internal::CaptureStderr();
   expect_hopper_accurate(c, make_inputs(c), tune);
   const std::string err = testing::internal::GetCapturedStderr();
@@ -268,7 +256,7 @@ TEST(HopperFwd, SmallAutotune) {
   cuda::autotune::reset_for_testing();
   hopper::TunedShape again;
   testing::internal::CaptureStderr();
-  const FwdCase other = with(dense(DType::bf16, 1, 129, 500, 2, 1, 128), kCausal);  // same bucket
+  const Case other = with(dense(DType::bf16, 1, 129, 500, 2, 1, 128), kCausal);  // same bucket
   expect_hopper_accurate(other, make_inputs(other),
                          [&](const AttnProblem& p) { again = hopper::autotune_shape(p); });
   const std::string err_again = testing::internal::GetCapturedStderr();

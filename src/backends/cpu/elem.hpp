@@ -9,13 +9,20 @@ namespace flashport::cpu {
 /// Value of element `off` of a buffer of ElemType `type`, widened to float.
 inline float load_f32(const void* base, int type, long long off) {
   switch (type) {
-    case kF64: return (float)static_cast<const double*>(base)[off];
-    case kF32: return static_cast<const float*>(base)[off];
-    case kF16: return num::f16_to_f32(static_cast<const unsigned short*>(base)[off]);
-    case kBF16: return num::bf16_to_f32(static_cast<const unsigned short*>(base)[off]);
-    case kE4M3: return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE4M3);
-    case kE4M3FNUZ: return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE4M3FNUZ);
-    case kE5M2: return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE5M2);
+    case kF64:
+      return (float)static_cast<const double*>(base)[off];
+    case kF32:
+      return static_cast<const float*>(base)[off];
+    case kF16:
+      return num::f16_to_f32(static_cast<const unsigned short*>(base)[off]);
+    case kBF16:
+      return num::bf16_to_f32(static_cast<const unsigned short*>(base)[off]);
+    case kE4M3:
+      return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE4M3);
+    case kE4M3FNUZ:
+      return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE4M3FNUZ);
+    case kE5M2:
+      return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE5M2);
   }
   return 0.0f;
 }
@@ -28,25 +35,41 @@ inline double load_f64(const void* base, int type, long long off) {
 /// Rounds `v` to ElemType `type` (round-to-nearest-even; fp8 saturates).
 inline void store(void* base, int type, long long off, double v) {
   switch (type) {
-    case kF64: static_cast<double*>(base)[off] = v; return;
-    case kF32: static_cast<float*>(base)[off] = (float)v; return;
-    case kF16: static_cast<unsigned short*>(base)[off] = num::f32_to_f16((float)v); return;
-    case kBF16: static_cast<unsigned short*>(base)[off] = num::f32_to_bf16((float)v); return;
-    case kE4M3: static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE4M3); return;
+    case kF64:
+      static_cast<double*>(base)[off] = v;
+      return;
+    case kF32:
+      static_cast<float*>(base)[off] = (float)v;
+      return;
+    case kF16:
+      static_cast<unsigned short*>(base)[off] = num::f32_to_f16((float)v);
+      return;
+    case kBF16:
+      static_cast<unsigned short*>(base)[off] = num::f32_to_bf16((float)v);
+      return;
+    case kE4M3:
+      static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE4M3);
+      return;
     case kE4M3FNUZ:
       static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE4M3FNUZ);
       return;
-    case kE5M2: static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE5M2); return;
+    case kE5M2:
+      static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE5M2);
+      return;
   }
 }
 
 /// `v` rounded to ElemType `type` and widened back: the baseline's "round to the input dtype".
 inline double round_to(int type, double v) {
   switch (type) {
-    case kF32: return (double)(float)v;
-    case kF16: return num::f16_to_f32(num::f32_to_f16((float)v));
-    case kBF16: return num::bf16_to_f32(num::f32_to_bf16((float)v));
-    default: return v;
+    case kF32:
+      return (double)(float)v;
+    case kF16:
+      return num::f16_to_f32(num::f32_to_f16((float)v));
+    case kBF16:
+      return num::bf16_to_f32(num::f32_to_bf16((float)v));
+    default:
+      return v;
   }
 }
 

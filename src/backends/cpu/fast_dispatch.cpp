@@ -4,12 +4,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/fast.hpp"
 #include "backends/cpu/fast_common.hpp"
+#include "core/tuning.hpp"
 
 namespace flashport::cpu::fast {
 namespace {
@@ -28,11 +28,12 @@ bool amx_permitted() {
 }
 
 /// The widest kernel copy this CPU runs (AMX serves the bf16 forward when `forward`).
-/// FLASHPORT_CPU_ISA=avx512|avx2|base caps it ("avx512" keeps AMX off); the tests use this to cover
-/// every copy on one machine. A wider request than the CPU supports is ignored.
+/// FLASHPORT_CPU_ISA=amx|avx512|avx2|base caps it ("avx512" keeps AMX off); the tests use this to cover
+/// every copy on one machine. A wider request than the CPU supports is ignored; a value not in that list
+/// is an Error naming the variable (core::cpu_isa_setting, read on each call so tests can switch it).
 const Kernels& select_kernels(int in_type, bool forward) {
-  const char* env = std::getenv("FLASHPORT_CPU_ISA");
-  const std::string cap = env ? env : "";
+  const core::Knob<std::string> isa = core::cpu_isa_setting(core::process_env());
+  const std::string& cap = isa.get();
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

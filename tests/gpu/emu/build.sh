@@ -3,11 +3,16 @@
 # libflashport.a with jit:: replaced by emulated kernels (emu_runtime.cpp). No GPU needed.
 # Usage: tests/gpu/emu/build.sh <cmake build dir with the CUDA backend ON> [arch (default 90)]
 # Then:  FLASHPORT_EMU_LAZY_COPIES=0|1 <build>/emu/flashport_tests_emu --gtest_filter=...
+# ctest runs both under the label `emu` when the build is configured with -DFLASHPORT_GPU_EMU=ON
+# (`make test-emu`). CUDA_INCLUDE / CUDA_LIB: the toolkit's include and library directories (the CUDA
+# runtime the GPU suite calls; default /usr/local/cuda/include and lib64).
 set -euo pipefail
 build=$(realpath "$1")
 arch=${2:-90}
 root=$(realpath "$(dirname "$0")/../../..")
 emu=$root/tests/gpu/emu
+cuda_inc=${CUDA_INCLUDE:-/usr/local/cuda/include}
+cuda_lib=${CUDA_LIB:-/usr/local/cuda/lib64}
 out=$build/emu
 mkdir -p "$out"
 rm -f "$out"/*.o
@@ -31,13 +36,13 @@ for k in split_combine kvcache merge; do
   jobs+=("$kernel_flags -c $emu/emu_$k.cpp -o $out/$k.o")
 done
 for f in emu_runtime emu_registry; do
-  jobs+=("$common -I$emu -I/usr/local/cuda/include -c $emu/$f.cpp -o $out/$f.o")
+  jobs+=("$common -I$emu -I$cuda_inc -c $emu/$f.cpp -o $out/$f.o")
 done
 for t in "$root"/tests/gpu/test_*.cpp; do
   case $(basename "$t") in test_fwd_*|test_merge_*) ;; *) continue ;; esac  # the kernels emulated here
-  jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I/usr/local/cuda/include -c $t -o $out/$(basename "$t" .cpp).o")
+  jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I$cuda_inc -c $t -o $out/$(basename "$t" .cpp).o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} sh -c "$cxx {}"
 $cxx $san -o "$out/flashport_tests_emu" "$out"/*.o "$build/libflashport.a" -lgtest -lgtest_main -fopenmp -ldl -lpthread \
-  -L/usr/local/cuda/lib64 -lcudart -Wl,-rpath,/usr/local/cuda/lib64
+  -L"$cuda_lib" -lcudart -Wl,-rpath,"$cuda_lib"
 echo "built $out/flashport_tests_emu"

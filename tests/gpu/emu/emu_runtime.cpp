@@ -5,6 +5,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/numeric.h"
@@ -350,6 +352,19 @@ void free_async(void* ptr, void*) {
 void memset_async(void* ptr, unsigned char value, size_t bytes, void*) {
   std::memset(ptr, value, bytes);
 }
+void copy_to_host(void* dst, const void* src, size_t bytes, void*) {
+  std::memcpy(dst, src, bytes);
+}
+void stream_synchronize(void*) {}  // launches run to completion before they return
+std::string device_name(int) {
+  return "flashport CUDA emulator (sm_" + std::to_string(emu_arch()) + ")";
+}
+int driver_version() {
+  return 12080;
+}
+float time_ms(int, void*, const std::function<void()>&, int, int) {
+  throw Error("autotune", "the emulator has no timer (FLASHPORT_AUTOTUNE needs a GPU)");
+}
 namespace detail {
 int driver_cuda_version() {
   return 12080;
@@ -369,6 +384,21 @@ const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
   }
   k->max_dynamic_smem = std::max(k->max_dynamic_smem, dynamic_smem);
   return *k;
+}
+
+namespace {
+std::mutex g_cached_mutex;
+std::map<std::tuple<const void*, std::array<int, 8>, int, int>, const Kernel*> g_cached;
+}  // namespace
+
+const Kernel* find_cached(const SpecKey& key, int device, int dynamic_smem) {
+  std::lock_guard<std::mutex> lock(g_cached_mutex);
+  const auto it = g_cached.find({key.builder, key.values, device, dynamic_smem});
+  return it == g_cached.end() ? nullptr : it->second;
+}
+void remember_cached(const SpecKey& key, int device, int dynamic_smem, const Kernel& kernel) {
+  std::lock_guard<std::mutex> lock(g_cached_mutex);
+  g_cached.emplace(std::make_tuple(key.builder, key.values, device, dynamic_smem), &kernel);
 }
 
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
