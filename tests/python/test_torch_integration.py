@@ -227,6 +227,25 @@ def test_eager_path_skips_the_custom_op_and_matches_it(device, monkeypatch):
         assert flashport.flash_attn_func(q, k, v, causal=True).grad_fn is None
 
 
+def test_backward_without_an_output_gradient(device):
+    """Gradients are not materialised: when no gradient reaches out, backward gives none to q, k, v
+    (like SDPA) instead of running on zeros."""
+
+    class DropGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None
+
+    q, k, v = (torch.randn(1, 5, 2, 16, dtype=work_dtype(device), device=device, requires_grad=True) for _ in range(3))
+    out = flashport.flash_attn_func(q, k, v, causal=True)
+    (DropGrad.apply(out).sum() + q.sum()).backward()
+    assert torch.equal(q.grad, torch.ones_like(q)) and k.grad is None and v.grad is None
+
+
 def test_low_level_call_reads_grad_tensors_and_parameters(device):
     """The binding reads torch tensors from their attributes: tensors that require grad, nn.Parameter,
     strided views (offset data pointers) and positional arguments all reach C++ unchanged."""
