@@ -1,14 +1,15 @@
-"""torch.library custom ops over flashport._C (flashport::fwd, bwd, fwd_kvcache, merge_states, fwd_fp8).
+"""torch ops over flashport._C (flashport::fwd, fwd_impl, bwd, fwd_kvcache, merge_states, fwd_fp8).
 
-Each op has a fake (meta) implementation, so torch.compile(fullgraph=True) traces through it, and fwd /
-fwd_fp8 have autograd formulas that call flashport's backward. Outputs are allocated here with torch and
-handed to C++ zero-copy; CUDA work runs on torch's current stream of the tensors' device.
+Each op has a fake (meta) implementation, so torch.compile(fullgraph=True) traces through it; fwd and
+fwd_fp8 have autograd formulas that call flashport's backward (for fwd: the autograd.Function _Attention,
+which tracing puts around fwd_impl and bwd). Outputs are allocated here with torch and handed to C++
+zero-copy; CUDA work runs on torch's current stream of the tensors' device.
 
-Eager calls skip the custom-op dispatcher (its Python layers cost several hundred microseconds per call
-with autograd): `call_fwd` / `call_kvcache` / `call_merge` run the same implementation functions
-(`run_fwd`, `run_bwd`, ...) directly, under a plain autograd.Function when gradients are needed, and use
-the registered ops only while something traces (torch.compile, export, fake or functional tensors,
-dispatch modes, functorch transforms). One body per op either way.
+Eager calls skip the dispatcher (its Python layers cost several hundred microseconds per call with
+autograd): `call_fwd` / `call_kvcache` / `call_merge` run the same implementation functions (`run_fwd`,
+`run_bwd`, ...) directly, under _Attention when gradients are needed, and use the registered ops only
+while something traces (torch.compile, export, fake or functional tensors, dispatch modes, functorch
+transforms). One body per op either way.
 """
 
 from typing import Optional, Tuple
@@ -127,24 +128,6 @@ def run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_s
     return out, lse, s_dmask
 
 
-@torch.library.custom_op("flashport::fwd", mutates_args=())
-def fwd(
-    q: Tensor, k: Tensor, v: Tensor,
-    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
-    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor],
-    q_descale: Optional[Tensor], k_descale: Optional[Tensor], v_descale: Optional[Tensor],
-    rng_state: Optional[Tensor],
-    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-    window_left: int, window_right: int, softcap: float, dropout_p: float,
-    deterministic: bool, return_softmax: bool, out_dtype: Optional[torch.dtype],
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """(out, softmax_lse, S_dmask); rng_state is a host int64 (seed, offset) pair (None: no dropout)."""
-    return run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
-                   v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                   window_right, softcap, dropout_p, deterministic, return_softmax, out_dtype)
-
-
-@fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
               v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
               softcap, dropout_p, deterministic, return_softmax, out_dtype):
@@ -170,21 +153,6 @@ def run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused
     return dq, dk, dv
 
 
-@torch.library.custom_op("flashport::bwd", mutates_args=())
-def bwd(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
-    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
-    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor],
-    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-    window_left: int, window_right: int, softcap: float, dropout_p: float, deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) in the dtypes of q, k, v."""
-    return run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                   alibi_slopes, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                   window_right, softcap, dropout_p, deterministic)
-
-
-@bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, softmax_lse, *args):
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
@@ -213,28 +181,15 @@ def _grads(ctx, dout):
     return op(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
 
 
-def _fwd_setup_context(ctx, inputs, output):
-    _save(ctx, inputs[0], inputs[1], inputs[2], inputs[3:], output[0], output[1])
-
-
-_NO_GRADS = (None,) * 20
-
-
-def _fwd_backward(ctx, dout, dlse, ds_dmask):
-    return _grads(ctx, dout) + _NO_GRADS
-
-
-fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
-
-
-class _EagerAttention(torch.autograd.Function):
-    """flashport::fwd with its autograd formula, for eager calls: the same run_fwd, context and
-    gradients as the registered op, without the custom-op dispatcher. Takes (q, k, v, the other inputs
-    as one tuple): apply() costs per argument, and only q, k, v have gradients."""
+class _Attention(torch.autograd.Function):
+    """flashport::fwd with its autograd formula. Eager calls apply it to plain tensors (run_fwd and
+    run_bwd directly, no dispatcher); the registered op flashport::fwd applies it while tracing, over
+    the ops flashport::fwd_impl and flashport::bwd. Takes (q, k, v, the other inputs as one tuple):
+    apply() costs per argument, and only q, k, v have gradients."""
 
     @staticmethod
     def forward(ctx, q, k, v, rest):
-        out, lse, s_dmask = output = run_fwd(q, k, v, *rest)
+        out, lse, s_dmask = output = (fwd_impl if _tracing(q) else run_fwd)(q, k, v, *rest)
         _save(ctx, q, k, v, rest, out, lse)
         ctx.mark_non_differentiable(lse, s_dmask)
         return output
@@ -252,11 +207,51 @@ def call_fwd(*inputs):
     if _tracing(q):
         return fwd(*inputs)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(q, k, v, inputs[3:])
+        return _Attention.apply(q, k, v, inputs[3:])
     return run_fwd(*inputs)
 
 
 _grad_enabled = torch.is_grad_enabled
+
+
+def _fwd_composite(*inputs):
+    """flashport::fwd's kernel (CompositeImplicitAutograd): _Attention over flashport::fwd_impl."""
+    return _Attention.apply(inputs[0], inputs[1], inputs[2], inputs[3:])
+
+
+# The registered ops, defined with torch.library.Library rather than torch.library.custom_op: a compiled
+# graph calls the op it traced at every run, and custom_op puts two Python kernels on that path (its
+# autograd wrapper, which only redispatches when no gradient is recorded, and a backend wrapper
+# with an aliasing check), each costing about as much as run_fwd's own Python. Here:
+# - flashport::fwd is CompositeImplicitAutograd: tracing decomposes it into _Attention, whose forward
+#   is flashport::fwd_impl and whose backward is flashport::bwd; opcheck and torch.compile see fwd.
+# - flashport::fwd_impl and flashport::bwd are what compiled graphs call: run_fwd / run_bwd as their
+#   CPU and CUDA kernels, a fake implementation, and no Python autograd kernel (the dispatcher's own
+#   fallback passes them through; their gradients are _Attention's business).
+_lib = torch.library.Library("flashport", "FRAGMENT")
+_PT2 = (torch.Tag.pt2_compliant_tag,)
+_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
+               "Tensor? block_table, Tensor? alibi_slopes, Tensor? q_descale, Tensor? k_descale, "
+               "Tensor? v_descale, Tensor? rng_state, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+               "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, "
+               "float dropout_p, bool deterministic, bool return_softmax, ScalarType? out_dtype) "
+               "-> (Tensor, Tensor, Tensor)")
+_lib.define("fwd" + _FWD_SCHEMA, tags=_PT2)
+_lib.define("fwd_impl" + _FWD_SCHEMA, tags=_PT2)
+_lib.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+            "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, Tensor? block_table, "
+            "Tensor? alibi_slopes, Tensor? rng_state, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+            "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, "
+            "float dropout_p, bool deterministic) -> (Tensor, Tensor, Tensor)", tags=_PT2)
+_lib.impl("fwd", _fwd_composite, "CompositeImplicitAutograd")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("fwd_impl", run_fwd, _key)
+    _lib.impl("bwd", run_bwd, _key)
+torch.library.register_fake("flashport::fwd_impl", _fwd_fake, lib=_lib)
+torch.library.register_fake("flashport::bwd", _bwd_fake, lib=_lib)
+fwd = torch.ops.flashport.fwd.default
+fwd_impl = torch.ops.flashport.fwd_impl.default
+bwd = torch.ops.flashport.bwd.default
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,9 +36,10 @@ def test_opcheck_fwd(device, variant):
     torch.library.opcheck(_torch_ops.fwd, args)
 
 
-def test_opcheck_bwd_kvcache_merge(device):
+def test_opcheck_fwd_impl_bwd_kvcache_merge(device):
     q, k, v = (torch.randn(2, 7, 2, 16, dtype=work_dtype(device), device=device) for _ in range(3))
     out, lse, _ = _torch_ops.fwd(*fwd_args(q, k, v))
+    torch.library.opcheck(_torch_ops.fwd_impl, fwd_args(q, k, v))  # what compiled graphs call
     bwd_args = (torch.randn_like(out), q, k, v, out, lse, None, None, None, None, None, None, 7, 7, 0.25, True, -1, -1,
                 0.0, 0.0, False)
     torch.library.opcheck(_torch_ops.bwd, bwd_args)
@@ -213,7 +214,7 @@ def test_eager_path_skips_the_custom_op_and_matches_it(device, monkeypatch):
     monkeypatch.setattr(_torch_ops, "fwd", refuse)
     monkeypatch.setattr(_torch_ops, "bwd", refuse)
     got = flashport.flash_attn_func(q, k, v, causal=True, softcap=15.0)
-    assert got.grad_fn is not None and type(got.grad_fn).__name__.startswith("_EagerAttention")
+    assert got.grad_fn is not None and type(got.grad_fn).__name__.startswith("_Attention")
     got_grads = torch.autograd.grad(got, (q, k, v), g)
     monkeypatch.undo()
     # The registered op with its autograd formula, called directly.
