@@ -96,7 +96,7 @@ if has overhead; then
     echo "--- the same on the tree in .base/ (before the change)"
     python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/flashport-base ./.base >"$OUT/pip_base.log" 2>&1 \
       && PYTHONPATH=/tmp/flashport-base TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-base \
-        python3 bench/overhead_bench.py --out "$OUT/overhead_base.jsonl" 2>&1 | tail -9
+        python3 bench/overhead_bench.py --out "$OUT/overhead_base.jsonl" 2>&1 | tail -11
   fi
 fi
 if has train; then
