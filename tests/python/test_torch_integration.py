@@ -103,6 +103,7 @@ def test_compile_dropout_and_kvcache(device):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
 def test_compile_inductor():
     q, k, v = (torch.randn(1, 16, 2, 64, requires_grad=True) for _ in range(3))
     fn = lambda q, k, v: (flashport.flash_attn_func(q, k, v, causal=True) * 2).sum()
