@@ -177,8 +177,14 @@ def _grads(ctx, dout):
     if dout is None:  # no gradient reached out (grads are not materialised)
         return None, None, None
     q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state = ctx.saved_tensors
-    op = bwd if _tracing(dout) else run_bwd
+    op = run_bwd if _direct(dout) else bwd
     return op(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
+
+
+def _direct(x: Tensor) -> bool:
+    """Whether _Attention may call run_fwd / run_bwd itself: plain CPU or CUDA tensors, nothing tracing.
+    Else the ops flashport::fwd_impl / bwd (tracing; meta tensors get their fake kernels)."""
+    return (x.is_cuda or x.is_cpu) and not _tracing(x)
 
 
 class _Attention(torch.autograd.Function):
@@ -189,7 +195,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rest):
-        out, lse, s_dmask = output = (fwd_impl if _tracing(q) else run_fwd)(q, k, v, *rest)
+        out, lse, s_dmask = output = (run_fwd if _direct(q) else fwd_impl)(q, k, v, *rest)
         _save(ctx, q, k, v, rest, out, lse)
         ctx.mark_non_differentiable(lse, s_dmask)
         return output

@@ -51,6 +51,15 @@ def test_opcheck_fwd_impl_bwd_kvcache_merge(device):
     torch.library.opcheck(_torch_ops.merge_states, (out, lse, out.clone(), lse - 1.0))
 
 
+def test_ops_on_meta_tensors():
+    """The registered ops give shapes on meta tensors (their fake kernels), as custom ops do."""
+    q = torch.randn(2, 7, 2, 16, device="meta", requires_grad=True)
+    out, lse, s_dmask = _torch_ops.fwd(*fwd_args(q, q, q))
+    assert out.shape == q.shape and out.is_meta and lse.shape == (2, 2, 7) and s_dmask.shape == (0,)
+    (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
+    assert dq.shape == q.shape and dq.is_meta
+
+
 def test_opcheck_fp8(device):
     q, k, v = (torch.randn(2, 7, 2, 16, dtype=work_dtype(device), device=device) for _ in range(3))
     fp8_args = (q.requires_grad_(), k, v, None, None, None, None, None, 7, 7, 0.25, False, -1, -1, 0.0, 0.0, False,
