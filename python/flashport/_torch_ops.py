@@ -69,7 +69,8 @@ _functorch_layer = torch._C._functorch.peek_interpreter_stack
 def _contig(x: Optional[Tensor]) -> Optional[Tensor]:
     if x is None:
         return None
-    return x.contiguous() if x.dim() and x.size(-1) > 1 and x.stride(-1) != 1 else x
+    # stride before size: the common contiguous case then reads two attributes, not three
+    return x.contiguous() if x.dim() and x.stride(-1) != 1 and x.size(-1) > 1 else x
 
 
 def _rng(rng_state: Optional[Tensor]) -> Tuple[int, int]:
