@@ -4,7 +4,8 @@ PyTorch SDPA (flash, cuDNN) and FA3 / flash-attn when importable, in one process
 Small problems are host-bound, so the time per call is what the Python and C++ layers cost around the
 kernel. Each row: `--warmup` calls, then `--calls` back-to-back calls between two synchronisations, wall
 time / calls (median of `--repeats` such runs). `--perf-md` rewrites this script's section of docs/PERF.md.
-On a machine without CUDA it times the CPU path (tiny shapes), for comparing revisions there.
+On a machine without CUDA it times the CPU path, the dense rows with tiny shapes (s 4, 2 heads, so that
+they are host-bound there too), for comparing revisions there.
 """
 
 import argparse
@@ -53,6 +54,8 @@ def wall_us(fn, device, warmup, calls, repeats):
 
 
 def dense_inputs(device, dtype, grad, b=1, s=128, h=16, d=64):
+    if device != "cuda":  # tiny on the CPU, where the kernels would otherwise dominate
+        s, h = 4, 2
     make = lambda: torch.randn(b, s, h, d, device=device, dtype=dtype, requires_grad=grad)
     return make(), make(), make()
 
@@ -128,12 +131,20 @@ def rows_for(device, dtype, peers):
             impls[n] = lambda m=m: m.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens, causal=True)
     rows.append(("flash_attn_with_kvcache, batch 1, 1k cache, GQA 32/8, d 128", impls))
 
-    if on_gpu:
-        qc, kc_, vc_ = dense_inputs(device, dtype, False)
-        compiled = torch.compile(lambda q, k, v: flashport.flash_attn_func(q, k, v, causal=True), fullgraph=True)
-        compiled_sdpa = torch.compile(lambda q, k, v: sdpa_call(SDPA["sdpa-flash"], q, k, v, True), fullgraph=True)
-        rows.append(("torch.compile(fullgraph=True) forward",
-                     {"flashport": lambda: compiled(qc, kc_, vc_), "sdpa-flash": lambda: compiled_sdpa(qc, kc_, vc_)}))
+    # Compiled: the graph calls flashport's registered op on every run (SDPA: its aten op).
+    peer = sdpa_names[0]
+    compiled = torch.compile(lambda q, k, v: flashport.flash_attn_func(q, k, v, causal=True), fullgraph=True)
+    compiled_sdpa = torch.compile(lambda q, k, v: sdpa_call(SDPA[peer], q, k, v, True), fullgraph=True)
+    qc, kc_, vc_ = dense_inputs(device, dtype, False)
+    rows.append(("torch.compile(fullgraph=True) forward",
+                 {"flashport": lambda: compiled(qc, kc_, vc_), peer: lambda: compiled_sdpa(qc, kc_, vc_)}))
+    qg, kg, vg = dense_inputs(device, dtype, True)
+    g = torch.randn_like(qg)
+    rows.append(("torch.compile(fullgraph=True) forward, inputs with requires_grad",
+                 {"flashport": lambda: compiled(qg, kg, vg), peer: lambda: compiled_sdpa(qg, kg, vg)}))
+    rows.append(("torch.compile(fullgraph=True) forward + backward",
+                 {"flashport": lambda: compiled(qg, kg, vg).backward(g),
+                  peer: lambda: compiled_sdpa(qg, kg, vg).backward(g)}))
     return rows
 
 

@@ -127,9 +127,12 @@ if has overhead; then
   python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
   python3 bench/overhead_bench.py --perf-md --out "$OUT/overhead.jsonl" 2>&1 | tee "$OUT/overhead.log" || status=1
   if [[ -d .base ]]; then
+    # Its own inductor cache: the caches key on the traced graph, which calls flashport::fwd in both
+    # trees, so the base run would otherwise load this tree's compiled graph (flashport::fwd_impl).
     echo "--- the same on the tree in .base/ (before the change)"
     python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/flashport-base ./.base >"$OUT/pip_base.log" 2>&1 \
-      && PYTHONPATH=/tmp/flashport-base python3 bench/overhead_bench.py --out "$OUT/overhead_base.jsonl" 2>&1 | tail -9
+      && PYTHONPATH=/tmp/flashport-base TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-base \
+        python3 bench/overhead_bench.py --out "$OUT/overhead_base.jsonl" 2>&1 | tail -11
   fi
 fi
 if has train; then

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ._common import error, fp8_descale, fp8_groups
-from ._torch_ops import _tracing, bwd, run_bwd, run_fwd
+from ._torch_ops import _fwd_fake, _tracing, bwd, run_bwd, run_fwd
 
 
 def quantize(x: Tensor, nheads_k: int, cu_seqlens: Optional[Tensor], fp8_dtype: torch.dtype,
@@ -96,10 +96,9 @@ def fwd_fp8(
 def _fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, alibi_slopes, rng_state, max_seqlen_q,
                   max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, dropout_p, deterministic,
                   return_softmax, fp8_dtype):
-    return torch.ops.flashport.fwd.default(q, k, v, cu_seqlens_q, cu_seqlens_k, None, block_table, alibi_slopes,
-                                           None, None, None, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                           causal, window_left, window_right, softcap, dropout_p, deterministic,
-                                           return_softmax, q.dtype)
+    return _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, None, block_table, alibi_slopes, None, None, None,
+                     rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                     dropout_p, deterministic, return_softmax, q.dtype)
 
 
 def _setup_context(ctx, inputs, output):

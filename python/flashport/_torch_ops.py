@@ -1,14 +1,15 @@
-"""torch.library custom ops over flashport._C (flashport::fwd, bwd, fwd_kvcache, merge_states, fwd_fp8).
+"""torch ops over flashport._C (flashport::fwd, fwd_impl, bwd, fwd_kvcache, merge_states, fwd_fp8).
 
-Each op has a fake (meta) implementation, so torch.compile(fullgraph=True) traces through it, and fwd /
-fwd_fp8 have autograd formulas that call flashport's backward. Outputs are allocated here with torch and
-handed to C++ zero-copy; CUDA work runs on torch's current stream of the tensors' device.
+Each op has a fake (meta) implementation, so torch.compile(fullgraph=True) traces through it; fwd and
+fwd_fp8 have autograd formulas that call flashport's backward (for fwd: the autograd.Function _Attention,
+which tracing puts around fwd_impl and bwd). Outputs are allocated here with torch and handed to C++
+zero-copy; CUDA work runs on torch's current stream of the tensors' device.
 
-Eager calls skip the custom-op dispatcher (its Python layers cost several hundred microseconds per call
-with autograd): `call_fwd` / `call_kvcache` / `call_merge` run the same implementation functions
-(`run_fwd`, `run_bwd`, ...) directly, under a plain autograd.Function when gradients are needed, and use
-the registered ops only while something traces (torch.compile, export, fake or functional tensors,
-dispatch modes, functorch transforms). One body per op either way.
+Eager calls skip the dispatcher (its Python layers cost several hundred microseconds per call with
+autograd): `call_fwd` / `call_kvcache` / `call_merge` run the same implementation functions (`run_fwd`,
+`run_bwd`, ...) directly, under _Attention when gradients are needed, and use the registered ops only
+while something traces (torch.compile, export, fake or functional tensors, dispatch modes, functorch
+transforms). One body per op either way.
 """
 
 from typing import Optional, Tuple
@@ -20,6 +21,7 @@ from . import _C
 from ._common import FP8_MAX, error, padded, split_rng_state
 
 _FP8_DTYPES = {getattr(torch, name): name for name in FP8_MAX if hasattr(torch, name)}
+_F32, _CONTIGUOUS = torch.float32, torch.contiguous_format
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
@@ -67,7 +69,8 @@ _functorch_layer = torch._C._functorch.peek_interpreter_stack
 def _contig(x: Optional[Tensor]) -> Optional[Tensor]:
     if x is None:
         return None
-    return x.contiguous() if x.dim() and x.size(-1) > 1 and x.stride(-1) != 1 else x
+    # stride before size: the common contiguous case then reads two attributes, not three
+    return x.contiguous() if x.dim() and x.stride(-1) != 1 and x.size(-1) > 1 else x
 
 
 def _rng(rng_state: Optional[Tensor]) -> Tuple[int, int]:
@@ -103,38 +106,29 @@ def run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_s
             v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
             softcap, dropout_p, deterministic, return_softmax, out_dtype):
     """flashport::fwd's implementation: (out, softmax_lse, S_dmask); rng_state is a host int64 (seed,
-    offset) pair (None: no dropout)."""
-    varlen = cu_seqlens_q is not None
+    offset) pair (None: no dropout). Every eager call runs this, so it allocates with the cheapest torch
+    calls (empty_like, new_empty) and calls the binding positionally."""
     q, k, v = _contig(q), _contig(k), _contig(v)
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=_out_dtype(q, out_dtype), device=q.device)
-    lse = torch.empty(_lse_shape(q, varlen), dtype=torch.float32, device=q.device)
-    s_shape = _s_dmask_shape(q, k, block_table, varlen, return_softmax)
-    s_dmask = torch.empty(s_shape, dtype=torch.float32, device=q.device)
+    shape = q.shape
+    if cu_seqlens_q is None:
+        lse = q.new_empty((shape[0], shape[2], shape[1]), dtype=_F32)
+    else:
+        lse = q.new_empty((shape[1], shape[0]), dtype=_F32)
+    if out_dtype is None and v.shape[-1] == shape[-1] and q.dtype not in _FP8_DTYPES:
+        out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    else:
+        out = q.new_empty(shape[:-1] + (v.shape[-1],), dtype=_out_dtype(q, out_dtype))
+    if return_softmax and cu_seqlens_q is None and q.is_cpu:
+        s_dmask = s_arg = q.new_empty(_s_dmask_shape(q, k, block_table, False, True), dtype=_F32)
+    else:
+        s_dmask, s_arg = q.new_empty((0,), dtype=_F32), None
     seed, offset = _rng(rng_state)
-    _C.forward(q, k, v, out, lse, s_dmask if len(s_shape) == 4 else None, cu_seqlens_q, cu_seqlens_k, seqused_k,
-               max_seqlen_q, max_seqlen_k, block_table, softmax_scale, causal, window_left, window_right, softcap,
-               alibi_slopes, dropout_p, seed, offset, q_descale, k_descale, v_descale, _stream(q))
+    _C.forward(q, k, v, out, lse, s_arg, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+               block_table, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+               offset, q_descale, k_descale, v_descale, _stream(q))
     return out, lse, s_dmask
 
 
-@torch.library.custom_op("flashport::fwd", mutates_args=())
-def fwd(
-    q: Tensor, k: Tensor, v: Tensor,
-    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
-    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor],
-    q_descale: Optional[Tensor], k_descale: Optional[Tensor], v_descale: Optional[Tensor],
-    rng_state: Optional[Tensor],
-    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-    window_left: int, window_right: int, softcap: float, dropout_p: float,
-    deterministic: bool, return_softmax: bool, out_dtype: Optional[torch.dtype],
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """(out, softmax_lse, S_dmask); rng_state is a host int64 (seed, offset) pair (None: no dropout)."""
-    return run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
-                   v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                   window_right, softcap, dropout_p, deterministic, return_softmax, out_dtype)
-
-
-@fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
               v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
               softcap, dropout_p, deterministic, return_softmax, out_dtype):
@@ -148,9 +142,11 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi
 def run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
             rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
             dropout_p, deterministic):
-    """flashport::bwd's implementation: (dq, dk, dv) in the dtypes of q, k, v."""
-    dout, q, k, v, out = (_contig(t) for t in (dout, q, k, v, out))
-    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    """flashport::bwd's implementation: (dq, dk, dv) in the dtypes of q, k, v (contiguous)."""
+    dout, q, k, v, out = _contig(dout), _contig(q), _contig(k), _contig(v), _contig(out)
+    dq = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    dk = torch.empty_like(k, memory_format=_CONTIGUOUS)
+    dv = torch.empty_like(v, memory_format=_CONTIGUOUS)
     seed, offset = _rng(rng_state)
     _C.backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                 max_seqlen_k, block_table, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
@@ -158,63 +154,57 @@ def run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused
     return dq, dk, dv
 
 
-@torch.library.custom_op("flashport::bwd", mutates_args=())
-def bwd(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
-    cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
-    block_table: Optional[Tensor], alibi_slopes: Optional[Tensor], rng_state: Optional[Tensor],
-    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-    window_left: int, window_right: int, softcap: float, dropout_p: float, deterministic: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) in the dtypes of q, k, v."""
-    return run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
-                   alibi_slopes, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                   window_right, softcap, dropout_p, deterministic)
-
-
-@bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, softmax_lse, *args):
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
-def _fwd_setup_context(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, seqused_k, block_table, alibi, q_descale, _, _, rng_state, max_q, max_k, scale, causal,
-     wl, wr, softcap, dropout_p, deterministic, _, _) = inputs
-    out, lse, _ = output
-    ctx.fp8 = q_descale is not None or is_fp8(q.dtype)
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state)
-    ctx.params = (max_q, max_k, scale, causal, wl, wr, softcap, dropout_p, deterministic)
+def _save(ctx, q, k, v, rest, out, lse):
+    """flashport::fwd's autograd context: the tensors backward reads (saved, so in-place changes to them
+    are caught), the scalars it passes on, and no zero-filled gradients for the outputs that have none
+    (lse and S_dmask never get one: materialising them cost two torch.zeros per backward)."""
+    ctx.set_materialize_grads(False)
+    # rest = the op's inputs after v: cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+    # q_descale, k_descale, v_descale, rng_state, then max_seqlen_q ... deterministic, return_softmax, out_dtype.
+    ctx.save_for_backward(q, k, v, out, lse, rest[0], rest[1], rest[2], rest[3], rest[4], rest[8])
+    # fp8 inputs have no backward (None marks them); else bwd's scalars, max_seqlen_q ... deterministic.
+    ctx.params = rest[9:18] if rest[5] is None and q.dtype not in _FP8_DTYPES else None
 
 
-def _fwd_backward(ctx, dout, dlse, ds_dmask):
-    if ctx.fp8:
+def _grads(ctx, dout):
+    """(dq, dk, dv) of flashport::fwd for the gradient dout of its first output."""
+    if ctx.params is None:
         raise error("q", "fp8 inputs have no backward here; use the *_fp8_func entry points, which quantise "
                          "high-precision inputs and differentiate through the dequantised values")
+    if dout is None:  # no gradient reached out (grads are not materialised)
+        return None, None, None
     q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state = ctx.saved_tensors
-    op = bwd if _tracing(dout) else run_bwd
-    dq, dk, dv = op(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
-    return (dq, dk, dv) + (None,) * 20
+    op = run_bwd if _direct(dout) else bwd
+    return op(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
 
 
-fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+def _direct(x: Tensor) -> bool:
+    """Whether _Attention may call run_fwd / run_bwd itself: plain CPU or CUDA tensors, nothing tracing.
+    Else the ops flashport::fwd_impl / bwd (tracing; meta tensors get their fake kernels)."""
+    return (x.is_cuda or x.is_cpu) and not _tracing(x)
 
 
-class _EagerAttention(torch.autograd.Function):
-    """flashport::fwd with its autograd formula, for eager calls: the same run_fwd, setup and backward
-    as the registered op, without the custom-op dispatcher. Takes (q, k, v, the other inputs as one
-    tuple): apply() costs per argument, and only q, k, v have gradients."""
+class _Attention(torch.autograd.Function):
+    """flashport::fwd with its autograd formula. Eager calls apply it to plain tensors (run_fwd and
+    run_bwd directly, no dispatcher); the registered op flashport::fwd applies it while tracing, over
+    the ops flashport::fwd_impl and flashport::bwd. Takes (q, k, v, the other inputs as one tuple):
+    apply() costs per argument, and only q, k, v have gradients."""
 
     @staticmethod
     def forward(ctx, q, k, v, rest):
-        inputs = (q, k, v) + rest
-        output = run_fwd(*inputs)
-        _fwd_setup_context(ctx, inputs, output)
-        ctx.mark_non_differentiable(output[1], output[2])
+        out, lse, s_dmask = output = (run_fwd if _direct(q) else fwd_impl)(q, k, v, *rest)
+        _save(ctx, q, k, v, rest, out, lse)
+        ctx.mark_non_differentiable(lse, s_dmask)
         return output
 
     @staticmethod
     def backward(ctx, dout, dlse, ds_dmask):
-        return _fwd_backward(ctx, dout, dlse, ds_dmask)[:3] + (None,)
+        dq, dk, dv = _grads(ctx, dout)
+        return dq, dk, dv, None
 
 
 def call_fwd(*inputs):
@@ -223,9 +213,52 @@ def call_fwd(*inputs):
     q, k, v = inputs[0], inputs[1], inputs[2]
     if _tracing(q):
         return fwd(*inputs)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _EagerAttention.apply(q, k, v, inputs[3:])
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, inputs[3:])
     return run_fwd(*inputs)
+
+
+_grad_enabled = torch.is_grad_enabled
+
+
+def _fwd_composite(*inputs):
+    """flashport::fwd's kernel (CompositeImplicitAutograd): _Attention over flashport::fwd_impl."""
+    return _Attention.apply(inputs[0], inputs[1], inputs[2], inputs[3:])
+
+
+# The registered ops, defined with torch.library.Library rather than torch.library.custom_op: a compiled
+# graph calls the op it traced at every run, and custom_op puts two Python kernels on that path (its
+# autograd wrapper, which only redispatches when no gradient is recorded, and a backend wrapper
+# with an aliasing check), each costing about as much as run_fwd's own Python. Here:
+# - flashport::fwd is CompositeImplicitAutograd: tracing decomposes it into _Attention, whose forward
+#   is flashport::fwd_impl and whose backward is flashport::bwd; opcheck and torch.compile see fwd.
+# - flashport::fwd_impl and flashport::bwd are what compiled graphs call: run_fwd / run_bwd as their
+#   CPU and CUDA kernels, a fake implementation, and no Python autograd kernel (the dispatcher's own
+#   fallback passes them through; their gradients are _Attention's business).
+_lib = torch.library.Library("flashport", "FRAGMENT")
+_PT2 = (torch.Tag.pt2_compliant_tag,)
+_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
+               "Tensor? block_table, Tensor? alibi_slopes, Tensor? q_descale, Tensor? k_descale, "
+               "Tensor? v_descale, Tensor? rng_state, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+               "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, "
+               "float dropout_p, bool deterministic, bool return_softmax, ScalarType? out_dtype) "
+               "-> (Tensor, Tensor, Tensor)")
+_lib.define("fwd" + _FWD_SCHEMA, tags=_PT2)
+_lib.define("fwd_impl" + _FWD_SCHEMA, tags=_PT2)
+_lib.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+            "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, Tensor? block_table, "
+            "Tensor? alibi_slopes, Tensor? rng_state, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+            "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, "
+            "float dropout_p, bool deterministic) -> (Tensor, Tensor, Tensor)", tags=_PT2)
+_lib.impl("fwd", _fwd_composite, "CompositeImplicitAutograd")
+for _key in ("CPU", "CUDA"):
+    _lib.impl("fwd_impl", run_fwd, _key)
+    _lib.impl("bwd", run_bwd, _key)
+torch.library.register_fake("flashport::fwd_impl", _fwd_fake, lib=_lib)
+torch.library.register_fake("flashport::bwd", _bwd_fake, lib=_lib)
+fwd = torch.ops.flashport.fwd.default
+fwd_impl = torch.ops.flashport.fwd_impl.default
+bwd = torch.ops.flashport.bwd.default
 
 
 # ---------------------------------------------------------------------------------------------

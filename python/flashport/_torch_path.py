@@ -47,10 +47,12 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
     varlen = cu_seqlens_q is not None
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         check_tensor(x, name)
-    for x, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"), (seqused_k, "seqused_k"),
-                    (block_table, "block_table"), (alibi_slopes, "alibi_slopes"), (q_descale, "q_descale"),
-                    (k_descale, "k_descale"), (v_descale, "v_descale")):
-        check_tensor(x, name, optional=True)
+    if (cu_seqlens_q is not None or cu_seqlens_k is not None or seqused_k is not None or block_table is not None
+            or alibi_slopes is not None or q_descale is not None or k_descale is not None or v_descale is not None):
+        for x, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k"), (seqused_k, "seqused_k"),
+                        (block_table, "block_table"), (alibi_slopes, "alibi_slopes"), (q_descale, "q_descale"),
+                        (k_descale, "k_descale"), (v_descale, "v_descale")):
+            check_tensor(x, name, optional=True)
     check_ndim(q, 3 if varlen else 4, "q", "(total_q, nheads, headdim)" if varlen else "(batch, seqlen, nheads, headdim)")
     if varlen and cu_seqlens_k is None and block_table is None:
         raise error("cu_seqlens_k", "is required with cu_seqlens_q")
