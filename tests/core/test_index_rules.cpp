@@ -4,6 +4,7 @@
 // run on the GPU; the fault record's host side (raise_recorded_fault) is checked at the end.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -94,6 +95,19 @@ struct Rng {
   }
 };
 
+/// Breaks nothing (30% of calls), one tensor or three times one: each of `targets` is a name and a
+/// breaker that reports whether it changed anything. Returns the names broken.
+std::vector<std::string> break_some(
+    Rng& r, const std::vector<std::pair<std::string, std::function<bool()>>>& targets) {
+  std::vector<std::string> broken;
+  const int breaks = r.chance(0.3) ? 0 : r.chance(0.7) ? 1 : 3;
+  for (int i = 0; i < breaks; ++i) {
+    const auto& [name, breaker] = targets[(size_t)r.in(0, (int64_t)targets.size() - 1)];
+    if (breaker()) broken.push_back(name);
+  }
+  return broken;
+}
+
 /// Varlen forward, packed or paged K/V, with or without seqused_k.
 void varlen_case(Rng& r, int& faults, int& cases) {
   Indices x;
@@ -113,25 +127,11 @@ void varlen_case(Rng& r, int& faults, int& cases) {
   }
   if (r.chance(0.4))
     for (int64_t b = 0; b < x.batch; ++b) x.used.push_back((int32_t)r.in(0, lk[(size_t)b]));
-  // Break nothing, one tensor, or several.
-  std::vector<std::string> broken;
-  const int breaks = r.chance(0.3) ? 0 : r.chance(0.7) ? 1 : 3;
-  for (int i = 0; i < breaks; ++i) {
-    switch (r.in(0, 3)) {
-      case 0:
-        if (r.perturb(x.cu_q)) broken.push_back("cu_seqlens_q");
-        break;
-      case 1:
-        if (r.perturb(x.cu_k)) broken.push_back("cu_seqlens_k");
-        break;
-      case 2:
-        if (r.perturb(x.used)) broken.push_back("seqused_k");
-        break;
-      default:
-        if (x.paged && r.perturb(x.table)) broken.push_back("block_table");
-        break;
-    }
-  }
+  const std::vector<std::string> broken =
+      break_some(r, {{"cu_seqlens_q", [&] { return r.perturb(x.cu_q); }},
+                     {"cu_seqlens_k", [&] { return r.perturb(x.cu_k); }},
+                     {"seqused_k", [&] { return r.perturb(x.used); }},
+                     {"block_table", [&] { return x.paged && r.perturb(x.table); }}});
   HostTensor q = randn(DType::f32, {x.total_q, kHq, kD}), out(DType::f32, {x.total_q, kHq, kD});
   const int64_t rows = x.paged ? x.kv_rows : x.total_k;
   HostTensor k = x.paged ? randn(DType::f32, {rows, x.page, kHk, kD}) : randn(DType::f32, {rows, kHk, kD});
@@ -180,33 +180,23 @@ void kvcache_case(Rng& r, int& faults, int& cases) {
   for (int64_t b = 0; batch_idx && b < x.batch; ++b) x.batch_idx.push_back((int32_t)r.in(0, x.kv_rows - 1));
   for (int64_t b = 0; leftpad && b < x.batch; ++b)
     x.leftpad.push_back((int32_t)r.in(0, x.used[(size_t)b] + x.s_new));
-  std::vector<std::string> broken;
-  const int breaks = r.chance(0.3) ? 0 : r.chance(0.7) ? 1 : 3;
-  for (int i = 0; i < breaks; ++i) {
-    switch (r.in(0, 3)) {
-      case 0:
-        if (r.perturb(x.used)) broken.push_back("cache_seqlens");
-        break;
-      case 1:
-        if (r.perturb(x.batch_idx)) broken.push_back("cache_batch_idx");
-        break;
-      case 2:
-        if (r.perturb(x.leftpad)) broken.push_back("cache_leftpad");
-        break;
-      default: {
-        // Only columns a sequence uses: validation checks every column of a paged cache's table (it
-        // knows no lengths when it does), the device only the used ones, as the kernels read them.
-        if (!x.paged) break;
-        const int64_t b = r.in(0, x.batch - 1);
-        const int64_t tokens = std::clamp<int64_t>(x.used[(size_t)b] + x.s_new, 0, capacity);
-        const int64_t used = (tokens + x.page - 1) / x.page;  // cache_seqlens may be broken already
-        if (used == 0) break;
-        x.table[(size_t)(b * x.columns + r.in(0, used - 1))] +=
-            r.chance(0.5) ? -(int32_t)x.kv_rows - 1 : (int32_t)x.kv_rows;
-        broken.push_back("block_table");
-      }
-    }
-  }
+  // Only columns a sequence uses: validation checks every column of a paged cache's table (it knows no
+  // lengths when it does), the device only the used ones, as the kernels read them.
+  const auto break_used_page = [&] {
+    if (!x.paged) return false;
+    const int64_t b = r.in(0, x.batch - 1);
+    const int64_t tokens = std::clamp<int64_t>(x.used[(size_t)b] + x.s_new, 0, capacity);
+    const int64_t used = (tokens + x.page - 1) / x.page;  // cache_seqlens may be broken already
+    if (used == 0) return false;
+    x.table[(size_t)(b * x.columns + r.in(0, used - 1))] +=
+        r.chance(0.5) ? -(int32_t)x.kv_rows - 1 : (int32_t)x.kv_rows;
+    return true;
+  };
+  const std::vector<std::string> broken =
+      break_some(r, {{"cache_seqlens", [&] { return r.perturb(x.used); }},
+                     {"cache_batch_idx", [&] { return r.perturb(x.batch_idx); }},
+                     {"cache_leftpad", [&] { return r.perturb(x.leftpad); }},
+                     {"block_table", break_used_page}});
   const int64_t cache_rows = x.paged ? x.kv_rows : batch_idx ? x.kv_rows : x.batch;
   const int64_t cache_len = x.paged ? x.page : capacity;
   HostTensor q = randn(DType::f32, {x.batch, sq, kHq, kD}), out(DType::f32, {x.batch, sq, kHq, kD});
