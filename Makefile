@@ -1,5 +1,5 @@
 # Thin driver over CMake/ctest/pytest. `make demo` runs the main job; `make test` runs every suite
-# this machine can run (cpu + jit always, gpu when a CUDA device is visible, Python tests).
+# this machine can run (cpu + jit + hip always, gpu when a CUDA device is visible, Python tests).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 # Python: the extension is built and tested in a virtual environment of its own (.venv, made with
@@ -10,7 +10,7 @@ PYTHON ?= $(VENV)/bin/python
 PY_DEPS := $(if $(filter $(VENV)/bin/python,$(PYTHON)),$(VENV)/bin/python)
 CMAKE_FLAGS ?=
 GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-CTEST_LABELS := cpu|jit$(if $(GPU),|gpu,)
+CTEST_LABELS := cpu|jit|hip$(if $(GPU),|gpu,)
 
 # Sanitizer and fuzz builds live in their own directories so they never mix with the release build.
 SAN_BUILD ?= build-asan
@@ -27,7 +27,7 @@ SAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_
 SAN_PY_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libubsan.so)" \
               UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=0 PYTHONMALLOC=malloc
 
-.PHONY: all build demo test test-cpp test-python test-emu bench prebuild format check-format install clean \
+.PHONY: all build demo test test-cpp test-python test-emu bench prebuild format check-format install clean hip \
         test-sanitize test-sanitize-cpp test-sanitize-python fuzz
 
 all: build
@@ -64,6 +64,14 @@ test-python: $(PY_DEPS)
 bench: build $(PY_DEPS)
 	$(BUILD)/bench/flashport_bench --out $(BUILD)/bench_flashport.jsonl
 	$(PYTHON) bench/peer_torch.py $(BUILD)/bench_flashport.jsonl
+
+# AMD (issue #17): turns FLASHPORT_HIP on in $(BUILD), compiles every HIP kernel variant for gfx90a and
+# gfx942 with the code-object checks (cmake/hip_kernels.cmake; needs hipcc, libamdhip64-dev, clang-19,
+# lld-19), then runs the kernels on the CPU wave64 model (label hip). No AMD GPU is needed or used.
+hip: $(BUILD)/build.ninja
+	cmake -S . -B $(BUILD) -DFLASHPORT_HIP=ON
+	cmake --build $(BUILD) -j $(JOBS) --target hip_kernels flashport_tests_hip
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L hip
 
 prebuild: build
 	cmake --build $(BUILD) --target prebuild

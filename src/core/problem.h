@@ -104,6 +104,38 @@ FP_HD long long key_rows(const AttnProblem& p, long long b) {
   return p.cu_seqlens_k ? clamp_len(p.cu_seqlens_k[b + 1] - (long long)p.cu_seqlens_k[b]) : p.sk;
 }
 
+/// Query and key counts of sequence b for a kernel reading index tensors the host never checked:
+/// seqlen_q / seqlen_k where the indices are valid; an index that would address outside its tensor
+/// (cu_seqlens past total, a left pad past the end) gives an empty sequence instead, so nothing is read
+/// out of bounds. The same rule as the CUDA forward's `sequence()` (kernels/cuda/attn_fwd.cuh), which
+/// moves onto this helper when the CUDA kernels can be re-verified on a GPU.
+struct SeqLens {
+  long long q, k;
+};
+FP_HD SeqLens guarded_lengths(const AttnProblem& p, long long b) {
+  long long len_q = p.sq;
+  if (p.cu_seqlens_q) {
+    const long long s0 = p.cu_seqlens_q[b], s1 = p.cu_seqlens_q[b + 1];
+    len_q = (s0 < 0 || s1 < s0 || s1 > p.total_q) ? 0 : s1 - s0;
+  }
+  long long n = p.sk;
+  if (p.seqused_k) n = (long long)p.seqused_k[b] + p.seqused_k_add;
+  if (p.cu_seqlens_k && !p.block_table) {  // k_offset's row base: cu_seqlens_k[b] + token
+    const long long s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
+    const long long cap = (s0 < 0 || s1 < s0 || (p.total_k > 0 && s1 > p.total_k)) ? 0 : s1 - s0;
+    n = p.seqused_k ? (n < cap ? n : cap) : cap;
+  } else if (p.cu_seqlens_k && !p.seqused_k) {
+    const long long s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
+    n = s1 < s0 ? 0 : s1 - s0;
+  }
+  n = n < 0 ? 0 : n > p.sk ? p.sk : n;  // p.sk bounds every sequence (cache capacity, max_seqlen_k)
+  if (p.leftpad_k) {
+    const long long pad = p.leftpad_k[b];
+    n = (pad < 0 || pad > n) ? 0 : n - pad;  // k_offset adds the pad: only valid pads reach it
+  }
+  return {len_q, n};
+}
+
 /// Element offset of (sequence b, query i, head h) in a query-shaped operand (q, o, dout, dq).
 FP_HD long long q_offset(const AttnProblem& p, const Operand& t, long long b, long long i, long long h) {
   const long long row = p.cu_seqlens_q ? (long long)p.cu_seqlens_q[b] + i : i;

@@ -1,0 +1,55 @@
+# FLASHPORT_HIP=ON: every HIP kernel variant compiled to a code object for gfx90a (Debian's hipcc 5.2)
+# and gfx942 (clang-19 with the HIP 5.2 headers and a generated device-library file), each checked by
+# cmake/hip_codeobject.sh (no scratch, no VGPR spills, LDS <= 64 KiB, v_mfma present). The compilers
+# are driven directly: CMake 3.25's HIP language does not find Debian's HIP files. Nothing here runs the
+# code (no AMD GPU); the kernels execute on the CPU wave64 model in tests/hip (label hip).
+find_program(FLASHPORT_HIPCC hipcc REQUIRED)
+find_program(FLASHPORT_CLANG19 clang++-19 REQUIRED)
+set(FLASHPORT_LLVM19_BIN /usr/lib/llvm-19/bin CACHE PATH "LLVM 19 tools (objcopy, offload bundler, objdump, readelf)")
+set(FLASHPORT_HIP_BITCODE /usr/lib/x86_64-linux-gnu/amdgcn/bitcode CACHE PATH "HIP 5.2 device-library bitcode")
+set(FLASHPORT_HIP_ARCHS gfx90a gfx942 CACHE STRING "AMD architectures to compile for (gfx90a: hipcc, gfx94x: clang-19)")
+
+set(hip_out ${CMAKE_BINARY_DIR}/hip)
+set(devlib ${hip_out}/devlib)
+add_custom_command(OUTPUT ${devlib}/oclc_isa_version_942.bc
+  COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_devlib.sh ${FLASHPORT_HIP_BITCODE} ${devlib} ${FLASHPORT_LLVM19_BIN}
+  DEPENDS ${PROJECT_SOURCE_DIR}/cmake/hip_devlib.sh
+  COMMENT "HIP: device libraries for gfx942")
+
+file(GLOB hip_deps CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/kernels/hip/* ${PROJECT_SOURCE_DIR}/src/kernels/wave/*.hpp
+  ${PROJECT_SOURCE_DIR}/src/core/*.h)
+# The head-dim buckets come from the kernel's own table (attn_fwd_config.hpp), so the list is written once.
+file(READ ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd_config.hpp config)
+string(REGEX MATCH "kFwdBuckets\\[\\] = {([0-9, ]+)}" _ "${config}")
+string(REPLACE ", " ";" hip_buckets "${CMAKE_MATCH_1}")
+if(NOT hip_buckets)
+  message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdBuckets not found in attn_fwd_config.hpp")
+endif()
+
+set(common -O3 -std=c++20 -I${PROJECT_SOURCE_DIR}/src -I${PROJECT_SOURCE_DIR}/src/kernels)
+set(code_objects "")
+foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
+  if(arch STREQUAL "gfx90a")
+    set(compiler ${FLASHPORT_HIPCC} --offload-arch=${arch})
+    set(extra_deps "")
+  else()
+    set(compiler ${FLASHPORT_CLANG19} -x hip --offload-arch=${arch} --rocm-path=/usr --rocm-device-lib-path=${devlib})
+    set(extra_deps ${devlib}/oclc_isa_version_942.bc)
+  endif()
+  foreach(elem bf16 f16)
+    foreach(bucket IN LISTS hip_buckets)
+      set(co ${hip_out}/${arch}/attn_fwd_${elem}_d${bucket}.co)
+      add_custom_command(OUTPUT ${co}
+        COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
+        COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
+                ${compiler} ${common} -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket}
+                ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd.hip
+        DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
+        COMMENT "HIP: attn_fwd ${elem} d${bucket} for ${arch}")
+      list(APPEND code_objects ${co})
+    endforeach()
+  endforeach()
+endforeach()
+add_custom_target(hip_kernels ALL DEPENDS ${code_objects})
+list(LENGTH code_objects n_code_objects)
+message(STATUS "flashport: HIP kernels ON (${n_code_objects} code objects for ${FLASHPORT_HIP_ARCHS})")

@@ -1,0 +1,267 @@
+// The CDNA forward kernel (FlashAttention-2: online softmax over key tiles), written once over the wave
+// layer: attn_fwd.hip compiles it for gfx90a / gfx94x, tests/hip compiles it with g++ against the CPU
+// wave64 model. Every semantic rule comes from core/problem.h and core/semantics.h.
+//
+// Fragment plan (wave/mfma_layout.hpp; lane l, quad = l / 16, row = l % 16 of the wave's 16 queries):
+// both products are taken transposed, S^T = K Q^T and O^T = V^T P^T, so that each lane owns one query
+// row. The C layout of S^T gives lane l S[row][16t + 4 quad + r] in register r, which is exactly the B
+// layout of P^T in O^T = V^T P^T (P never leaves registers), and O^T's C layout gives lane l
+// O[row][16c + 4 quad + r]. Row max and sum are per lane and reduce over the 4 lanes of a row (xor 16,
+// 32); no score crosses lanes otherwise.
+//   Q (B of S^T):   Q[row][16kk + 4 quad + e]      registers, loaded once through LDS
+//   K (A of S^T):   K[16t + row][16kk + 4 quad + e] 8 contiguous LDS bytes (ds_read_b64)
+//   V^T (A of O^T): V[16t + 4 quad + e][16c + row]  V is stored transposed so these are 8 contiguous bytes
+#pragma once
+
+#include "core/problem.h"
+#include "hip/attn_fwd_config.hpp"
+#include "wave/wave.hpp"
+
+namespace flashport::amd::fwd {
+
+using namespace flashport::wave;
+
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+/// What the score transform of one lane needs: its query row's position, slope and visible keys.
+struct ScoreCtx {
+  float scale;       // softmax scale (times fp8 descales)
+  float scale_log2;  // scale * log2(e): the whole transform when `plain`
+  bool plain;        // no softcap, no ALiBi
+  i64 len_q, len_k;
+  i64 row;             // query position within the sequence
+  float slope;         // ALiBi slope of (b, h)
+  i64 key_lo, key_hi;  // visible keys of the row, clamped to [0, len_k]
+};
+
+template <class Elem, int kHeadDim>
+struct Kernel {
+  static constexpr FwdTile kTile = fwd_tile(kHeadDim);
+  static constexpr int kWaves = kTile.waves;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kThreads = kWaves * kWaveSize;
+  static constexpr int kPitch = fwd_pitch(kHeadDim);
+  static constexpr int kVtPitch = fwd_vt_pitch(kHeadDim);
+  static constexpr int kSteps = kHeadDim / 16;    // 16-channel steps: k-steps of S^T, m-tiles of O^T
+  static constexpr int kKeyTiles = kBlockN / 16;  // 16-key tiles of S^T in one key tile
+  static constexpr int kChunks = kHeadDim / 8;    // 8-element (16-byte) chunks per global row
+  static constexpr int kLdsBytes = fwd_lds_bytes(kHeadDim);
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256 && kBlockM == 16 * kWaves && kBlockN % 16 == 0);
+
+  /// 8 elements from global memory: one 16-byte load when the row is aligned, else 8 2-byte loads.
+  static FP_DEV u16x8 load8(const u16* src, bool vec) {
+    if (vec) return *reinterpret_cast<const u16x8*>(src);
+    u16x8 v;
+    for (int e = 0; e < 8; ++e) v[e] = src[e];
+    return v;
+  }
+
+  /// Every lane of the block takes a share of the 8-element chunks of rows [0, kRows) of a (rows,
+  /// kHeadDim) tile and hands each to `put(r, col, v)`. `row_offset(r)` is the element offset of row r
+  /// in `g_base`, negative for rows to zero-fill (outside the sequence, or a page outside the pool);
+  /// columns >= ncols are zero-filled, so padded rows and columns add exact zeros to both products.
+  template <int kRows, class RowOffset, class Put>
+  static FP_DEV void load_tile(const void* g_base, i64 ncols, bool vec, RowOffset row_offset, Put put) {
+    const u16* g = static_cast<const u16*>(g_base);
+    for (int c = thread_id(); c < kRows * kChunks; c += kThreads) {
+      const int r = c / kChunks, col = (c % kChunks) * 8;
+      const i64 off = col < ncols ? row_offset(r) : -1;
+      u16x8 v = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (off >= 0) v = load8(g + off + col, vec);
+      put(r, col, v);
+    }
+  }
+  /// `put` for row-major LDS tiles (Q, K): two 8-byte stores (kPitch keeps rows 8-byte aligned).
+  static FP_DEV auto rows_into(u16* s_tile) {
+    return [=](int r, int col, u16x8 v) {
+      u16x4* dst = reinterpret_cast<u16x4*>(s_tile + r * kPitch + col);
+      dst[0] = u16x4{v[0], v[1], v[2], v[3]};
+      dst[1] = u16x4{v[4], v[5], v[6], v[7]};
+    };
+  }
+  /// `put` for the transposed V tile: channel col + e of key r goes to row col + e, column r.
+  static FP_DEV auto transposed_into(u16* s_vt) {
+    return [=](int r, int col, u16x8 v) {
+      for (int e = 0; e < 8; ++e) s_vt[(col + e) * kVtPitch + r] = v[e];
+    };
+  }
+
+  /// S^T = K Q^T for this wave's 16 queries over one key tile: acc_s[t] holds S[row][16t + 4 quad + r].
+  /// k-steps wholly beyond d are skipped (their columns are zero).
+  static FP_DEV void compute_st(f32x4 (&acc_s)[kKeyTiles], const u16* s_k, const u16x4 (&r_q)[kSteps], i64 d,
+                                int lane) {
+    const int quad = lane >> 4;
+    for (int t = 0; t < kKeyTiles; ++t) {
+      f32x4 acc = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int kk = 0; kk < kSteps; ++kk) {
+        if (kk * 16 >= d) break;
+        const u16x4 a =
+            *reinterpret_cast<const u16x4*>(s_k + (16 * t + (lane & 15)) * kPitch + 16 * kk + 4 * quad);
+        acc = mfma16(Elem{}, a, r_q[kk], acc);
+      }
+      acc_s[t] = acc;
+    }
+  }
+
+  /// Scores in log2 units (SPEC steps 1-4): scale, softcap and ALiBi through the shared `score`
+  /// policy, times log2(e); keys outside the row's visible range -> -inf when `masked` (tiles that
+  /// straddle some row's range; j0 + kBlockN past len_k is always masked).
+  static FP_DEV void transform_scores(f32x4 (&acc_s)[kKeyTiles], const AttnProblem& p, const ScoreCtx& c,
+                                      i64 j0, bool masked, int quad) {
+    // The row's visible range relative to the tile, clamped to [0, kBlockN]: 32-bit compares below.
+    const i64 lo64 = c.key_lo - j0, hi64 = c.key_hi - j0;
+    const int lo = lo64 < 0 ? 0 : lo64 > kBlockN ? kBlockN : (int)lo64;
+    const int hi = hi64 < 0 ? 0 : hi64 > kBlockN ? kBlockN : (int)hi64;
+    for (int t = 0; t < kKeyTiles; ++t) {
+      for (int r = 0; r < 4; ++r) {
+        const int jj = 16 * t + 4 * quad + r;
+        float s = c.plain ? acc_s[t][r] * c.scale_log2
+                          : score<float>(p, acc_s[t][r], c.scale, c.slope, c.row, j0 + jj, c.len_q, c.len_k) *
+                                sem::kLog2e;
+        if (masked && (jj < lo || jj >= hi)) s = sem::kNegInf;
+        acc_s[t][r] = s;
+      }
+    }
+  }
+
+  /// Online softmax over one tile (log2 domain): the row max over the row's 4 lanes, O and the lane's
+  /// share of the row sum l rescaled, P = 2^(s - m) in place. A row whose max is still -inf uses 0 as
+  /// its reference, so 2^(-inf - 0) = 0 and no NaN appears (fully masked rows end with l = 0).
+  static FP_DEV void online_softmax(f32x4 (&acc_s)[kKeyTiles], f32x4 (&acc_o)[kSteps], float& m, float& l) {
+    float mx = sem::kNegInf;
+    for (int t = 0; t < kKeyTiles; ++t)
+      for (int r = 0; r < 4; ++r) mx = fmaxf(mx, acc_s[t][r]);
+    mx = fmaxf(m, max_over<16, 32>(mx));
+    const float ref = mx == sem::kNegInf ? 0.0f : mx;
+    const float alpha = wave::exp2(m - ref);  // 0 while the old max is -inf
+    m = mx;
+    l *= alpha;
+    for (int c = 0; c < kSteps; ++c)
+      for (int r = 0; r < 4; ++r) acc_o[c][r] *= alpha;
+    for (int t = 0; t < kKeyTiles; ++t)
+      for (int r = 0; r < 4; ++r) {
+        const float pe = wave::exp2(acc_s[t][r] - ref);
+        acc_s[t][r] = pe;
+        l += pe;
+      }
+  }
+
+  /// O^T += V^T P^T: P (acc_s, exponentiated) rounded to Elem is the B operand as it stands in
+  /// registers. Channel tiles wholly beyond dv are skipped.
+  static FP_DEV void compute_ot(f32x4 (&acc_o)[kSteps], const f32x4 (&acc_s)[kKeyTiles], const u16* s_vt,
+                                i64 dv, int lane) {
+    const int quad = lane >> 4;
+    u16x4 p_frag[kKeyTiles];
+    for (int t = 0; t < kKeyTiles; ++t)
+      for (int e = 0; e < 4; ++e) p_frag[t][e] = Elem::from_float(acc_s[t][e]);
+    for (int c = 0; c < kSteps; ++c) {
+      if (c * 16 >= dv) break;
+      for (int t = 0; t < kKeyTiles; ++t) {
+        const u16x4 a =
+            *reinterpret_cast<const u16x4*>(s_vt + (16 * c + (lane & 15)) * kVtPitch + 16 * t + 4 * quad);
+        acc_o[c] = mfma16(Elem{}, a, p_frag[t], acc_o[c]);
+      }
+    }
+  }
+
+  /// O = acc_o * fac and the LSE of this lane's row (query i of head h), in the output dtype.
+  static FP_DEV void store_output(const AttnProblem& p, const f32x4 (&acc_o)[kSteps], float fac, float lse,
+                                  i64 b, i64 h, i64 i, bool vec, int quad) {
+    if (p.lse && quad == 0) p.lse[lse_offset(p, b, h, i)] = lse;
+    u16* g_o = static_cast<u16*>(p.o.ptr) + q_offset(p, p.o, b, i, h);
+    for (int c = 0; c < kSteps; ++c) {
+      const int col = 16 * c + 4 * quad;
+      if (col >= p.dv) continue;  // dv is a multiple of 8: the 4 channels are all in or all out
+      u16x4 v;
+      for (int r = 0; r < 4; ++r) v[r] = Elem::from_float(acc_o[c][r] * fac);
+      if (vec) {
+        *reinterpret_cast<u16x4*>(g_o + col) = v;
+      } else {
+        for (int r = 0; r < 4; ++r) g_o[col + r] = v[r];
+      }
+    }
+  }
+
+  static FP_DEV void run(const FwdParams& prm, unsigned char* lds) {
+    const AttnProblem& p = prm.p;
+    u16* s_q = reinterpret_cast<u16*>(lds);  // (kBlockM, kPitch), before the key loop only
+    u16* s_k = s_q;                          // (kBlockN, kPitch), in the key loop
+    u16* s_vt = s_q + kBlockN * kPitch;      // (kHeadDim, kVtPitch): V transposed, in the key loop
+
+    const i64 b = block_z(), h = block_y();
+    const i64 m0 = ((i64)grid_x() - 1 - block_x()) * kBlockM;
+    const SeqLens seq = guarded_lengths(p, b);
+    if (m0 >= seq.q) return;  // the whole block, before any barrier
+    const i64 hk = kv_head(p, h);
+    const int lane = lane_id(), wave = wave_id(), quad = lane >> 4;
+    const int row = 16 * wave + (lane & 15);  // this lane's block row
+    const i64 last = (m0 + kBlockM < seq.q ? m0 + kBlockM : seq.q) - 1;
+    const i64 wl = p.window_left, wr = p.window_right;
+
+    // Key tiles of the block: the union of its rows' visible ranges. Tiles inside every row's range
+    // (between the last row's lo and the first row's hi) need no mask.
+    const sem::KeyRange keys = sem::tile_keys(m0, last + 1, seq.q, seq.k, wl, wr);
+    const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
+    const i64 hi_first = sem::visible_keys(m0, seq.q, seq.k, wl, wr).hi;
+    const i64 lo_last = sem::visible_keys(last, seq.q, seq.k, wl, wr).lo;
+
+    ScoreCtx ctx;
+    ctx.scale = p.scale * descale(p, 0, b, hk) * descale(p, 1, b, hk);
+    ctx.scale_log2 = ctx.scale * sem::kLog2e;
+    ctx.plain = p.softcap <= 0.0f && !p.alibi;
+    ctx.len_q = seq.q, ctx.len_k = seq.k;
+    ctx.row = m0 + row;
+    ctx.slope = alibi_slope(p, b, h);
+    const sem::KeyRange kr = sem::visible_keys(ctx.row, seq.q, seq.k, wl, wr);
+    ctx.key_lo = kr.lo < 0 ? 0 : kr.lo > seq.k ? seq.k : kr.lo;
+    ctx.key_hi = kr.hi < 0 ? 0 : kr.hi > seq.k ? seq.k : kr.hi;
+
+    // Stage: Q through LDS into registers (B fragments of S^T), once.
+    load_tile<kBlockM>(
+        p.q.ptr, p.d, prm.vec & kVecQ,
+        [&](int r) { return m0 + r < seq.q ? q_offset(p, p.q, b, m0 + r, h) : (i64)-1; }, rows_into(s_q));
+    block_sync();
+    u16x4 r_q[kSteps];
+    for (int kk = 0; kk < kSteps; ++kk)
+      r_q[kk] = *reinterpret_cast<const u16x4*>(s_q + row * kPitch + 16 * kk + 4 * quad);
+    block_sync();  // s_q's space becomes s_k / s_vt
+
+    f32x4 acc_o[kSteps];  // O[row][16c + 4 quad + r]
+    for (int c = 0; c < kSteps; ++c) acc_o[c] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    float m = sem::kNegInf, l = 0.0f;
+    // Waves whose 16 rows are all padding only help load: a wave-uniform skip of the math.
+    const bool wave_has_rows = m0 + 16 * wave < seq.q;
+
+    for (i64 t = tiles.begin; t < tiles.end; ++t) {
+      const i64 j0 = t * kBlockN;
+      // Stage: K and V^T of keys [j0, j0 + kBlockN) into LDS (keys past len_k and pages outside the
+      // pool are zero rows; the mask removes them from the softmax).
+      auto key_row = [&](const Operand& op) {
+        return [&, op](int r) { return j0 + r < seq.k ? k_offset(p, op, b, j0 + r, hk) : (i64)-1; };
+      };
+      load_tile<kBlockN>(p.k.ptr, p.d, prm.vec & kVecK, key_row(p.k), rows_into(s_k));
+      load_tile<kBlockN>(p.v.ptr, p.dv, prm.vec & kVecV, key_row(p.v), transposed_into(s_vt));
+      block_sync();
+      if (wave_has_rows) {
+        f32x4 acc_s[kKeyTiles];  // S[row][16t + 4 quad + r]
+        compute_st(acc_s, s_k, r_q, p.d, lane);
+        const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
+        transform_scores(acc_s, p, ctx, j0, masked, quad);
+        online_softmax(acc_s, acc_o, m, l);
+        compute_ot(acc_o, acc_s, s_vt, p.dv, lane);
+      }
+      block_sync();  // every wave is done with s_k / s_vt before the next tile overwrites them
+    }
+
+    // Finalize: O / l (times the fp8 V descale); LSE = ln(2^m * l). A row with no visible key has
+    // l = 0: O = 0 (acc_o is 0) and LSE = -inf.
+    l = sum_over<16, 32>(l);
+    if (ctx.row >= seq.q) return;  // padding rows: past the last barrier and collective
+    const float fac = l > 0.0f ? descale(p, 2, b, hk) / l : 0.0f;
+    const float lse = l > 0.0f ? m * kLn2 + wave::log(l) : sem::kNegInf;
+    store_output(p, acc_o, fac, lse, b, h, ctx.row, prm.vec & kVecO, quad);
+  }
+};
+
+}  // namespace flashport::amd::fwd

@@ -1,0 +1,68 @@
+// What the CDNA forward kernel and its host side share: head-dim buckets, the tile table, the LDS
+// budget and the kernel parameters. Plain constexpr C++ (the HIP backend, the build's variant list
+// and the model tests include it without a GPU compiler).
+#pragma once
+
+#include "core/problem.h"
+
+namespace flashport::amd {
+
+/// The head-dim bucket a problem compiles for: max(d, dv) rounded up to a multiple of 32; 0 above 256.
+/// Columns past d / dv are zero-filled in LDS, so they add exact zeros (the CUDA path's rule).
+constexpr int fwd_head_dim_bucket(long long d, long long dv) {
+  const long long m = d > dv ? d : dv;
+  return m <= 0 || m > 256 ? 0 : (int)((m + 31) / 32 * 32);
+}
+inline constexpr int kFwdBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
+
+/// One block: `waves` waves of 16 query rows each, key tiles of `block_n` keys.
+struct FwdTile {
+  int waves, block_m, block_n;
+};
+/// 64-key tiles up to d 128; 32 above, where the K tile and the transposed V tile would pass CDNA's
+/// 64 KiB of LDS per workgroup (d 256, 64 keys: 33 + 35 KiB). Registers per lane: O d/4, S block_n/4,
+/// Q d/8 (d 256: 64 + 8 + 32 of 512), so no tile spills.
+constexpr FwdTile fwd_tile(int bucket) {
+  return bucket <= 128 ? FwdTile{4, 64, 64} : FwdTile{4, 64, 32};
+}
+/// LDS row pitch of Q and K tiles, in 2-byte elements: the 8-byte pad moves row r to bank 2r (mod 32)
+/// for head dims that are multiples of 64, so the 16 rows one ds_read_b64 touches hit distinct banks.
+constexpr int fwd_pitch(int bucket) {
+  return bucket + 4;
+}
+/// Pitch of the transposed V tile (one row per channel, one column per key), same reasoning.
+constexpr int fwd_vt_pitch(int bucket) {
+  return fwd_tile(bucket).block_n + 4;
+}
+/// LDS bytes: Q staging (block_m rows) before the key loop, then K (block_n rows) + V^T (bucket rows)
+/// in the same space.
+constexpr int fwd_lds_bytes(int bucket) {
+  const int q = fwd_tile(bucket).block_m * fwd_pitch(bucket);
+  const int kv = fwd_tile(bucket).block_n * fwd_pitch(bucket) + bucket * fwd_vt_pitch(bucket);
+  return 2 * (q > kv ? q : kv);
+}
+static_assert(fwd_lds_bytes(256) <= 65536 && fwd_lds_bytes(128) <= 65536, "CDNA LDS per workgroup");
+
+/// Bits of FwdParams::vec: the operand's rows are 16-byte aligned (pointer and row/head/batch strides
+/// multiples of 8 elements), so 16-byte global loads (8-byte stores for O) may be used.
+enum VecFlags : int { kVecQ = 1, kVecK = 2, kVecV = 4, kVecO = 8 };
+
+/// Kernel arguments. Grid: x = query blocks of block_m rows (reversed in the kernel so the costliest
+/// causal blocks start first), y = query heads, z = batch. Block: waves * 64 lanes.
+struct FwdParams {
+  AttnProblem p;
+  int vec;  // VecFlags
+};
+
+/// The VecFlags of a problem (host side): an operand qualifies when its pointer is 16-byte aligned and
+/// every stride is a multiple of 8 elements.
+inline int fwd_vec_flags(const AttnProblem& p) {
+  auto aligned = [](const Operand& o) {
+    return (unsigned long long)o.ptr % 16 == 0 && o.row_stride % 8 == 0 && o.head_stride % 8 == 0 &&
+           o.batch_stride % 8 == 0;
+  };
+  return (aligned(p.q) ? kVecQ : 0) | (aligned(p.k) ? kVecK : 0) | (aligned(p.v) ? kVecV : 0) |
+         (aligned(p.o) ? kVecO : 0);
+}
+
+}  // namespace flashport::amd

@@ -1,0 +1,64 @@
+// The vendor layer of the wave-level kernels: the few GPU primitives an attention kernel needs, each
+// with one meaning and one implementation per target, so a kernel is written once over them.
+//
+// Contract (every target provides, in namespace flashport::wave):
+//   FP_DEV                       qualifier of device functions
+//   kWaveSize                    lanes per wave (64 on CDNA)
+//   thread_id(), lane_id(), wave_id()   this lane in its 1-D block; wave_id is wave-uniform
+//   block_x(), block_y(), block_z(), grid_x()   the block's position and the grid's x extent
+//   block_sync()                 every lane of the block reaches this point before any passes it; LDS
+//                                writes before it are visible after it (s_barrier + LDS wait)
+//   shfl_xor(v, mask, width)     v of lane (lane ^ mask) within the caller's width-aligned segment
+//                                (HIP __shfl_xor semantics; every lane of the wave takes part)
+//   mfma16(Elem, a, b, c)        D = A B + C for one 16x16x16 tile, fp32 accumulate, fragments laid
+//                                out as mfma_layout.hpp documents; every lane of the wave takes part
+//   exp2(x), log(x)              fp32 2^x and natural log
+//   f16_bits(x)                  fp32 -> IEEE fp16 bits, round to nearest even
+// LDS is plain memory reached through a `unsigned char* lds` the kernel entry passes in (a static
+// __shared__ array on the GPU, a byte array in the model), so kernels address it like any buffer.
+//
+// Targets: cdna.hpp (HIP, gfx90a / gfx94x), model.hpp (the CPU wave64 model, FP_WAVE_MODEL). An sm_80
+// target (mma.sync m16n8k16 as two 16x8 halves, warp32 shuffles) is how the CUDA portable kernel would
+// move onto this layer: docs/ARCHITECTURE.md, "AMD".
+#pragma once
+
+#include "core/numeric.h"
+#include "wave/mfma_layout.hpp"
+#include "wave/types.hpp"
+
+#if defined(__HIPCC__)
+#include "wave/cdna.hpp"
+#elif defined(FP_WAVE_MODEL)
+#include "wave/model.hpp"
+#else
+#error "wave layer: compile as HIP (hipcc, clang -x hip) or define FP_WAVE_MODEL for the CPU model"
+#endif
+
+namespace flashport::wave {
+
+/// bf16 inputs: the element tag that picks the MFMA form and the output rounding.
+struct bf16 {
+  static constexpr int kElemType = 3;  // flashport::kBF16
+  static FP_DEV u16 from_float(float x) { return num::f32_to_bf16(x); }
+};
+/// fp16 inputs.
+struct f16 {
+  static constexpr int kElemType = 2;  // flashport::kF16
+  static FP_DEV u16 from_float(float x) { return f16_bits(x); }
+};
+
+/// Max of v over the lanes that differ from this one in the bits of `masks` (a butterfly: every
+/// participating lane ends with the same value).
+template <int... kMasks>
+FP_DEV float max_over(float v) {
+  ((v = fmaxf(v, shfl_xor(v, kMasks, kWaveSize))), ...);
+  return v;
+}
+/// Sum of v over the same butterfly.
+template <int... kMasks>
+FP_DEV float sum_over(float v) {
+  ((v += shfl_xor(v, kMasks, kWaveSize)), ...);
+  return v;
+}
+
+}  // namespace flashport::wave

@@ -1,0 +1,55 @@
+// Runs the CDNA forward kernel (kernels/hip/attn_fwd.hpp) on the CPU wave64 model for a validated
+// problem, as the HIP backend would launch it on a GPU: same parameters, grid, block and LDS size.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "hip/attn_fwd.hpp"
+
+namespace flashport::test::hipmodel {
+
+template <class Elem, int kBucket>
+void launch_bucket(const amd::FwdParams& prm) {
+  using K = amd::fwd::Kernel<Elem, kBucket>;
+  const AttnProblem& p = prm.p;
+  const wave::model::Dim3 grid{(unsigned)((p.sq + K::kBlockM - 1) / K::kBlockM), (unsigned)p.hq,
+                               (unsigned)p.batch};
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+  wave::model::launch(grid, K::kThreads, K::kLdsBytes, [&](unsigned char* lds) { K::run(prm, lds); });
+}
+
+template <class Elem>
+void launch_elem(const amd::FwdParams& prm, int bucket) {
+  switch (bucket) {
+    case 32:
+      return launch_bucket<Elem, 32>(prm);
+    case 64:
+      return launch_bucket<Elem, 64>(prm);
+    case 96:
+      return launch_bucket<Elem, 96>(prm);
+    case 128:
+      return launch_bucket<Elem, 128>(prm);
+    case 160:
+      return launch_bucket<Elem, 160>(prm);
+    case 256:
+      return launch_bucket<Elem, 256>(prm);
+    default:
+      throw std::runtime_error("no model instantiation for head-dim bucket " + std::to_string(bucket));
+  }
+}
+
+/// The forward of `p` (fp16 or bf16, d and dv multiples of 8) on the model; `vec` false forces the
+/// 2-byte load/store path.
+inline void forward(const AttnProblem& p, bool vec = true) {
+  const amd::FwdParams prm{p, vec ? amd::fwd_vec_flags(p) : 0};
+  const int bucket = amd::fwd_head_dim_bucket(p.d, p.dv);
+  if (p.in_type == kBF16)
+    launch_elem<wave::bf16>(prm, bucket);
+  else if (p.in_type == kF16)
+    launch_elem<wave::f16>(prm, bucket);
+  else
+    throw std::runtime_error("the CDNA forward takes fp16 and bf16");
+}
+
+}  // namespace flashport::test::hipmodel
