@@ -10,13 +10,11 @@
 namespace flashport::test {
 namespace {
 
-
 /// Runs `c` through the model kernel and checks out and LSE against the reference by the accuracy rule.
 void check(const Case& c, bool vec = true) {
   SCOPED_TRACE(c.describe() + (vec ? "" : " (2-byte loads)"));
   const fastcheck::Inputs in = fastcheck::make_inputs(c);
-  fastcheck::Forward got{HostTensor(c.dtype, out_shape(c)),
-                         HostTensor(DType::f32, lse_shape(c))};
+  fastcheck::Forward got{HostTensor(c.dtype, out_shape(c)), HostTensor(DType::f32, lse_shape(c))};
   poison(got.out);
   poison(got.lse);
   AttnProblem p = core::build_attention(in.q, in.k, in.v, got.out, fastcheck::options(c, in),
