@@ -57,6 +57,8 @@ test-python: $(PY_DEPS)
 bench: build $(PY_DEPS)
 	$(BUILD)/bench/flashport_bench --out $(BUILD)/bench_flashport.jsonl
 	$(PYTHON) bench/peer_torch.py $(BUILD)/bench_flashport.jsonl
+	$(BUILD)/bench/flashport_bench --decode --out $(BUILD)/bench_decode.jsonl
+	$(PYTHON) bench/peer_torch.py $(BUILD)/bench_decode.jsonl
 
 prebuild: build
 	cmake --build $(BUILD) --target prebuild
