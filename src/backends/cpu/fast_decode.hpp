@@ -84,6 +84,87 @@ inline void decode_online_softmax(float* s, int nk, int ld, const float* m_new, 
   for (int r = 0; r < ld; ++r) l[r] = madd(l[r], alpha[r], sum[r]);
 }
 
+/// Scores of few rows without wasted lanes. S^T = K Q^T on the GEMM micro-kernel broadcasts one K
+/// element against a vector of the item's rows: with 4 rows (GQA 4:1, one token) 12 of AVX-512's 16
+/// lanes multiply padding, and the broadcasts make it load-bound (7 loads per 6 FMAs). Here lanes run
+/// along the channels instead: each of W accumulators holds one (key, row) dot product's partial sums
+/// (W / R keys x R rows, R a power of two <= W / 2), and one transposing reduction (fold_lanes) turns
+/// the W accumulators into one vector of W scores.
+///
+/// One fold level: z's lanes [b * 2H, b * 2H + H) = x's block b (2H lanes) folded in half, the next H
+/// lanes the same of y. log2(W) levels reduce W vectors to one; kFoldOrder is its lane -> input order.
+template <int H>
+struct FoldMasks {
+  typedef int ivec_t __attribute__((vector_size(W * sizeof(int))));
+  ivec_t first, second;
+  FoldMasks() {
+    for (int l = 0; l < W; ++l) {
+      const int block = l / (2 * H) * (2 * H), pos = l % (2 * H);
+      const int src = pos < H ? block + pos : W + block + pos - H;  // lane of x, or W + lane of y
+      first[l] = src;
+      second[l] = src + H;
+    }
+  }
+};
+template <int H, int N>
+FAST_INLINE void fold_lanes(vec_t* v) {
+  static const FoldMasks<H> m;
+  for (int i = 0; i < N / 2; ++i) {
+    v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], m.first) +
+           __builtin_shuffle(v[2 * i], v[2 * i + 1], m.second);
+  }
+  if constexpr (H > 1) fold_lanes<H / 2, N / 2>(v);
+}
+/// Lane l of the folded vector sums input vector kFoldOrder[l]: each level interleaves the blocks of
+/// its pair (x.b0, y.b0, x.b1, y.b1, ...), which makes the order a bit reversal.
+inline constexpr std::array<int, W> kFoldOrder = [] {
+  std::array<int, W> order{};
+  for (int l = 0; l < W; ++l) {
+    int rev = 0;
+    for (int bit = 1, out = W / 2; bit < W; bit <<= 1, out >>= 1) rev |= (l & bit) ? out : 0;
+    order[l] = rev;
+  }
+  return order;
+}();
+
+/// S^T[j][r] (row stride ld) = q_r . k_j for panel keys [0, nk) and rows [0, R): q rows (R x q_ld) and
+/// K rows (k_ld apart) zero-padded to whole vectors of channels, d_pad of them. Reads K rows up to the
+/// next multiple of W / R keys (kDecodeKeys is one).
+template <int R>
+__attribute__((optimize("fp-contract=fast"))) void dot_scores(float* s, int ld, int nk, const float* k_rows,
+                                                              long long k_ld, const float* q, int q_ld,
+                                                              int d_pad) {
+  constexpr int NK = W / R;
+  for (int j0 = 0; j0 < nk; j0 += NK) {
+    vec_t acc[W] = {};  // acc[k * R + r]: key j0 + k, row r
+    for (int c = 0; c < d_pad; c += W) {
+      vec_t kv[NK], qv[R];
+#pragma GCC unroll 16
+      for (int k = 0; k < NK; ++k) kv[k] = vload(k_rows + (long long)(j0 + k) * k_ld + c);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) qv[r] = vload(q + (long long)r * q_ld + c);
+#pragma GCC unroll 16
+      for (int k = 0; k < NK; ++k) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) acc[k * R + r] += kv[k] * qv[r];
+      }
+    }
+    fold_lanes<W / 2, W>(acc);
+    for (int l = 0; l < W; ++l) {
+      const int k = kFoldOrder[l] / R, r = kFoldOrder[l] % R;
+      if (j0 + k < nk) s[(j0 + k) * ld + r] = acc[0][l];
+    }
+  }
+}
+using DotScoresFn = void (*)(float*, int, int, const float*, long long, const float*, int, int);
+/// dot_scores for R = 1, 2, 4, ... W / 2, indexed by log2(R).
+template <size_t... I>
+constexpr std::array<DotScoresFn, sizeof...(I)> make_dot_scores(std::index_sequence<I...>) {
+  return {&dot_scores<(1 << I)>...};
+}
+inline constexpr std::array<DotScoresFn, std::bit_width((unsigned)W) - 1> kDotScores =
+    make_dot_scores(std::make_index_sequence<std::bit_width((unsigned)W) - 1>{});
+
 /// Decode item `blk` (DecodeBlock in fast_common.hpp): its rows over keys [j0, j1). Writes O and the
 /// LSE, or with `blk.partial` the split's normalised O and LSE for the merge.
 inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* scratch) {
@@ -94,7 +175,13 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
   const ScoreParams sp = score_params(p, b, decode_row(p, hk, blk.row0).h);
 
   Bump mem{scratch};
-  float* q_t = mem.take((long long)d_pad * ld);              // (d_pad, ld): q_scale * Q^T
+  // Few rows (a power of two <= W / 2 after padding) take dot_scores on Q rows; the others the GEMM
+  // on Q^T.
+  const int rows_pow2 = (int)std::bit_ceil((unsigned)rows);
+  const bool dot = rows_pow2 <= W / 2;
+  const int keys_per_dot = dot ? W / rows_pow2 : 1;
+  const bool in_place = p.in_type == kF32 && d == d_pad && dv == dv_pad;
+  float* q_t = mem.take((long long)d_pad * ld);  // (d_pad, ld): q_scale * Q^T, or (rows_pow2, d_pad) Q
   float* k_pan = mem.take((long long)kDecodeKeys * d_pad);   // (kDecodeKeys, d_pad)
   float* v_pan = mem.take((long long)kDecodeKeys * dv_pad);  // (kDecodeKeys, dv_pad)
   float* s_tile = mem.take((long long)kDecodeKeys * ld);     // (kDecodeKeys, ld): S^T, then P^T
@@ -117,7 +204,7 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
     if (r >= rows) continue;
     const DecodeRow row = decode_row(p, hk, blk.row0 + r);
     load_row(p.q.ptr, p.in_type, q_offset(p, p.q, b, row.i, row.h), d, d, sp.q_scale, row_buf);
-    for (int c = 0; c < d; ++c) q_t[(long long)c * ld + r] = row_buf[c];
+    for (int c = 0; c < d; ++c) q_t[dot ? (long long)r * d_pad + c : (long long)c * ld + r] = row_buf[c];
     const sem::KeyRange kr = sem::visible_keys(row.i, sq, sk, p.window_left, p.window_right);
     lo[r] = (int)kr.lo, hi[r] = (int)kr.hi;
     diag[r] = (int)sem::diagonal(row.i, sq, sk);
@@ -126,20 +213,39 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
   std::fill(m, m + ld, kNegInf);
   std::fill(l, l + ld, 0.0f);
   std::fill(o_acc, o_acc + (long long)rows * dv_pad, 0.0f);
+  // dot_scores writes columns [0, rows_pow2) only: the others stay finite (their results are dropped).
+  std::fill(s_tile, s_tile + (long long)kDecodeKeys * ld, 0.0f);
 
   for (long long j0 = blk.j0; j0 < blk.j1; j0 += kDecodeKeys) {
     const int nk = (int)std::min<long long>(kDecodeKeys, blk.j1 - j0);
-    // The panel's K and V rows, widened once for every row of the item.
-    widen_keys(p, p.k, b, hk, j0, j0 + nk, d, d_pad, k_pan, d_pad);
-    widen_keys(p, p.v, b, hk, j0, j0 + nk, dv, dv_pad, v_pan, dv_pad);
+    // The panel's K and V rows, widened once for every row of the item. fp32 rows that need no padding are
+    // read where they lie when the panel is one run (dense caches, pages of >= kDecodeKeys tokens) and whole
+    // groups of dot_scores' keys (it reads up to the next group's end); the others are widened (copied) into
+    // the panel.
+    const float* k_rows = k_pan;
+    const float* v_rows = v_pan;
+    long long k_ld = d_pad, v_ld = dv_pad;
+    const KeyRun k_run = in_place ? key_run(p, p.k, b, hk, j0, j0 + nk) : KeyRun{-1, 0};
+    const KeyRun v_run = in_place ? key_run(p, p.v, b, hk, j0, j0 + nk) : KeyRun{-1, 0};
+    if (k_run.n == nk && k_run.offset >= 0 && v_run.offset >= 0 && nk % keys_per_dot == 0) {
+      k_rows = static_cast<const float*>(p.k.ptr) + k_run.offset, k_ld = p.k.row_stride;
+      v_rows = static_cast<const float*>(p.v.ptr) + v_run.offset, v_ld = p.v.row_stride;
+    } else {
+      widen_keys(p, p.k, b, hk, j0, j0 + nk, d, d_pad, k_pan, d_pad);
+      widen_keys(p, p.v, b, hk, j0, j0 + nk, dv, dv_pad, v_pan, dv_pad);
+    }
     // S^T = K Q^T. A panel every row sees whole with no score transform takes its column max in the
     // micro-kernel's epilogue; the others after the transform and the mask.
     bool visible = true;
     for (int r = 0; r < rows; ++r) visible = visible && lo[r] <= j0 && hi[r] >= j0 + nk;
-    const bool plain = visible && !sp.transform;
+    const bool plain = visible && !sp.transform && !dot;
     std::copy(m, m + ld, m_new);
-    gemm(s_tile, ld, nk, ld / W, k_pan, d_pad, 1, q_t, ld, d, m_new,
-         plain ? Store::overwrite_max : Store::overwrite);
+    if (dot) {
+      kDotScores[std::bit_width((unsigned)rows_pow2) - 1](s_tile, ld, nk, k_rows, k_ld, q_t, d_pad, d_pad);
+    } else {
+      gemm(s_tile, ld, nk, ld / W, k_rows, k_ld, 1, q_t, ld, d, m_new,
+           plain ? Store::overwrite_max : Store::overwrite);
+    }
     if (!plain) {
       for (int j = 0; j < nk; ++j) {
         float* s_j = s_tile + j * ld;
@@ -158,7 +264,7 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
     }
     decode_online_softmax(s_tile, nk, ld, m_new, m, l, alpha);
     // O = alpha * O + P V; A(r = row, k = key) = P^T[key][row].
-    gemm(o_acc, dv_pad, rows, dv_pad / W, s_tile, 1, ld, v_pan, dv_pad, nk, alpha, Store::rescale);
+    gemm(o_acc, dv_pad, rows, dv_pad / W, s_tile, 1, ld, v_rows, v_ld, nk, alpha, Store::rescale);
   }
 
   // Finalise: O / l and LSE = ln(2) * (m + log2 l); rows that saw no key get 0 and -inf. A split
