@@ -167,39 +167,44 @@ void decode(const AttnProblem& p) {
                    [](const DecodeBlock& x, const DecodeBlock& y) { return x.j1 - x.j0 > y.j1 - y.j0; });
   const long long n_blocks = (long long)blocks.size(), n_split = (long long)split.size();
   const long long scratch_n = scratch_floats(p.d, p.dv);
+  // Without splits the blocks are the whole call: no barrier between them and the region's end (each
+  // costs a time slice when a thread is descheduled on a busy machine).
 #pragma omp parallel
   {
     float* scratch = ThreadBuffers::mine().take(kScratch, scratch_n);
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
     for (long long n = 0; n < n_blocks; ++n) kernels.decode_block(p, blocks[(size_t)n], scratch);
-      // Merge each split item's states: out = sum_s w_s O_s / sum_s w_s, w_s = exp(lse_s - max lse)
-      // (sem::lse_weight, merge_states' rule); no key in any split gives 0 and -inf.
-#pragma omp for schedule(dynamic, 1)
-    for (long long n = 0; n < n_split; ++n) {
-      const Item& it = *split[(size_t)n];
-      const long long state = it.rows * (p.dv + 1);
-      const float* first = partials + it.partial;
-      for (long long r = 0; r < it.rows; ++r) {
-        float lse_max = sem::kNegInf;
-        for (long long s = 0; s < it.pieces; ++s)
-          lse_max = std::max(lse_max, first[s * state + it.rows * p.dv + r]);
-        float weight_sum = 0.0f;
-        float* acc = scratch;
-        std::fill(acc, acc + p.dv, 0.0f);
-        for (long long s = 0; s < it.pieces; ++s) {
-          const float w = sem::lse_weight(first[s * state + it.rows * p.dv + r], lse_max);
-          if (w == 0.0f) continue;
-          weight_sum += w;
-          const float* o_s = first + s * state + r * p.dv;
-          for (long long c = 0; c < p.dv; ++c) acc[c] += w * o_s[c];
-        }
-        const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
-        const long long i = (it.row0 + r) / group, h = group_head(it.hk, group, (it.row0 + r) % group);
-        const long long o_off = q_offset(p, p.o, it.b, i, h);
-        for (long long c = 0; c < p.dv; ++c) store(p.o.ptr, p.out_type, o_off + c, (double)(acc[c] * inv));
-        if (p.lse) {
-          p.lse[lse_offset(p, it.b, h, i)] =
-              weight_sum > 0.0f ? lse_max + std::log(weight_sum) : sem::kNegInf;
+    if (n_split > 0) {
+      // Merge each split item's states once all are written: out = sum_s w_s O_s / sum_s w_s, w_s =
+      // exp(lse_s - max lse) (sem::lse_weight, merge_states' rule); no key in any split gives 0, -inf.
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1) nowait
+      for (long long n = 0; n < n_split; ++n) {
+        const Item& it = *split[(size_t)n];
+        const long long state = it.rows * (p.dv + 1);
+        const float* first = partials + it.partial;
+        for (long long r = 0; r < it.rows; ++r) {
+          float lse_max = sem::kNegInf;
+          for (long long s = 0; s < it.pieces; ++s)
+            lse_max = std::max(lse_max, first[s * state + it.rows * p.dv + r]);
+          float weight_sum = 0.0f;
+          float* acc = scratch;
+          std::fill(acc, acc + p.dv, 0.0f);
+          for (long long s = 0; s < it.pieces; ++s) {
+            const float w = sem::lse_weight(first[s * state + it.rows * p.dv + r], lse_max);
+            if (w == 0.0f) continue;
+            weight_sum += w;
+            const float* o_s = first + s * state + r * p.dv;
+            for (long long c = 0; c < p.dv; ++c) acc[c] += w * o_s[c];
+          }
+          const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+          const long long i = (it.row0 + r) / group, h = group_head(it.hk, group, (it.row0 + r) % group);
+          const long long o_off = q_offset(p, p.o, it.b, i, h);
+          for (long long c = 0; c < p.dv; ++c) store(p.o.ptr, p.out_type, o_off + c, (double)(acc[c] * inv));
+          if (p.lse) {
+            p.lse[lse_offset(p, it.b, h, i)] =
+                weight_sum > 0.0f ? lse_max + std::log(weight_sum) : sem::kNegInf;
+          }
         }
       }
     }
