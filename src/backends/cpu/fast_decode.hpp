@@ -7,9 +7,11 @@
 // 2-core dev machine, ahead by a panel or by 8-32 rows: no gain over the hardware's.)
 //
 // Scores are kept transposed (keys x ld columns, ld = the item's rows padded to whole vectors) like
-// fast_forward.hpp's, so the softmax statistics are vectors across the rows and both products are the
-// shared GEMM micro-kernel: S^T = K Q^T (a K element broadcast against a vector of rows) and
-// O = alpha * O + P V (a P element broadcast against a vector of V channels).
+// fast_forward.hpp's, so the softmax statistics are vectors across the rows. O = alpha * O + P V is the
+// shared GEMM micro-kernel (a P element broadcast against a vector of V channels); S^T = K Q^T is too
+// for items of more than W / 2 rows (a K element broadcast against a vector of rows), while smaller
+// ones take dot_scores (below), which wastes no lanes on padding rows. fp32 caches are read in place
+// where a panel is one run of rows.
 //
 // Textual include after fast_simd.hpp (see there): compiled once per ISA.
 
