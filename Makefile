@@ -64,6 +64,8 @@ test-python: $(PY_DEPS)
 bench: build $(PY_DEPS)
 	$(BUILD)/bench/flashport_bench --out $(BUILD)/bench_flashport.jsonl
 	$(PYTHON) bench/peer_torch.py $(BUILD)/bench_flashport.jsonl
+	$(BUILD)/bench/flashport_bench --decode --out $(BUILD)/bench_decode.jsonl
+	$(PYTHON) bench/peer_torch.py $(BUILD)/bench_decode.jsonl
 
 # AMD (issue #17): turns FLASHPORT_HIP on in $(BUILD), compiles every HIP kernel variant for gfx90a and
 # gfx942 with the code-object checks (cmake/hip_kernels.cmake; needs hipcc, libamdhip64-dev, clang-19,

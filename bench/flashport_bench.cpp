@@ -1,6 +1,8 @@
 // flashport_bench: the CPU speed grid of shared/BENCH.md scaled to a small machine. Times the fast path
 // (median of repeats after a warm-up), checks each timed configuration once against the reference on a
 // slice, prints progress and writes one JSON line per row (peer fields null: bench/peer_torch.py fills them).
+// --decode runs the decode grid instead: flash_attn_with_kvcache's one query token per sequence over a full
+// cache (GQA 32/8, d 128 by default), batch x context x dtype.
 #include <omp.h>
 #include <unistd.h>
 
@@ -10,11 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "backends/cpu/fast.hpp"
 #include "bench_util.hpp"
 #include "flashport/flashport.hpp"
 
@@ -37,6 +41,11 @@ struct Options {
   std::vector<std::string> modes{"fwd", "fwd+bwd"};
   std::vector<bool> causal{false, true};
   bool check = true;  // the once-per-row correctness check against the reference
+  // --decode: the decode grid (forward_kvcache, one query token, full caches).
+  bool decode = false;
+  std::vector<int64_t> batches{1, 2, 4, 8};
+  std::vector<int64_t> contexts{1024, 8192, 32768};
+  int64_t hq = 32, hk = 8, page = 0;  // page 0: dense (b, context, hk, d) caches
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -57,13 +66,18 @@ void usage() {
       "usage: flashport_bench [--out PATH] [--reps N] [--tokens N] [--hidden N] [--seqlens a,b]\n"
       "                       [--dims a,b] [--dtypes f32,bf16,f16] [--modes fwd,fwd+bwd] [--causal 0|1]\n"
       "                       [--no-check] [--quick]\n"
+      "       flashport_bench --decode [--batches 1,8] [--contexts 1024,32768] [--heads 32,8] [--page N]\n"
+      "                       [--dims 128] [--dtypes f32,bf16] [--reps N] [--out PATH] [--no-check]\n"
       "Times the CPU fast path on batch*seqlen = tokens, nheads*headdim = hidden; one JSON line per row.\n"
+      "--decode: flash_attn_with_kvcache with one query token over full caches of each context (dense, or\n"
+      "paged with --page N), batch x context x dtype; --dims defaults to 128 there.\n"
       "Each line records this executable (\"driver\") and its row arguments (\"rerun\") so that\n"
       "bench/peer_torch.py can re-time a row next to its peer.");
 }
 
 Options parse(int argc, char** argv) {
   Options o;
+  bool dims_given = false;
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     auto value = [&]() -> std::string {
@@ -85,12 +99,24 @@ Options parse(int argc, char** argv) {
       o.seqlens = split_ints(value());
     } else if (arg == "--dims") {
       o.dims = split_ints(value());
+      dims_given = true;
     } else if (arg == "--dtypes") {
       o.dtypes = split(value());
     } else if (arg == "--modes") {
       o.modes = split(value());
     } else if (arg == "--causal") {
       o.causal = {value() != "0"};
+    } else if (arg == "--decode") {
+      o.decode = true;
+    } else if (arg == "--batches") {
+      o.batches = split_ints(value());
+    } else if (arg == "--contexts") {
+      o.contexts = split_ints(value());
+    } else if (arg == "--heads") {
+      const std::vector<int64_t> h = split_ints(value());
+      o.hq = h.at(0), o.hk = h.size() > 1 ? h[1] : h[0];
+    } else if (arg == "--page") {
+      o.page = std::stoll(value());
     } else if (arg == "--no-check") {
       o.check = false;
     } else if (arg == "--quick") {
@@ -103,6 +129,7 @@ Options parse(int argc, char** argv) {
       std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
     }
   }
+  if (o.decode && !dims_given) o.dims = {128};
   return o;
 }
 
@@ -269,6 +296,150 @@ std::string json(const Row& r, int threads, const Options& o, const std::string&
   return buf;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The decode grid (--decode).
+
+/// Fills `t` (any float dtype) with approximately normal values (Irwin-Hall: a sum of four uniforms,
+/// rescaled), in parallel: the caches of the largest rows hold half a billion values, which
+/// std::normal_distribution would take tens of seconds to draw.
+void fill_fast(const TensorView& t, uint64_t seed) {
+  const int64_t n = t.numel();
+  std::vector<float> values((size_t)n);
+#pragma omp parallel
+  {
+    uint64_t state = seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(omp_get_thread_num() + 1));
+    auto next = [&] {  // splitmix64
+      uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+      return z ^ (z >> 31);
+    };
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t r = next();
+      float sum = 0.0f;
+      for (int u = 0; u < 4; ++u) sum += (float)((r >> (16 * u)) & 0xffff) * (1.0f / 65536.0f);
+      values[(size_t)i] = (sum - 2.0f) * 1.7320508f;  // mean 0, variance 4/12 -> 1
+    }
+  }
+  TensorView src = t;
+  src.data = values.data();
+  src.dtype = DType::f32;
+  flashport::cast(src, t);
+}
+
+struct DecodeRow {
+  std::string dtype;
+  int64_t b, ctx, d;
+  bool pass;
+  double max_err, ms;
+};
+
+/// One decode configuration: forward_kvcache with one query token per sequence over caches filled to
+/// `ctx` (nothing appended). Checked once against the reference and baseline on batch entry 0.
+DecodeRow run_decode(const Options& o, const std::string& dtype_name, int64_t d, int64_t b, int64_t ctx,
+                     std::mt19937_64& gen) {
+  const DType dtype = parse_dtype(dtype_name);
+  const int64_t hq = o.hq, hk = o.hk, page = o.page;
+  const int64_t per_seq = page > 0 ? (ctx + page - 1) / page : 0, blocks = b * per_seq;
+  Buffer q(dtype, b, 1, hq, d, nullptr), out(dtype, b, 1, hq, d, nullptr);
+  Buffer k(dtype, page > 0 ? blocks : b, page > 0 ? page : ctx, hk, d, nullptr);
+  Buffer v(dtype, page > 0 ? blocks : b, page > 0 ? page : ctx, hk, d, nullptr);
+  fill_fast(q.tv, gen());
+  fill_fast(k.tv, gen());
+  fill_fast(v.tv, gen());
+  std::vector<float> lse((size_t)(b * hq));
+  std::vector<int32_t> seqlens((size_t)b, (int32_t)ctx), table((size_t)blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), gen);  // pages scattered through the pool
+
+  flashport::KvCacheArgs a;
+  a.q = q.tv, a.k_cache = k.tv, a.v_cache = v.tv, a.out = out.tv;
+  a.lse = TensorView::contiguous(lse.data(), DType::f32, {b, hq, 1});
+  a.cache_seqlens = TensorView::contiguous(seqlens.data(), DType::i32, {b});
+  if (page > 0) a.block_table = TensorView::contiguous(table.data(), DType::i32, {b, per_seq});
+  a.impl = Impl::fast;
+
+  DecodeRow row{dtype_name, b, ctx, d, false, 0.0, 0.0};
+  row.ms = median_ms(o.reps, [&] { flashport::forward_kvcache(a); });
+  if (!o.check) {
+    row.pass = true;
+    return row;
+  }
+  // Batch entry 0 alone (its q rows, cache row or block-table row) through the reference and the
+  // baseline; the fast output's batch 0 must meet the accuracy rule against them.
+  Buffer ref_out(dtype, 1, 1, hq, d, nullptr), base_out(dtype, 1, 1, hq, d, nullptr);
+  flashport::KvCacheArgs s = a;
+  s.q = q.slice(0, 1, hq);
+  if (page > 0) {
+    s.block_table = TensorView::contiguous(table.data(), DType::i32, {1, per_seq});
+  } else {
+    s.k_cache = k.slice(0, ctx, hk), s.v_cache = v.slice(0, ctx, hk);
+  }
+  s.cache_seqlens = TensorView::contiguous(seqlens.data(), DType::i32, {1});
+  s.lse.reset();
+  s.out = ref_out.tv;
+  s.impl = Impl::reference;
+  flashport::forward_kvcache(s);
+  s.out = base_out.tv;
+  s.impl = Impl::baseline;
+  flashport::forward_kvcache(s);
+  row.max_err = max_diff(out.slice(0, 1, hq), ref_out.tv);
+  row.pass = row.max_err <= 2.0 * max_diff(base_out.tv, ref_out.tv) + 1e-5;
+  return row;
+}
+
+std::string decode_json(const DecodeRow& r, const Options& o, int threads, const std::string& isa,
+                        const std::string& driver) {
+  const double bytes = 2.0 * (double)(r.b * r.ctx * o.hk * r.d) * (r.dtype == "f32" ? 4.0 : 2.0);
+  const double flops = 4.0 * (double)(r.b * o.hq * r.ctx * r.d);  // SPEC: 4 * b * hq * sq * sk * d
+  char buf[1400];
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"backend\": \"cpu\", \"impl\": \"fast\", \"peer\": null, \"mode\": \"decode\", \"dtype\": \"%s\", "
+      "\"b\": %lld, \"hq\": %lld, \"hk\": %lld, \"d\": %lld, \"sq\": 1, \"sk\": %lld, \"page\": %lld, "
+      "\"causal\": false, \"pass\": %s, \"max_err\": %.3g, \"ms\": %.4f, \"tflops\": %.6f, \"gbs\": %.3f, "
+      "\"peer_ms\": null, \"peer_tflops\": null, \"threads\": %d, \"isa\": \"%s\", \"driver\": \"%s\", "
+      "\"rerun\": [\"--decode\", \"--dtypes\", \"%s\", \"--dims\", \"%lld\", \"--batches\", \"%lld\", "
+      "\"--contexts\", \"%lld\", \"--heads\", \"%lld,%lld\", \"--page\", \"%lld\", \"--reps\", \"%d\", "
+      "\"--no-check\"]}",
+      r.dtype.c_str(), (long long)r.b, (long long)o.hq, (long long)o.hk, (long long)r.d, (long long)r.ctx,
+      (long long)o.page, r.pass ? "true" : "false", r.max_err, r.ms, flops / r.ms / 1e9, bytes / r.ms / 1e6,
+      threads, isa.c_str(), driver.c_str(), r.dtype.c_str(), (long long)r.d, (long long)r.b, (long long)r.ctx,
+      (long long)o.hq, (long long)o.hk, (long long)o.page, o.reps);
+  return buf;
+}
+
+int run_decode_grid(const Options& o, std::FILE* out, int threads, const std::string& driver) {
+  std::mt19937_64 gen(std::random_device{}());
+  const int total = (int)(o.dtypes.size() * o.dims.size() * o.batches.size() * o.contexts.size());
+  std::printf(
+      "flashport_bench --decode: forward_kvcache, 1 query token, heads %lld/%lld, %s caches, %d threads, "
+      "median of %d\n",
+      (long long)o.hq, (long long)o.hk, o.page > 0 ? ("paged " + std::to_string(o.page)).c_str() : "dense",
+      threads, o.reps);
+  int n = 0, failures = 0;
+  for (const std::string& dt : o.dtypes) {
+    const std::string isa = flashport::cpu::fast::forward_isa((int)parse_dtype(dt), /*decode=*/true);
+    std::printf("%s: the dispatcher runs the %s kernels\n", dt.c_str(), isa.c_str());
+    for (int64_t d : o.dims) {
+      for (int64_t b : o.batches) {
+        for (int64_t ctx : o.contexts) {
+          const DecodeRow r = run_decode(o, dt, d, b, ctx, gen);
+          failures += r.pass ? 0 : 1;
+          std::printf("[%2d/%d] decode %-4s d=%-3lld b=%-2lld ctx=%-6lld %9.3f ms  %s (err %.1e)\n", ++n,
+                      total, dt.c_str(), (long long)d, (long long)b, (long long)ctx, r.ms,
+                      r.pass ? "pass" : "FAIL", r.max_err);
+          std::fflush(stdout);
+          std::fprintf(out, "%s\n", decode_json(r, o, threads, isa, driver).c_str());
+          std::fflush(out);
+        }
+      }
+    }
+  }
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -279,6 +450,12 @@ int main(int argc, char** argv) {
   if (!out) {
     std::fprintf(stderr, "cannot write %s\n", o.out.c_str());
     return 2;
+  }
+  if (o.decode) {
+    const int failures = run_decode_grid(o, out, threads, driver);
+    std::fclose(out);
+    std::printf("results: %s\n", o.out.c_str());
+    return failures ? 1 : 0;
   }
   std::mt19937_64 gen(std::random_device{}());
   const int total =

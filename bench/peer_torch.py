@@ -13,6 +13,10 @@ timed in --rounds alternating rounds: torch, then the row re-run through the dri
 ms/tflops are replaced by the interleaved figure (ms_first keeps the driver's original). --rounds 0
 times torch once and keeps the driver's numbers.
 
+Decode rows (flashport_bench --decode, "mode": "decode") time SDPA with one query token per sequence,
+q (b, hq, 1, d) and the full caches k/v (b, hk, context, d) with enable_gqa=True (no mask: the one token
+sees every key), and print their own table (milliseconds, speed-up, GB/s of K and V read).
+
 Usage: python3 bench/peer_torch.py build/bench_flashport.jsonl [--out merged.jsonl] [--reps 5] [--rounds 2]
 """
 import argparse
@@ -37,6 +41,8 @@ def time_torch(torch, row, reps):
     import torch.nn.functional as F
 
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[row["dtype"]]
+    if row.get("mode") == "decode":
+        return time_torch_decode(torch, row, reps, dtype)
     b, h, s, d = row["b"], row["hq"], row["sq"], row["d"]
     backward = row.get("mode", "fwd") == "fwd+bwd"
     torch.set_num_threads(int(row.get("threads") or torch.get_num_threads()))
@@ -61,6 +67,24 @@ def time_torch(torch, row, reps):
     return statistics.median(times)
 
 
+def time_torch_decode(torch, row, reps, dtype):
+    """Median milliseconds of SDPA decoding one token per sequence against full (b, hk, sk, d) caches."""
+    import torch.nn.functional as F
+
+    b, hq, hk, sk, d = row["b"], row["hq"], row["hk"], row["sk"], row["d"]
+    torch.set_num_threads(int(row.get("threads") or torch.get_num_threads()))
+    q = torch.randn(b, hq, 1, d, dtype=dtype)
+    k, v = (torch.randn(b, hk, sk, d, dtype=dtype) for _ in range(2))
+    with torch.no_grad():
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def rerun_flashport(row):
     """Median ms of the row re-timed by its driver, or None when the driver cannot be run."""
     driver, args = row.get("driver"), row.get("rerun")
@@ -75,7 +99,26 @@ def rerun_flashport(row):
     return fresh[0]["ms"] if fresh else None
 
 
+def print_decode_table(rows):
+    print()
+    print("| dtype | batch | context | page | flashport ms | torch ms | torch/flashport | flashport GB/s | isa | pass |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        peer = r.get("peer_ms")
+        gbs = r["gbs"] * r.get("ms_first", r["ms"]) / r["ms"]  # the interleaved median's GB/s
+        peer_s, ratio = (f"{peer:.2f}", f"{peer / r['ms']:.2f}") if peer else ("missing", "-")
+        print(f"| {r['dtype']} | {r['b']} | {r['sk']} | {r.get('page') or '-'} | {r['ms']:.2f} | {peer_s} | {ratio} | "
+              f"{gbs:.1f} | {r.get('isa', '-')} | {'yes' if r['pass'] else 'NO'} |")
+    print()
+
+
 def print_table(rows):
+    decode = [r for r in rows if r.get("mode") == "decode"]
+    if decode:
+        print_decode_table(decode)
+    rows = [r for r in rows if r.get("mode") != "decode"]
+    if not rows:
+        return
     print()
     print("| mode | dtype | d | causal | seqlen | flashport GFLOPS | torch GFLOPS | flashport/torch | pass |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -125,8 +168,10 @@ def main():
             ms = statistics.median(peers)
             r["peer"], r["peer_ms"] = PEER, ms
             r["peer_tflops"] = r["tflops"] * r["ms"] / ms  # same FLOP count as the flashport row
-            print(f"[{n + 1}/{len(rows)}] {r.get('mode', 'fwd'):7s} {r['dtype']:4s} d={r['d']:<3d} s={r['sq']:<5d} "
-                  f"causal={int(r['causal'])}  torch {ms:9.2f} ms  flashport {r['ms']:9.2f} ms  "
+            shape = (f"b={r['b']:<2d} ctx={r['sk']:<6d}" if r.get("mode") == "decode" else
+                     f"s={r['sq']:<5d} causal={int(r['causal'])}")
+            print(f"[{n + 1}/{len(rows)}] {r.get('mode', 'fwd'):7s} {r['dtype']:4s} d={r['d']:<3d} {shape}"
+                  f"  torch {ms:9.2f} ms  flashport {r['ms']:9.2f} ms  "
                   f"ratio {ms / r['ms']:.2f}", flush=True)
 
     print_table(rows)

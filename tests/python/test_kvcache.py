@@ -129,3 +129,53 @@ def test_kvcache_paged(device, page_size):
     check_rule(out, ref, base)
     assert torch.equal(logical(vp.cpu()), v_exp.to(dtype))
     assert (logical(kp.cpu()).double() - k_exp).abs().max() <= 4 * 2.0**-7 * (k_exp.abs().max() + 1)
+
+
+DECODE_PAGES = {"dense": 0, "paged1": 1, "paged16": 16, "paged256": 256}
+
+
+@pytest.mark.parametrize("isa", ["", "avx2", "base"], ids=lambda s: s or "auto")
+@pytest.mark.parametrize("layout", DECODE_PAGES)
+@pytest.mark.parametrize("heads", [(28, 4), (32, 8), (8, 1)], ids=["gqa7", "gqa4", "mqa"])
+@pytest.mark.parametrize("sq", [1, 3])
+def test_kvcache_decode_cpu(monkeypatch, sq, heads, layout, isa):
+    """The CPU decode kernel (one token, or three with an append: speculative decoding) with cache_seqlens
+    0, 1 and full capacity, dense (with left pad) or paged caches, each FLASHPORT_CPU_ISA cap."""
+    if isa:
+        monkeypatch.setenv("FLASHPORT_CPU_ISA", isa)
+    hq, hk = heads
+    page = DECODE_PAGES[layout]
+    dtype = torch.float32 if layout == "paged16" else torch.bfloat16
+    b, d, cap = 3, 64, 520
+    append = sq > 1
+    s_new = sq if append else 0
+    seqlens = torch.tensor([0, 1, cap - s_new], dtype=torch.int32)
+    q = torch.randn(b, sq, hq, d, dtype=dtype)
+    k = torch.randn(b, s_new, hk, d, dtype=dtype) if append else None
+    v = torch.randn(b, s_new, hk, d, dtype=dtype) if append else None
+    causal, window, softcap = sq > 1, ((40, 0) if layout == "dense" else (-1, -1)), (5.0 if hk == 1 else 0.0)
+    kw = dict(cache_seqlens=seqlens, causal=causal, window_size=window, softcap=softcap, return_softmax_lse=True)
+    if page:
+        per_seq = -(-cap // page)
+        num_blocks = b * per_seq + 3
+        block_table = torch.randperm(num_blocks)[: b * per_seq].reshape(b, per_seq).to(torch.int32)
+        k_pages = torch.randn(num_blocks, page, hk, d, dtype=dtype)
+        v_pages = torch.randn(num_blocks, page, hk, d, dtype=dtype)
+        logical = lambda pages: pages[block_table.long()].reshape(b, -1, hk, d)[:, :cap]  # noqa: E731
+        leftpad = torch.zeros(b, dtype=torch.int32)
+        _, _, ref, base = kvcache_ref(q, logical(k_pages), logical(v_pages), k, v, None, None, seqlens,
+                                      torch.arange(b), leftpad, causal, window, True, softcap)
+        out, lse = flashport.flash_attn_with_kvcache(q, k_pages, v_pages, k, v, block_table=block_table, **kw)
+    else:
+        k_cache = torch.randn(b, cap, hk, d, dtype=dtype)
+        v_cache = torch.randn(b, cap, hk, d, dtype=dtype)
+        leftpad = torch.stack([torch.randint(0, int(s) + s_new + 1, ()) for s in seqlens]).to(torch.int32)
+        _, _, ref, base = kvcache_ref(q, k_cache, v_cache, k, v, None, None, seqlens, torch.arange(b), leftpad,
+                                      causal, window, True, softcap)
+        out, lse = flashport.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_leftpad=leftpad, **kw)
+    assert out.shape == (b, sq, hq, d) and lse.shape == (b, hq, sq)
+    assert torch.isfinite(out).all()
+    check_rule(out, ref, base)
+    # An empty cache without an append has no key: LSE -inf.
+    if not append:
+        assert torch.isneginf(lse[0]).all() and (out[0] == 0).all()

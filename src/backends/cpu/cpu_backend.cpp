@@ -11,20 +11,6 @@
 namespace flashport::cpu {
 namespace {
 
-int elem_size(int type) {
-  switch (type) {
-    case kF64:
-      return 8;
-    case kF32:
-      return 4;
-    case kF16:
-    case kBF16:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
 /// Whether `automatic` may take the fast path for this problem.
 bool fast_covers(const AttnProblem& p, bool backward) {
   return !p.s_dmask && fast::unsupported(p, backward).empty();
@@ -56,7 +42,7 @@ void run_forward(const AttnProblem& p, Impl impl) {
 std::vector<unsigned char> rotate_queries(const core::KvCacheProblem& kp, Operand& q_rot) {
   const AttnProblem& a = kp.attn;
   const int rot_dim = kp.rotary_dim, type = a.in_type;
-  std::vector<unsigned char> bytes((size_t)(a.batch * a.sq * a.hq * a.d * elem_size(type)));
+  std::vector<unsigned char> bytes((size_t)(a.batch * a.sq * a.hq * a.d * elem_bytes(type)));
   q_rot = {bytes.data(), a.sq * a.hq * a.d, a.hq * a.d, a.d};
   for (long long b = 0; b < a.batch; ++b) {
     const long long base = kp.cache_seqlens ? (long long)kp.cache_seqlens[b] : a.sk - kp.s_new;

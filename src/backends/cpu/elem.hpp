@@ -6,6 +6,21 @@
 
 namespace flashport::cpu {
 
+/// Bytes per element of ElemType `type`.
+inline int elem_bytes(int type) {
+  switch (type) {
+    case kF64:
+      return 8;
+    case kF32:
+      return 4;
+    case kF16:
+    case kBF16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
 /// Value of element `off` of a buffer of ElemType `type`, widened to float.
 inline float load_f32(const void* base, int type, long long off) {
   switch (type) {

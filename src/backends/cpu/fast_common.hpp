@@ -36,6 +36,24 @@ struct QueryBlock {
   long long b, h, i0;
 };
 
+/// Decode (fast_decode.hpp): calls with at most kDecodeMaxQueries queries per sequence and no dropout
+/// run one item per (sequence, kv head, rows chunk, key split) instead of 64-row query tiles of one head.
+/// An item's rows are the query positions x the GQA group's query heads of its kv head, at most
+/// kDecodeRows of them (a score tile's width, as wide as a query tile); it reads keys in panels of
+/// kDecodeKeys rows, each widened to fp32 once for all its rows.
+inline constexpr long long kDecodeMaxQueries = 16;
+inline constexpr int kDecodeRows = kBlockQ;
+inline constexpr int kDecodeKeys = kBlockK;
+
+/// A decode work item: rows [row0, row0 + rows) of kv head hk of sequence b (row r: query position
+/// r / group of query head group_head(hk, group, r % group)) over keys [j0, j1), their visible span or
+/// one split of it. `partial` null: the item writes O and LSE. Else the split's state, merged later:
+/// the normalised O rows (rows x dv) then the rows' LSEs (natural log), rows * (dv + 1) floats.
+struct DecodeBlock {
+  long long b, hk, row0, rows, j0, j1;
+  float* partial;
+};
+
 /// A backward work item: keys [j0, j0 + kBlockK) of kv head hk of sequence b. It owns those rows of
 /// dK/dV and adds its dQ contributions into the calling thread's fp32 dQ accumulator. Its (sequence,
 /// kv head)'s packed query tiles start `tiles` floats into BackwardShared::tiles.
@@ -124,6 +142,8 @@ struct Kernels {
                   float* group);
   /// Query tile `blk`; `group` is its (b, kv head)'s packed region, or null to pack tile by tile.
   void (*forward_block)(const AttnProblem& p, const QueryBlock& blk, const float* group, float* scratch);
+  /// Decode item `blk` (fast_decode.hpp).
+  void (*decode_block)(const AttnProblem& p, const DecodeBlock& blk, float* scratch);
   /// Packs query rows [i0, i0 + kBlockQ) of head h of sequence b (QueryTileLayout) into `dst`.
   void (*pack_query_tile)(const AttnProblem& p, long long b, long long h, long long i0, float* dst);
   /// Key block `blk`: writes its dK/dV rows, adds dQ into `dq_acc` (BackwardShared::dq_ld layout).

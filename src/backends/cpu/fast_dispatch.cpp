@@ -95,6 +95,124 @@ long long query_rows(const AttnProblem& p) {
   return p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
 }
 
+/// Whether the decode kernel (fast_decode.hpp) takes a forward: few queries per sequence, no dropout
+/// (a training feature; its masks stay with the tiled kernel).
+bool decode_covers(const AttnProblem& p) {
+  return p.sq <= kDecodeMaxQueries && p.dropout_p == 0.0f;
+}
+
+/// Split-KV: the decode items' keys are cut into about kSplitsPerThread pieces per thread (the dynamic
+/// schedule then evens out unequal lengths), never below kMinSplitKeys keys a piece (each split costs
+/// a merge and a partial panel). Enough (sequence, kv head) items of equal length are never split.
+inline constexpr long long kSplitsPerThread = 4;
+inline constexpr long long kMinSplitKeys = 512;
+
+/// The decode forward: items of (sequence, kv head, rows chunk) over their visible key span, split
+/// across the threads when there are too few of them, then split states merged by their LSE.
+void decode(const AttnProblem& p) {
+  const Kernels& kernels = select_kernels(p.in_type, false);  // never AMX: decode streams K/V
+  const long long group = gqa_group(p);
+  struct Item {
+    long long b, hk, row0, rows;
+    sem::KeyRange span;
+    long long pieces, partial;  // key splits; float offset of the first split's state when split
+  };
+  std::vector<Item> items;
+  long long total_keys = 0;
+  for (long long b = 0; b < p.batch; ++b) {
+    const long long sq = seqlen_q(p, b), sk = seqlen_k(p, b), rows = sq * group;
+    for (long long hk = 0; hk < p.hk; ++hk) {
+      for (long long row0 = 0; row0 < rows; row0 += kDecodeRows) {
+        const long long n = std::min<long long>(kDecodeRows, rows - row0);
+        // The chunk's query positions see the union of their visible ranges (sem::tile_keys).
+        const sem::KeyRange span =
+            sem::tile_keys(row0 / group, (row0 + n - 1) / group + 1, sq, sk, p.window_left, p.window_right);
+        items.push_back({b, hk, row0, n, span, 1, -1});
+        total_keys += std::max<long long>(0, span.hi - span.lo);
+      }
+    }
+  }
+  const long long threads = omp_get_max_threads();
+  const long long chunk = std::max(
+      kMinSplitKeys,
+      pad_to((total_keys + kSplitsPerThread * threads - 1) / (kSplitsPerThread * threads), kDecodeKeys));
+  std::vector<DecodeBlock> blocks;
+  std::vector<const Item*> split;
+  long long partial_floats = 0;
+  for (Item& it : items) {
+    const long long len = std::max<long long>(0, it.span.hi - it.span.lo);
+    it.pieces = std::max<long long>(1, (len + chunk - 1) / chunk);
+    if (it.pieces > 1) {
+      it.partial = partial_floats;
+      partial_floats += it.pieces * it.rows * (p.dv + 1);
+    }
+  }
+  float* partials = ThreadBuffers::mine().take(kPacked, partial_floats);
+  for (Item& it : items) {
+    if (it.pieces == 1) {
+      blocks.push_back({it.b, it.hk, it.row0, it.rows, it.span.lo, it.span.hi, nullptr});
+      continue;
+    }
+    split.push_back(&it);
+    const long long len = it.span.hi - it.span.lo;
+    const long long piece = pad_to((len + it.pieces - 1) / it.pieces, kDecodeKeys);
+    for (long long s = 0; s < it.pieces; ++s) {
+      const long long j0 = std::min(it.span.hi, it.span.lo + s * piece);
+      const long long j1 = std::min(it.span.hi, j0 + piece);
+      blocks.push_back(
+          {it.b, it.hk, it.row0, it.rows, j0, j1, partials + it.partial + s * it.rows * (p.dv + 1)});
+    }
+  }
+  // Longest first, so the dynamic schedule ends with the short ones.
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [](const DecodeBlock& x, const DecodeBlock& y) { return x.j1 - x.j0 > y.j1 - y.j0; });
+  const long long n_blocks = (long long)blocks.size(), n_split = (long long)split.size();
+  const long long scratch_n = scratch_floats(p.d, p.dv);
+  // Without splits the blocks are the whole call: no barrier between them and the region's end (each
+  // costs a time slice when a thread is descheduled on a busy machine).
+#pragma omp parallel
+  {
+    float* scratch = ThreadBuffers::mine().take(kScratch, scratch_n);
+#pragma omp for schedule(dynamic, 1) nowait
+    for (long long n = 0; n < n_blocks; ++n) kernels.decode_block(p, blocks[(size_t)n], scratch);
+    if (n_split > 0) {
+      // Merge each split item's states once all are written: out = sum_s w_s O_s / sum_s w_s, w_s =
+      // exp(lse_s - max lse) (sem::lse_weight, merge_states' rule); no key in any split gives 0, -inf.
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1) nowait
+      for (long long n = 0; n < n_split; ++n) {
+        const Item& it = *split[(size_t)n];
+        const long long state = it.rows * (p.dv + 1);
+        const float* first = partials + it.partial;
+        for (long long r = 0; r < it.rows; ++r) {
+          float lse_max = sem::kNegInf;
+          for (long long s = 0; s < it.pieces; ++s)
+            lse_max = std::max(lse_max, first[s * state + it.rows * p.dv + r]);
+          float weight_sum = 0.0f;
+          float* acc = scratch;
+          std::fill(acc, acc + p.dv, 0.0f);
+          for (long long s = 0; s < it.pieces; ++s) {
+            const float w = sem::lse_weight(first[s * state + it.rows * p.dv + r], lse_max);
+            if (w == 0.0f) continue;
+            weight_sum += w;
+            const float* o_s = first + s * state + r * p.dv;
+            for (long long c = 0; c < p.dv; ++c) acc[c] += w * o_s[c];
+          }
+          const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+          const long long i = (it.row0 + r) / group, h = group_head(it.hk, group, (it.row0 + r) % group);
+          const long long o_off = q_offset(p, p.o, it.b, i, h);
+          for (long long c = 0; c < p.dv; ++c) store(p.o.ptr, p.out_type, o_off + c, (double)(acc[c] * inv));
+          if (p.lse) {
+            p.lse[lse_offset(p, it.b, h, i)] =
+                weight_sum > 0.0f ? lse_max + std::log(weight_sum) : sem::kNegInf;
+          }
+        }
+      }
+    }
+  }
+  ThreadBuffers::mine().trim(kPacked);
+}
+
 }  // namespace
 
 std::string unsupported(const AttnProblem& p, bool backward) {
@@ -109,7 +227,15 @@ std::string unsupported(const AttnProblem& p, bool backward) {
   return {};
 }
 
+const char* forward_isa(int in_type, bool decode) {
+  return select_kernels(in_type, !decode).isa;
+}
+
 void forward(const AttnProblem& p) {
+  if (decode_covers(p)) {
+    decode(p);
+    return;
+  }
   const Kernels& kernels = select_kernels(p.in_type, true);
   const long long group = gqa_group(p);
 

@@ -33,6 +33,7 @@ const Kernels* kernels_amx() {
                                &amx::amx_packed_floats,
                                &amx::amx_pack_kv,
                                &amx::amx_forward_block,
+                               avx512->decode_block,  // decode streams K/V: AMX tiles would idle
                                avx512->pack_query_tile,
                                avx512->backward_block};
   return &kernels;

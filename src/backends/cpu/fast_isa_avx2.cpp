@@ -16,6 +16,8 @@ namespace flashport::cpu::fast::avx2 {
 
 #include "backends/cpu/fast_forward.hpp"
 
+#include "backends/cpu/fast_decode.hpp"
+
 #include "backends/cpu/fast_backward.hpp"
 
 }  // namespace flashport::cpu::fast::avx2
@@ -28,6 +30,7 @@ const Kernels* kernels_avx2() {
                                &avx2::packed_floats,
                                &avx2::pack_kv,
                                &avx2::forward_block,
+                               &avx2::decode_block,
                                &avx2::pack_query_tile,
                                &avx2::backward_block};
   return &kernels;

@@ -17,6 +17,8 @@ namespace flashport::cpu::fast::avx512 {
 
 #include "backends/cpu/fast_forward.hpp"
 
+#include "backends/cpu/fast_decode.hpp"
+
 #include "backends/cpu/fast_backward.hpp"
 
 }  // namespace flashport::cpu::fast::avx512
@@ -29,6 +31,7 @@ const Kernels* kernels_avx512() {
                                &avx512::packed_floats,
                                &avx512::pack_kv,
                                &avx512::forward_block,
+                               &avx512::decode_block,
                                &avx512::pack_query_tile,
                                &avx512::backward_block};
   return &kernels;

@@ -12,6 +12,8 @@ namespace flashport::cpu::fast::base {
 
 #include "backends/cpu/fast_forward.hpp"
 
+#include "backends/cpu/fast_decode.hpp"
+
 #include "backends/cpu/fast_backward.hpp"
 
 }  // namespace flashport::cpu::fast::base
@@ -22,6 +24,7 @@ const Kernels& kernels_base() {
                                &base::packed_floats,
                                &base::pack_kv,
                                &base::forward_block,
+                               &base::decode_block,
                                &base::pack_query_tile,
                                &base::backward_block};
   return kernels;
