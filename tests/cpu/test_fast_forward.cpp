@@ -5,16 +5,7 @@
 namespace flashport::test {
 namespace {
 
-/// Runs fast, reference and baseline on fresh inputs; the fast output and LSE must satisfy the rule.
-void expect_accurate(const Case& c) {
-  SCOPED_TRACE(c.describe());
-  const fastcheck::Inputs in = fastcheck::make_inputs(c);
-  const fastcheck::Forward fast = fastcheck::run_forward(c, in, Impl::fast);
-  const fastcheck::Forward ref = fastcheck::run_forward(c, in, Impl::reference);
-  const fastcheck::Forward base = fastcheck::run_forward(c, in, Impl::baseline);
-  EXPECT_TRUE(accuracy_rule(fast.out, base.out, ref.out)) << "out";
-  EXPECT_TRUE(accuracy_rule(fast.lse, base.lse, ref.lse)) << "lse";
-}
+using fastcheck::expect_accurate;
 
 TEST(FastForward, ShapesFeaturesDtypes) {
   const DType dtypes[] = {DType::f32, DType::f16, DType::bf16};

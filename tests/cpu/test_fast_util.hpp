@@ -123,6 +123,17 @@ inline Grads run_backward(const Case& c, const Inputs& in, const Forward& fwd, c
 }
 
 /// max |x| over a tensor (NaN gives +inf).
+/// Runs fast, reference and baseline on fresh inputs; the fast output and LSE must satisfy the rule.
+inline void expect_accurate(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  const fastcheck::Inputs in = fastcheck::make_inputs(c);
+  const fastcheck::Forward fast = fastcheck::run_forward(c, in, Impl::fast);
+  const fastcheck::Forward ref = fastcheck::run_forward(c, in, Impl::reference);
+  const fastcheck::Forward base = fastcheck::run_forward(c, in, Impl::baseline);
+  EXPECT_TRUE(accuracy_rule(fast.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(fast.lse, base.lse, ref.lse)) << "lse";
+}
+
 inline double max_abs(const HostTensor& t) {
   double m = 0.0;
   for (int64_t i = 0; i < t.numel(); ++i) {
