@@ -243,7 +243,8 @@ TEST(IndexRules, RecordedFaultRaisesOnceWithItsName) {
   core::raise_recorded_fault(&record, "cuda:0");  // empty: nothing
   core::raise_recorded_fault(nullptr, "cuda:0");
   record.call = kCallKvCache, record.batch = 0, record.entry = 0, record.value = 64, record.bound = 64;
-  record.claim = 1, record.kind = kFaultCacheCapacity;
+  record.claim = 1;
+  record.kind = kFaultCacheCapacity;
   try {
     core::raise_recorded_fault(&record, "cuda:3");
     ADD_FAILURE() << "no Error";
