@@ -37,33 +37,15 @@ constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kSmemKV) * 2;
 
 constexpr float kNegInf = -__builtin_bit_cast(float, 0x7f800000u);
 
-/// Lengths of one sequence, with device-resident indices guarded: an index that would address
-/// outside its tensor turns the sequence into an empty one instead (nothing read out of bounds).
+/// Lengths of one sequence, with device-resident indices guarded (problem.h's guarded_lengths): an
+/// index that would address outside its tensor turns the sequence into an empty one instead (nothing
+/// read out of bounds).
 struct Seq {
   i64 len_q, len_k;
 };
 FP_DEV Seq sequence(const AttnProblem& p, i64 b) {
-  i64 len_q = p.sq;
-  if (p.cu_seqlens_q) {
-    const i64 s0 = p.cu_seqlens_q[b], s1 = p.cu_seqlens_q[b + 1];
-    len_q = (s0 < 0 || s1 < s0 || s1 > p.total_q) ? 0 : s1 - s0;
-  }
-  i64 n = p.sk;
-  if (p.seqused_k) n = (i64)p.seqused_k[b] + p.seqused_k_add;
-  if (p.cu_seqlens_k && !p.block_table) {  // k_offset's row base: cu_seqlens_k[b] + token
-    const i64 s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
-    const i64 cap = (s0 < 0 || s1 < s0 || (p.total_k > 0 && s1 > p.total_k)) ? 0 : s1 - s0;
-    n = p.seqused_k ? (n < cap ? n : cap) : cap;
-  } else if (p.cu_seqlens_k && !p.seqused_k) {
-    const i64 s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
-    n = s1 < s0 ? 0 : s1 - s0;
-  }
-  n = clamp_i64(n, 0, p.sk);  // p.sk bounds every sequence (cache capacity, max_seqlen_k)
-  if (p.leftpad_k) {
-    const i64 pad = p.leftpad_k[b];
-    n = (pad < 0 || pad > n) ? 0 : n - pad;  // k_offset adds the pad: only valid pads reach it
-  }
-  return {len_q, n};
+  const SeqLens lens = guarded_lengths(p, b);
+  return {lens.q, lens.k};
 }
 
 /// Which (query, head) a block row is. Without GQA packing a block holds queries m0 .. m0 + kBlockM
