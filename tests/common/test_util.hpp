@@ -95,7 +95,7 @@ inline void poison(HostTensor& t) {
 
 inline HostTensor int_tensor(const std::vector<int32_t>& values) {
   HostTensor t(DType::i32, {(int64_t)values.size()});
-  std::memcpy(t.bytes.data(), values.data(), values.size() * 4);
+  if (!values.empty()) std::memcpy(t.bytes.data(), values.data(), values.size() * 4);  // data() may be null
   return t;
 }
 
