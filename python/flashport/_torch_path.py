@@ -71,11 +71,16 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
         out, lse, s_dmask = _torch_fp8.fwd_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, alibi_slopes,
                                                rng_state, max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr,
                                                softcap, dropout_p, bool(deterministic), return_softmax, fp8_dtype)
-    else:
-        out, lse, s_dmask = _torch_ops.call_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-                                           q_descale, k_descale, v_descale, rng_state, max_seqlen_q, max_seqlen_k,
-                                           scale, bool(causal), wl, wr, softcap, dropout_p, bool(deterministic),
-                                           return_softmax, None)
+    elif return_attn_probs:
+        out, lse, s_dmask = _torch_ops.call_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                                                alibi_slopes, q_descale, k_descale, v_descale, rng_state,
+                                                max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr, softcap,
+                                                dropout_p, bool(deterministic), return_softmax, None)
+    else:  # out alone: no non-differentiable outputs, no S_dmask placeholder
+        out = _torch_ops.call_out(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                                  q_descale, k_descale, v_descale, rng_state, max_seqlen_q, max_seqlen_k, scale,
+                                  bool(causal), wl, wr, softcap, dropout_p, bool(deterministic), False, None)
+        return out if out.shape[-1] == dv else out[..., :dv]
     if out.shape[-1] != dv:
         out = out[..., :dv]
     if return_attn_probs:
