@@ -167,12 +167,17 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, *args):
 
 def _save(ctx, q, k, v, rest, out, lse):
     """flashport::fwd's autograd context: the tensors backward reads (saved, so in-place changes to them
-    are caught), the scalars it passes on, and no zero-filled gradients for the outputs that have none
-    (lse and S_dmask never get one: materialising them cost two torch.zeros per backward)."""
+    are caught; the optional ones only when one is given, as saving costs per tensor), the scalars it
+    passes on, and no zero-filled gradients for the outputs that have none (lse and S_dmask never get
+    one: materialising them cost two torch.zeros per backward)."""
     ctx.set_materialize_grads(False)
     # rest = the op's inputs after v: cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
     # q_descale, k_descale, v_descale, rng_state, then max_seqlen_q ... deterministic, return_softmax, out_dtype.
-    ctx.save_for_backward(q, k, v, out, lse, rest[0], rest[1], rest[2], rest[3], rest[4], rest[8])
+    if (rest[0] is None and rest[1] is None and rest[2] is None and rest[3] is None and rest[4] is None
+            and rest[8] is None):
+        ctx.save_for_backward(q, k, v, out, lse)
+    else:
+        ctx.save_for_backward(q, k, v, out, lse, rest[0], rest[1], rest[2], rest[3], rest[4], rest[8])
     # fp8 inputs have no backward (None marks them); else bwd's scalars, max_seqlen_q ... deterministic.
     ctx.params = rest[9:18] if rest[5] is None and q.dtype not in _FP8_DTYPES else None
 
@@ -184,9 +189,12 @@ def _grads(ctx, dout):
                          "high-precision inputs and differentiate through the dequantised values")
     if dout is None:  # no gradient reached out (grads are not materialised)
         return None, None, None
-    q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state = ctx.saved_tensors
+    saved = ctx.saved_tensors
     op = run_bwd if _direct(dout) else bwd
-    return op(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
+    if len(saved) == 5:
+        q, k, v, out, lse = saved
+        return op(dout, q, k, v, out, lse, None, None, None, None, None, None, *ctx.params)
+    return op(dout, *saved, *ctx.params)
 
 
 def _direct(x: Tensor) -> bool:

@@ -62,7 +62,8 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
     dropout_p = check_float(dropout_p, "dropout_p", 0.0, 1.0, hi_open=True)
     softcap = check_float(softcap, "softcap", 0.0)
     max_seqlen_q, max_seqlen_k = check_int(max_seqlen_q, "max_seqlen_q", 0), check_int(max_seqlen_k, "max_seqlen_k", 0)
-    q, k, v = _pad_head(q), _pad_head(k), _pad_head(v)
+    if d % 8 or dv % 8 or k.shape[-1] % 8:
+        q, k, v = _pad_head(q), _pad_head(k), _pad_head(v)
     rng_state = draw_rng_state(dropout_p)
     return_softmax = bool(return_attn_probs) and q.device.type == "cpu" and not varlen
     if fp8_dtype is not None:
