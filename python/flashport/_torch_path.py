@@ -39,11 +39,13 @@ def draw_rng_state(dropout_p: float):
     return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64)
 
 
-def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None,
+def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None,
               block_table=None, dropout_p=0.0, softmax_scale_=None, causal=False, window_size=(-1, -1),
               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, q_descale=None,
               k_descale=None, v_descale=None, fp8_dtype=None):
-    """Every dense / varlen / paged forward. `fp8_dtype` set: dynamic fp8 quantisation of q, k, v."""
+    """Every dense / varlen / paged forward. `fp8_dtype` set: dynamic fp8 quantisation of q, k, v.
+    flash_attn_func and flash_attn_varlen_func pass their arguments positionally (keyword passing of
+    some twenty arguments through two calls cost about a microsecond)."""
     varlen = cu_seqlens_q is not None
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         check_tensor(x, name)
