@@ -64,7 +64,8 @@ def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max
     dropout_p = check_float(dropout_p, "dropout_p", 0.0, 1.0, hi_open=True)
     softcap = check_float(softcap, "softcap", 0.0)
     max_seqlen_q, max_seqlen_k = check_int(max_seqlen_q, "max_seqlen_q", 0), check_int(max_seqlen_k, "max_seqlen_k", 0)
-    if d % 8 or dv % 8 or k.shape[-1] % 8:
+    pad = d % 8 or dv % 8 or k.shape[-1] % 8
+    if pad:
         q, k, v = _pad_head(q), _pad_head(k), _pad_head(v)
     rng_state = draw_rng_state(dropout_p)
     return_softmax = bool(return_attn_probs) and q.device.type == "cpu" and not varlen
@@ -83,7 +84,7 @@ def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max
         out = _torch_ops.call_out(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                                   q_descale, k_descale, v_descale, rng_state, max_seqlen_q, max_seqlen_k, scale,
                                   bool(causal), wl, wr, softcap, dropout_p, bool(deterministic), False, None)
-        return out if out.shape[-1] == dv else out[..., :dv]
+        return out[..., :dv] if pad and out.shape[-1] != dv else out
     if out.shape[-1] != dv:
         out = out[..., :dv]
     if return_attn_probs:
