@@ -56,6 +56,10 @@ def check_ndim(x, ndim: int, name: str, layout: str) -> None:
 
 def window(window_size, causal: bool) -> tuple[int, int]:
     """(left, right) from flash-attn's window_size; -1 means unbounded. Causal forces right = 0."""
+    if type(window_size) is tuple and len(window_size) == 2:  # the common case: a pair of ints in range
+        left, right = window_size
+        if type(left) is int and type(right) is int and -1 <= left <= INT64_MAX and -1 <= right <= INT64_MAX:
+            return left, (0 if causal else right)
     try:
         left, right = window_size
         left, right = int(left), int(right)
@@ -94,7 +98,9 @@ def check_head_dim(x, name: str) -> None:
     core sees padded sizes (257 would be reported as 264). Objects without a shape are left to later checks."""
     shape = getattr(x, "shape", None)
     if shape is not None and len(shape) >= 1:
-        check_int(shape[-1], f"{name}", 1, HEAD_DIM_MAX, what="head dim")
+        d = shape[-1]
+        if type(d) is not int or not 1 <= d <= HEAD_DIM_MAX:  # the common case needs no call
+            check_int(d, name, 1, HEAD_DIM_MAX, what="head dim")
 
 
 def softmax_scale(scale, head_dim: int) -> float:

@@ -67,9 +67,9 @@ _functorch_layer = torch._C._functorch.peek_interpreter_stack
 
 
 def _contig(x: Optional[Tensor]) -> Optional[Tensor]:
-    if x is None:
-        return None
-    # stride before size: the common contiguous case then reads two attributes, not three
+    """x with a unit-stride last dimension (a copy only when it has none)."""
+    if x is None or x.is_contiguous():  # the common case in one call (dim() and stride(-1) took two)
+        return x
     return x.contiguous() if x.dim() and x.stride(-1) != 1 and x.size(-1) > 1 else x
 
 
@@ -102,12 +102,12 @@ def _s_dmask_shape(q, k, block_table, varlen, return_softmax):
 # Forward / backward.
 
 
-def run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
-            v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-            softcap, dropout_p, deterministic, return_softmax, out_dtype):
-    """flashport::fwd's implementation: (out, softmax_lse, S_dmask); rng_state is a host int64 (seed,
-    offset) pair (None: no dropout). Every eager call runs this, so it allocates with the cheapest torch
-    calls (empty_like, new_empty) and calls the binding positionally."""
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
+             v_descale, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+             softcap, dropout_p, deterministic, return_softmax, out_dtype):
+    """run_fwd's body: (out, softmax_lse, S_dmask), S_dmask None where nothing computes it. Every eager
+    call runs this, so it allocates with the cheapest torch calls (empty_like, new_empty) and calls the
+    binding positionally; callers that drop S_dmask (call_out) skip run_fwd's empty placeholder."""
     q, k, v = _contig(q), _contig(k), _contig(v)
     shape = q.shape
     if cu_seqlens_q is None:
@@ -118,15 +118,22 @@ def run_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_s
         out = torch.empty_like(q, memory_format=_CONTIGUOUS)
     else:
         out = q.new_empty(shape[:-1] + (v.shape[-1],), dtype=_out_dtype(q, out_dtype))
+    s_dmask = None
     if return_softmax and cu_seqlens_q is None and q.is_cpu:
-        s_dmask = s_arg = q.new_empty(_s_dmask_shape(q, k, block_table, False, True), dtype=_F32)
-    else:
-        s_dmask, s_arg = q.new_empty((0,), dtype=_F32), None
+        s_dmask = q.new_empty(_s_dmask_shape(q, k, block_table, False, True), dtype=_F32)
     seed, offset = _rng(rng_state)
-    _C.forward(q, k, v, out, lse, s_arg, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+    _C.forward(q, k, v, out, lse, s_dmask, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                block_table, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                offset, q_descale, k_descale, v_descale, _stream(q))
     return out, lse, s_dmask
+
+
+def run_fwd(*inputs):
+    """flashport::fwd's implementation: (out, softmax_lse, S_dmask) from the op's 23 inputs (_FWD_SCHEMA;
+    rng_state is a host int64 (seed, offset) pair, None: no dropout). S_dmask is an empty placeholder
+    where nothing computes it (the schema returns a tensor)."""
+    out, lse, s_dmask = _forward(*inputs)
+    return out, lse, (s_dmask if s_dmask is not None else lse.new_empty((0,)))
 
 
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes, q_descale, k_descale,
@@ -160,12 +167,17 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, *args):
 
 def _save(ctx, q, k, v, rest, out, lse):
     """flashport::fwd's autograd context: the tensors backward reads (saved, so in-place changes to them
-    are caught), the scalars it passes on, and no zero-filled gradients for the outputs that have none
-    (lse and S_dmask never get one: materialising them cost two torch.zeros per backward)."""
+    are caught; the optional ones only when one is given, as saving costs per tensor), the scalars it
+    passes on, and no zero-filled gradients for the outputs that have none (lse and S_dmask never get
+    one: materialising them cost two torch.zeros per backward)."""
     ctx.set_materialize_grads(False)
     # rest = the op's inputs after v: cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
     # q_descale, k_descale, v_descale, rng_state, then max_seqlen_q ... deterministic, return_softmax, out_dtype.
-    ctx.save_for_backward(q, k, v, out, lse, rest[0], rest[1], rest[2], rest[3], rest[4], rest[8])
+    if (rest[0] is None and rest[1] is None and rest[2] is None and rest[3] is None and rest[4] is None
+            and rest[8] is None):
+        ctx.save_for_backward(q, k, v, out, lse)
+    else:
+        ctx.save_for_backward(q, k, v, out, lse, rest[0], rest[1], rest[2], rest[3], rest[4], rest[8])
     # fp8 inputs have no backward (None marks them); else bwd's scalars, max_seqlen_q ... deterministic.
     ctx.params = rest[9:18] if rest[5] is None and q.dtype not in _FP8_DTYPES else None
 
@@ -177,9 +189,12 @@ def _grads(ctx, dout):
                          "high-precision inputs and differentiate through the dequantised values")
     if dout is None:  # no gradient reached out (grads are not materialised)
         return None, None, None
-    q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state = ctx.saved_tensors
+    saved = ctx.saved_tensors
     op = run_bwd if _direct(dout) else bwd
-    return op(dout, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table, alibi, rng_state, *ctx.params)
+    if len(saved) == 5:
+        q, k, v, out, lse = saved
+        return op(dout, q, k, v, out, lse, None, None, None, None, None, None, *ctx.params)
+    return op(dout, *saved, *ctx.params)
 
 
 def _direct(x: Tensor) -> bool:
@@ -207,6 +222,34 @@ class _Attention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+class _AttentionOut(torch.autograd.Function):
+    """_Attention for eager callers that want `out` alone (flash_attn_func without return_attn_probs, the
+    common call): call_out has checked that the tensors are plain and nothing traces, so forward runs
+    _forward itself (no second check, no S_dmask placeholder) and returns one output (no
+    non-differentiable outputs to mark; lse is saved as an intermediate). Same context and backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rest):
+        out, lse, _ = _forward(q, k, v, *rest)
+        _save(ctx, q, k, v, rest, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dq, dk, dv = _grads(ctx, dout)
+        return dq, dk, dv, None
+
+
+# The eager calls apply their Function through torch's C entry point: torch versions whose
+# Function.apply is a Python classmethod (2.11 among them) spend a few microseconds there on setup_context
+# binding, a functorch check and unwrapping dead functorch wrappers. The eager path only runs with no
+# functorch transform active (_tracing), and unwraps q, k, v itself where that wrapper would have.
+_PY_APPLY = isinstance(torch.autograd.Function.__dict__.get("apply"), classmethod)
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
+_apply_all = super(torch.autograd.Function, _Attention).apply
+_apply_out = super(torch.autograd.Function, _AttentionOut).apply
+
+
 def call_fwd(*inputs):
     """flashport::fwd(*inputs) for a caller: the registered op while tracing, else the eager twin (with
     autograd only when an input needs a gradient)."""
@@ -214,8 +257,22 @@ def call_fwd(*inputs):
     if _tracing(q):
         return fwd(*inputs)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Attention.apply(q, k, v, inputs[3:])
+        if _PY_APPLY:
+            q, k, v = _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v)
+        return _apply_all(q, k, v, inputs[3:])
     return run_fwd(*inputs)
+
+
+def call_out(*inputs):
+    """flashport::fwd(*inputs)[0]: call_fwd for callers that drop softmax_lse and S_dmask."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    if _tracing(q):
+        return fwd(*inputs)[0]
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if _PY_APPLY:
+            q, k, v = _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v)
+        return _apply_out(q, k, v, inputs[3:])
+    return _forward(*inputs)[0]
 
 
 _grad_enabled = torch.is_grad_enabled

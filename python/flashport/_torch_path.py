@@ -39,11 +39,13 @@ def draw_rng_state(dropout_p: float):
     return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64)
 
 
-def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None,
+def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None,
               block_table=None, dropout_p=0.0, softmax_scale_=None, causal=False, window_size=(-1, -1),
               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, q_descale=None,
               k_descale=None, v_descale=None, fp8_dtype=None):
-    """Every dense / varlen / paged forward. `fp8_dtype` set: dynamic fp8 quantisation of q, k, v."""
+    """Every dense / varlen / paged forward. `fp8_dtype` set: dynamic fp8 quantisation of q, k, v.
+    flash_attn_func and flash_attn_varlen_func pass their arguments positionally (keyword passing of
+    some twenty arguments through two calls cost about a microsecond)."""
     varlen = cu_seqlens_q is not None
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         check_tensor(x, name)
@@ -62,7 +64,9 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
     dropout_p = check_float(dropout_p, "dropout_p", 0.0, 1.0, hi_open=True)
     softcap = check_float(softcap, "softcap", 0.0)
     max_seqlen_q, max_seqlen_k = check_int(max_seqlen_q, "max_seqlen_q", 0), check_int(max_seqlen_k, "max_seqlen_k", 0)
-    q, k, v = _pad_head(q), _pad_head(k), _pad_head(v)
+    pad = d % 8 or dv % 8 or k.shape[-1] % 8
+    if pad:
+        q, k, v = _pad_head(q), _pad_head(k), _pad_head(v)
     rng_state = draw_rng_state(dropout_p)
     return_softmax = bool(return_attn_probs) and q.device.type == "cpu" and not varlen
     if fp8_dtype is not None:
@@ -71,11 +75,16 @@ def attention(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, 
         out, lse, s_dmask = _torch_fp8.fwd_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table, alibi_slopes,
                                                rng_state, max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr,
                                                softcap, dropout_p, bool(deterministic), return_softmax, fp8_dtype)
-    else:
-        out, lse, s_dmask = _torch_ops.call_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
-                                           q_descale, k_descale, v_descale, rng_state, max_seqlen_q, max_seqlen_k,
-                                           scale, bool(causal), wl, wr, softcap, dropout_p, bool(deterministic),
-                                           return_softmax, None)
+    elif return_attn_probs:
+        out, lse, s_dmask = _torch_ops.call_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                                                alibi_slopes, q_descale, k_descale, v_descale, rng_state,
+                                                max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr, softcap,
+                                                dropout_p, bool(deterministic), return_softmax, None)
+    else:  # out alone: no non-differentiable outputs, no S_dmask placeholder
+        out = _torch_ops.call_out(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
+                                  q_descale, k_descale, v_descale, rng_state, max_seqlen_q, max_seqlen_k, scale,
+                                  bool(causal), wl, wr, softcap, dropout_p, bool(deterministic), False, None)
+        return out[..., :dv] if pad and out.shape[-1] != dv else out
     if out.shape[-1] != dv:
         out = out[..., :dv]
     if return_attn_probs:

@@ -88,6 +88,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q),
     S_dmask) with return_attn_probs.
     """
+    if not _numpy(q):  # torch (anything else is refused there): positional, the hot call
+        for x, name in ((q, "q"), (k, "k"), (v, "v")):
+            check_head_dim(x, name)
+        return _torch().attention(q, k, v, None, None, 0, 0, None, None, dropout_p, softmax_scale, causal,
+                                  window_size, softcap, alibi_slopes, deterministic, return_attn_probs, q_descale,
+                                  k_descale, v_descale)
     return _attention(q, k, v, dropout_p=dropout_p, softmax_scale_=softmax_scale, causal=causal,
                       window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic,
                       return_attn_probs=return_attn_probs, q_descale=q_descale, k_descale=k_descale,
@@ -123,6 +129,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     max_blocks)) k/v are pages (num_blocks, page_block_size, nheads_k, headdim); any page size works.
     softmax_lse is (nheads, total_q).
     """
+    if not _numpy(q):  # torch: positional, as in flash_attn_func
+        for x, name in ((q, "q"), (k, "k"), (v, "v")):
+            check_head_dim(x, name)
+        return _torch().attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                  block_table, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs, q_descale, k_descale, v_descale)
     return _attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, block_table=block_table, dropout_p=dropout_p,
                       softmax_scale_=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
