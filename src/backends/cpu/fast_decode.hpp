@@ -299,11 +299,11 @@ inline void copy_keys_bf16(const AttnProblem& p, const Operand& t, long long b, 
 /// Decode item `blk` (DecodeBlock in fast_common.hpp): its rows over keys [j0, j1). Writes O and the
 /// LSE, or with `blk.partial` the split's normalised O and LSE for the merge.
 inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* scratch) {
-  const long long b = blk.b, hk = blk.hk, sq = seqlen_q(p, b), sk = seqlen_k(p, b);
-  const int rows = (int)blk.rows, ld = (int)pad_to(rows, W);
+  const long long b = blk.b, sq = seqlen_q(p, b), sk = seqlen_k(p, b);
+  const int rows = (int)blk.rows, ld = (int)pad_to(rows, W), heads = (int)blk.heads;
   const int d = (int)p.d, dv = (int)p.dv, d_pad = (int)pad_to(d, W), dv_pad = (int)pad_to(dv, W);
   // q_scale and the softcap are the same for every head; the ALiBi slope is per row.
-  const ScoreParams sp = score_params(p, b, decode_row(p, hk, blk.row0).h);
+  const ScoreParams sp = score_params(p, b, decode_row(p, blk.hk, blk.row0).h);
 
   Bump mem{scratch};
   // Few rows (a power of two <= W / 2 after padding) take dot_scores on Q rows; the others the GEMM
@@ -314,136 +314,159 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
   // bf16 caches with whole 2W-channel blocks take dot_scores_bf16 and pv_bf16 on the stored rows.
   const bool bf16 = dot && p.in_type == kBF16 && d % (2 * W) == 0 && dv % (2 * W) == 0;
   const bool in_place = (p.in_type == kF32 && d == d_pad && dv == dv_pad) || bf16;
-  float* q_t = mem.take((long long)d_pad * ld);  // (d_pad, ld): q_scale * Q^T, or (rows_pow2, d_pad) Q
+  // Per head (the item's kv heads hk + h, h < heads; decode_head_floats bounds their sum): Q, the O
+  // accumulators, the softmax statistics and the rows' key ranges. The panels are shared.
+  const long long q_n = dot ? (long long)rows_pow2 * d_pad : (long long)d_pad * ld;
+  const long long o_n = (long long)std::max(rows, dot ? rows_pow2 : 0) * dv_pad;
+  float* q_all = mem.take(heads * q_n);  // (d_pad, ld): q_scale * Q^T, or (rows_pow2, d_pad) Q
+  float* o_all = mem.take(heads * o_n);  // (rows, dv_pad): unnormalised O
+  float* m_all = mem.take(heads * ld);
+  float* l_all = mem.take(heads * ld);
+  float* slope_all = mem.take(heads * ld);  // ALiBi slope * log2(e) per row
+  int* lo_all = mem.take_int(heads * ld);
+  int* hi_all = mem.take_int(heads * ld);
+  int* diag_all = mem.take_int(heads * ld);
   float* k_pan = mem.take((long long)kDecodeKeys * d_pad);   // (kDecodeKeys, d_pad)
   float* v_pan = mem.take((long long)kDecodeKeys * dv_pad);  // (kDecodeKeys, dv_pad)
   float* s_tile = mem.take((long long)kDecodeKeys * ld);     // (kDecodeKeys, ld): S^T, then P^T
-  float* o_acc = mem.take((long long)kDecodeRows * dv_pad);  // (rows, dv_pad): unnormalised O
   float* row_buf = mem.take(std::max(d_pad, dv_pad));
-  float* m = mem.take(kDecodeRows);
-  float* l = mem.take(kDecodeRows);
-  float* alpha = mem.take(kDecodeRows);
-  float* m_new = mem.take(kDecodeRows);
-  float* slope = mem.take(kDecodeRows);  // ALiBi slope * log2(e) per row
-  int* lo = mem.take_int(kDecodeRows);
-  int* hi = mem.take_int(kDecodeRows);
-  int* diag = mem.take_int(kDecodeRows);
+  float* alpha = mem.take(ld);
+  float* m_new = mem.take(ld);
+  struct Head {
+    long long hk;
+    float *q_t, *o_acc, *m, *l, *slope;
+    int *lo, *hi, *diag;
+  };
+  const auto head = [&](int h) {
+    return Head{blk.hk + h,         q_all + h * q_n, o_all + h * o_n, m_all + h * ld,   l_all + h * ld,
+                slope_all + h * ld, lo_all + h * ld, hi_all + h * ld, diag_all + h * ld};
+  };
 
   // Q^T, the rows' visible key ranges (sem::visible_keys), diagonals and slopes. Padding columns
   // have zero Q and see every key, so they never need a mask; their results are dropped.
-  std::fill(q_t, q_t + (long long)d_pad * ld, 0.0f);
-  for (int r = 0; r < ld; ++r) {
-    lo[r] = 0, hi[r] = (int)sk, diag[r] = 0, slope[r] = 0.0f;
-    if (r >= rows) continue;
-    const DecodeRow row = decode_row(p, hk, blk.row0 + r);
-    load_row(p.q.ptr, p.in_type, q_offset(p, p.q, b, row.i, row.h), d, d, sp.q_scale, row_buf);
-    for (int c = 0; c < d; ++c) {
-      q_t[dot ? (long long)r * d_pad + (bf16 ? bf16_lane(c) : c) : (long long)c * ld + r] = row_buf[c];
+  std::fill(q_all, q_all + heads * q_n, 0.0f);
+  std::fill(m_all, m_all + heads * ld, kNegInf);
+  std::fill(l_all, l_all + heads * ld, 0.0f);
+  std::fill(o_all, o_all + heads * o_n, 0.0f);
+  for (int h = 0; h < heads; ++h) {
+    const auto [hk, q_t, o_acc, m, l, slope, lo, hi, diag] = head(h);
+    for (int r = 0; r < ld; ++r) {
+      lo[r] = 0, hi[r] = (int)sk, diag[r] = 0, slope[r] = 0.0f;
+      if (r >= rows) continue;
+      const DecodeRow row = decode_row(p, hk, blk.row0 + r);
+      load_row(p.q.ptr, p.in_type, q_offset(p, p.q, b, row.i, row.h), d, d, sp.q_scale, row_buf);
+      for (int c = 0; c < d; ++c) {
+        q_t[dot ? (long long)r * d_pad + (bf16 ? bf16_lane(c) : c) : (long long)c * ld + r] = row_buf[c];
+      }
+      const sem::KeyRange kr = sem::visible_keys(row.i, sq, sk, p.window_left, p.window_right);
+      lo[r] = (int)kr.lo, hi[r] = (int)kr.hi;
+      diag[r] = (int)sem::diagonal(row.i, sq, sk);
+      slope[r] = alibi_slope(p, b, row.h) * sem::kLog2e;
     }
-    const sem::KeyRange kr = sem::visible_keys(row.i, sq, sk, p.window_left, p.window_right);
-    lo[r] = (int)kr.lo, hi[r] = (int)kr.hi;
-    diag[r] = (int)sem::diagonal(row.i, sq, sk);
-    slope[r] = alibi_slope(p, b, row.h) * sem::kLog2e;
   }
-  std::fill(m, m + ld, kNegInf);
-  std::fill(l, l + ld, 0.0f);
-  std::fill(o_acc, o_acc + (long long)std::max(rows, dot ? rows_pow2 : 0) * dv_pad, 0.0f);
   // dot_scores writes columns [0, rows_pow2) only: the others stay finite (their results are dropped).
   std::fill(s_tile, s_tile + (long long)kDecodeKeys * ld, 0.0f);
 
   for (long long j0 = blk.j0; j0 < blk.j1; j0 += kDecodeKeys) {
     const int nk = (int)std::min<long long>(kDecodeKeys, blk.j1 - j0);
-    // The panel's K and V rows, widened once for every row of the item. fp32 rows that need no padding are
-    // read where they lie when the panel is one run (dense caches, pages of >= kDecodeKeys tokens) and whole
-    // groups of dot_scores' keys (it reads up to the next group's end); the others are widened (copied) into
-    // the panel.
-    const float* k_rows = k_pan;
-    const float* v_rows = v_pan;
-    const uint16_t* k_bf16 = reinterpret_cast<const uint16_t*>(k_pan);
-    const uint16_t* v_bf16 = reinterpret_cast<const uint16_t*>(v_pan);
-    long long k_ld = d_pad, v_ld = dv_pad;
-    const KeyRun k_run = in_place ? key_run(p, p.k, b, hk, j0, j0 + nk) : KeyRun{-1, 0};
-    const KeyRun v_run = in_place ? key_run(p, p.v, b, hk, j0, j0 + nk) : KeyRun{-1, 0};
-    if (k_run.n == nk && k_run.offset >= 0 && v_run.offset >= 0 && nk % keys_per_dot == 0) {
-      k_ld = p.k.row_stride, v_ld = p.v.row_stride;
-      if (bf16) {
-        k_bf16 = static_cast<const uint16_t*>(p.k.ptr) + k_run.offset;
-        v_bf16 = static_cast<const uint16_t*>(p.v.ptr) + v_run.offset;
+    for (int h = 0; h < heads; ++h) {
+      const auto [hk, q_t, o_acc, m, l, slope, lo, hi, diag] = head(h);
+      // The panel's K and V rows, widened once for every row of the item. fp32 rows that need no padding are
+      // read where they lie when the panel is one run (dense caches, pages of >= kDecodeKeys tokens) and
+      // whole groups of dot_scores' keys (it reads up to the next group's end); the others are widened
+      // (copied) into the panel.
+      const float* k_rows = k_pan;
+      const float* v_rows = v_pan;
+      const uint16_t* k_bf16 = reinterpret_cast<const uint16_t*>(k_pan);
+      const uint16_t* v_bf16 = reinterpret_cast<const uint16_t*>(v_pan);
+      long long k_ld = d_pad, v_ld = dv_pad;
+      const KeyRun k_run = in_place ? key_run(p, p.k, b, hk, j0, j0 + nk) : KeyRun{-1, 0};
+      const KeyRun v_run = in_place ? key_run(p, p.v, b, hk, j0, j0 + nk) : KeyRun{-1, 0};
+      if (k_run.n == nk && k_run.offset >= 0 && v_run.offset >= 0 && nk % keys_per_dot == 0) {
+        k_ld = p.k.row_stride, v_ld = p.v.row_stride;
+        if (bf16) {
+          k_bf16 = static_cast<const uint16_t*>(p.k.ptr) + k_run.offset;
+          v_bf16 = static_cast<const uint16_t*>(p.v.ptr) + v_run.offset;
+        } else {
+          k_rows = static_cast<const float*>(p.k.ptr) + k_run.offset;
+          v_rows = static_cast<const float*>(p.v.ptr) + v_run.offset;
+        }
+      } else if (bf16) {
+        // Copied as stored (no widening); the keys up to dot_scores' next group read as zeros.
+        uint16_t* k_dst = reinterpret_cast<uint16_t*>(k_pan);
+        copy_keys_bf16(p, p.k, b, hk, j0, j0 + nk, d, k_dst);
+        std::fill(k_dst + (long long)nk * d, k_dst + pad_to(nk, keys_per_dot) * d, (uint16_t)0);
+        copy_keys_bf16(p, p.v, b, hk, j0, j0 + nk, dv, reinterpret_cast<uint16_t*>(v_pan));
+        k_ld = d, v_ld = dv;
       } else {
-        k_rows = static_cast<const float*>(p.k.ptr) + k_run.offset;
-        v_rows = static_cast<const float*>(p.v.ptr) + v_run.offset;
+        widen_keys(p, p.k, b, hk, j0, j0 + nk, d, d_pad, k_pan, d_pad);
+        widen_keys(p, p.v, b, hk, j0, j0 + nk, dv, dv_pad, v_pan, dv_pad);
       }
-    } else if (bf16) {
-      // Copied as stored (no widening); the keys up to dot_scores' next group read as zeros.
-      uint16_t* k_dst = reinterpret_cast<uint16_t*>(k_pan);
-      copy_keys_bf16(p, p.k, b, hk, j0, j0 + nk, d, k_dst);
-      std::fill(k_dst + (long long)nk * d, k_dst + pad_to(nk, keys_per_dot) * d, (uint16_t)0);
-      copy_keys_bf16(p, p.v, b, hk, j0, j0 + nk, dv, reinterpret_cast<uint16_t*>(v_pan));
-      k_ld = d, v_ld = dv;
-    } else {
-      widen_keys(p, p.k, b, hk, j0, j0 + nk, d, d_pad, k_pan, d_pad);
-      widen_keys(p, p.v, b, hk, j0, j0 + nk, dv, dv_pad, v_pan, dv_pad);
-    }
-    // S^T = K Q^T. A panel every row sees whole with no score transform takes its column max in the
-    // micro-kernel's epilogue; the others after the transform and the mask.
-    bool visible = true;
-    for (int r = 0; r < rows; ++r) visible = visible && lo[r] <= j0 && hi[r] >= j0 + nk;
-    const bool plain = visible && !sp.transform && !dot;
-    std::copy(m, m + ld, m_new);
-    if (bf16) {
-      kDotScoresBf16[std::bit_width((unsigned)rows_pow2) - 1](s_tile, ld, nk, k_bf16, k_ld, q_t, d_pad, d);
-    } else if (dot) {
-      kDotScores[std::bit_width((unsigned)rows_pow2) - 1](s_tile, ld, nk, k_rows, k_ld, q_t, d_pad, d_pad);
-    } else {
-      gemm(s_tile, ld, nk, ld / W, k_rows, k_ld, 1, q_t, ld, d, m_new,
-           plain ? Store::overwrite_max : Store::overwrite);
-    }
-    if (!plain) {
-      for (int j = 0; j < nk; ++j) {
-        float* s_j = s_tile + j * ld;
-        const int key = (int)(j0 + j);
-        if (sp.cap_log2 > 0.0f) {
-          for (int r = 0; r < ld; ++r) s_j[r] = sp.cap_log2 * tanh_fast(s_j[r]);
-        }
-        if (p.alibi) {
-          for (int r = 0; r < ld; ++r) s_j[r] -= slope[r] * (float)sem::alibi_distance(diag[r], key);
-        }
-        if (!visible) {
-          for (int r = 0; r < ld; ++r) s_j[r] = (key >= lo[r] && key < hi[r]) ? s_j[r] : kNegInf;
-        }
+      // S^T = K Q^T. A panel every row sees whole with no score transform takes its column max in the
+      // micro-kernel's epilogue; the others after the transform and the mask.
+      bool visible = true;
+      for (int r = 0; r < rows; ++r) visible = visible && lo[r] <= j0 && hi[r] >= j0 + nk;
+      const bool plain = visible && !sp.transform && !dot;
+      std::copy(m, m + ld, m_new);
+      if (bf16) {
+        kDotScoresBf16[std::bit_width((unsigned)rows_pow2) - 1](s_tile, ld, nk, k_bf16, k_ld, q_t, d_pad, d);
+      } else if (dot) {
+        kDotScores[std::bit_width((unsigned)rows_pow2) - 1](s_tile, ld, nk, k_rows, k_ld, q_t, d_pad, d_pad);
+      } else {
+        gemm(s_tile, ld, nk, ld / W, k_rows, k_ld, 1, q_t, ld, d, m_new,
+             plain ? Store::overwrite_max : Store::overwrite);
       }
-      decode_column_max(s_tile, nk, ld, m, m_new);
-    }
-    decode_online_softmax(s_tile, nk, ld, m_new, m, l, alpha);
-    // O = alpha * O + P V; A(r = row, k = key) = P^T[key][row].
-    if (bf16) {
-      for (int r = 0; r < rows_pow2; ++r) {
-        float* o_r = o_acc + (long long)r * dv_pad;
-        for (int c = 0; c < dv; ++c) o_r[c] *= alpha[r];
+      if (!plain) {
+        for (int j = 0; j < nk; ++j) {
+          float* s_j = s_tile + j * ld;
+          const int key = (int)(j0 + j);
+          if (sp.cap_log2 > 0.0f) {
+            for (int r = 0; r < ld; ++r) s_j[r] = sp.cap_log2 * tanh_fast(s_j[r]);
+          }
+          if (p.alibi) {
+            for (int r = 0; r < ld; ++r) s_j[r] -= slope[r] * (float)sem::alibi_distance(diag[r], key);
+          }
+          if (!visible) {
+            for (int r = 0; r < ld; ++r) s_j[r] = (key >= lo[r] && key < hi[r]) ? s_j[r] : kNegInf;
+          }
+        }
+        decode_column_max(s_tile, nk, ld, m, m_new);
       }
-      kPvBf16[std::bit_width((unsigned)rows_pow2) - 1](o_acc, dv_pad, s_tile, ld, nk, v_bf16, v_ld, dv);
-      continue;
+      decode_online_softmax(s_tile, nk, ld, m_new, m, l, alpha);
+      // O = alpha * O + P V; A(r = row, k = key) = P^T[key][row].
+      if (bf16) {
+        for (int r = 0; r < rows_pow2; ++r) {
+          float* o_r = o_acc + (long long)r * dv_pad;
+          for (int c = 0; c < dv; ++c) o_r[c] *= alpha[r];
+        }
+        kPvBf16[std::bit_width((unsigned)rows_pow2) - 1](o_acc, dv_pad, s_tile, ld, nk, v_bf16, v_ld, dv);
+        continue;
+      }
+      gemm(o_acc, dv_pad, rows, dv_pad / W, s_tile, 1, ld, v_rows, v_ld, nk, alpha, Store::rescale);
     }
-    gemm(o_acc, dv_pad, rows, dv_pad / W, s_tile, 1, ld, v_rows, v_ld, nk, alpha, Store::rescale);
   }
 
   // Finalise: O / l and LSE = ln(2) * (m + log2 l); rows that saw no key get 0 and -inf. A split
   // writes the same into its partial state, which the merge combines with sem::lse_weight.
-  for (int r = 0; r < rows; ++r) {
-    const float inv_l = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    const float lse = l[r] > 0.0f ? kLn2 * (m[r] + std::log2(l[r])) : kNegInf;
-    const float* o_r = o_acc + (long long)r * dv_pad;
-    if (bf16) {  // back from the even/odd order
-      for (int c = 0; c < dv; ++c) row_buf[c] = o_r[bf16_lane(c)];
-      o_r = row_buf;
+  for (int h = 0; h < heads; ++h) {
+    const auto [hk, q_t, o_acc, m, l, slope, lo, hi, diag] = head(h);
+    float* partial = blk.partial ? blk.partial + h * blk.rows * (dv + 1) : nullptr;
+    for (int r = 0; r < rows; ++r) {
+      const float inv_l = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      const float lse = l[r] > 0.0f ? kLn2 * (m[r] + std::log2(l[r])) : kNegInf;
+      const float* o_r = o_acc + (long long)r * dv_pad;
+      if (bf16) {  // back from the even/odd order
+        for (int c = 0; c < dv; ++c) row_buf[c] = o_r[bf16_lane(c)];
+        o_r = row_buf;
+      }
+      if (partial) {
+        for (int c = 0; c < dv; ++c) partial[(long long)r * dv + c] = o_r[c] * inv_l;
+        partial[blk.rows * dv + r] = lse;
+        continue;
+      }
+      const DecodeRow row = decode_row(p, hk, blk.row0 + r);
+      store_row(p.o.ptr, p.out_type, q_offset(p, p.o, b, row.i, row.h), dv, inv_l, o_r);
+      if (p.lse) p.lse[lse_offset(p, b, row.h, row.i)] = lse;
     }
-    if (blk.partial) {
-      for (int c = 0; c < dv; ++c) blk.partial[(long long)r * dv + c] = o_r[c] * inv_l;
-      blk.partial[blk.rows * dv + r] = lse;
-      continue;
-    }
-    const DecodeRow row = decode_row(p, hk, blk.row0 + r);
-    store_row(p.o.ptr, p.out_type, q_offset(p, p.o, b, row.i, row.h), dv, inv_l, o_r);
-    if (p.lse) p.lse[lse_offset(p, b, row.h, row.i)] = lse;
   }
 }
