@@ -237,6 +237,14 @@ TEST(FastDecode, SplitKvMergesLongContexts) {
       expect_accurate(c);
     }
   }
+  for (DType dt : {DType::f32, DType::bf16}) {
+    // Items of several kv heads (one token of GQA 4:1) split: per-head states, some empty under a window.
+    DecodeCase c = shape(dt, 1, 32, 8, 128, 6000, false);
+    c.seqlens = {6000};
+    expect_accurate(c);
+    c.wl = 900, c.alibi = true;
+    expect_accurate(c);
+  }
   DecodeCase mixed = shape(DType::bf16, 1, 32, 8, 64, 4000, false);  // long and short sequences mixed
   mixed.seqlens = {4000, 3, 0, 2500};
   expect_accurate(mixed);

@@ -367,8 +367,9 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
   // dot_scores writes columns [0, rows_pow2) only: the others stay finite (their results are dropped).
   std::fill(s_tile, s_tile + (long long)kDecodeKeys * ld, 0.0f);
 
-  for (long long j0 = blk.j0; j0 < blk.j1; j0 += kDecodeKeys) {
-    const int nk = (int)std::min<long long>(kDecodeKeys, blk.j1 - j0);
+  const int panel = heads > 1 ? kDecodeHeadKeys : kDecodeKeys;
+  for (long long j0 = blk.j0; j0 < blk.j1; j0 += panel) {
+    const int nk = (int)std::min<long long>(panel, blk.j1 - j0);
     for (int h = 0; h < heads; ++h) {
       const auto [hk, q_t, o_acc, m, l, slope, lo, hi, diag] = head(h);
       // The panel's K and V rows, widened once for every row of the item. fp32 rows that need no padding are
