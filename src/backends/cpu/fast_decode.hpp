@@ -1,17 +1,20 @@
 // The fast decode kernel: a few query tokens per sequence (decoding, speculative decoding) against a long
 // K/V cache. The query tile's rows are the GQA group's query heads (times the few query positions) of
 // one kv head, so each K/V row is read from memory, and widened to fp32, once for the whole group
-// instead of once per query head in a 64-row tile that is mostly padding. The kernel widens each panel
-// of keys once into cache-resident fp32 rows and reads paged caches page by page (runs of rows within
-// a page), never gathering the cache. (Software prefetching of the next panel was measured on the
-// 2-core dev machine, ahead by a panel or by 8-32 rows: no gain over the hardware's.)
+// instead of once per query head in a 64-row tile that is mostly padding. Items of few rows (one token
+// of a GQA group) carry several kv heads and take each panel of keys head by head, so the panel's
+// cache rows (a token's kv heads lie side by side) are read in memory order. The kernel reads paged
+// caches page by page (runs of rows within a page), never gathering the cache. (Software prefetching
+// of the next panel was measured on the 2-core dev machine, ahead by a panel or by 8-32 rows: no gain
+// over the hardware's.)
 //
 // Scores are kept transposed (keys x ld columns, ld = the item's rows padded to whole vectors) like
 // fast_forward.hpp's, so the softmax statistics are vectors across the rows. O = alpha * O + P V is the
 // shared GEMM micro-kernel (a P element broadcast against a vector of V channels); S^T = K Q^T is too
 // for items of more than W / 2 rows (a K element broadcast against a vector of rows), while smaller
 // ones take dot_scores (below), which wastes no lanes on padding rows. fp32 caches are read in place
-// where a panel is one run of rows.
+// where a panel is one run of rows; bf16 caches of those small items too (dot_scores_bf16, pv_bf16:
+// widened in registers), other bf16 and f16 panels are widened once into fp32 rows.
 //
 // Textual include after fast_simd.hpp (see there): compiled once per ISA.
 
