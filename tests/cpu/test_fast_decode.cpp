@@ -136,6 +136,32 @@ TEST(FastDecode, GqaMqaMhaOneAndThreeTokens) {
   }
 }
 
+TEST(FastDecode, Bf16RowsReadInPlace) {
+  // bf16 items of up to W / 2 rows read K and V as stored and widen them in registers (dot_scores_bf16,
+  // pv_bf16): 1, 2, 3 (one padding row), 4 and 8 rows; head dims of 2, 3 and 4 vector blocks; dense
+  // caches (whole panels in place, the last one copied) and pages of 16 and 1 (copied), a window with
+  // softcap and ALiBi; every ISA copy (W = 16, 8, 4 floats: AVX2 takes up to 4 rows, base up to 2).
+  struct Shape {
+    int64_t hq, hk, d;
+  };
+  for (const char* isa : {"avx512", "avx2", "base"}) {
+    fastcheck::with_isa(isa, [&] {
+      SCOPED_TRACE(isa);
+      for (const Shape& s :
+           {Shape{16, 16, 64}, Shape{16, 8, 128}, Shape{3, 1, 96}, Shape{32, 8, 128}, Shape{8, 1, 64}}) {
+        for (int64_t page : {0, 16, 1}) {
+          DecodeCase c = shape(DType::bf16, 1, s.hq, s.hk, s.d, 333, page == 1);
+          c.page = page;
+          expect_accurate(c);
+        }
+        DecodeCase c = shape(DType::bf16, 1, s.hq, s.hk, s.d, 333, false);
+        c.wl = 150, c.softcap = 5.0, c.alibi = true, c.leftpad = true;
+        expect_accurate(c);
+      }
+    });
+  }
+}
+
 TEST(FastDecode, RowsBeyondOneTile) {
   // MQA with 48 query heads: 3 tokens give 144 rows of one kv head, split into tiles of 64.
   for (bool causal : {false, true}) {
@@ -210,6 +236,14 @@ TEST(FastDecode, SplitKvMergesLongContexts) {
       c.wl = -1, c.softcap = 6.0, c.alibi = true;
       expect_accurate(c);
     }
+  }
+  for (DType dt : {DType::f32, DType::bf16}) {
+    // Items of several kv heads (one token of GQA 4:1) split: per-head states, some empty under a window.
+    DecodeCase c = shape(dt, 1, 32, 8, 128, 6000, false);
+    c.seqlens = {6000};
+    expect_accurate(c);
+    c.wl = 900, c.alibi = true;
+    expect_accurate(c);
   }
   DecodeCase mixed = shape(DType::bf16, 1, 32, 8, 64, 4000, false);  // long and short sequences mixed
   mixed.seqlens = {4000, 3, 0, 2500};

@@ -45,14 +45,27 @@ inline constexpr long long kDecodeMaxQueries = 16;
 inline constexpr int kDecodeRows = kBlockQ;
 inline constexpr int kDecodeKeys = kBlockK;
 
-/// A decode work item: rows [row0, row0 + rows) of kv head hk of sequence b (row r: query position
-/// r / group of query head group_head(hk, group, r % group)) over keys [j0, j1), their visible span or
-/// one split of it. `partial` null: the item writes O and LSE. Else the split's state, merged later:
-/// the normalised O rows (rows x dv) then the rows' LSEs (natural log), rows * (dv + 1) floats.
+/// A decode work item: rows [row0, row0 + rows) of kv heads [hk, hk + heads) of sequence b (row r:
+/// query position r / group of query head group_head(hk, group, r % group)) over keys [j0, j1), their
+/// visible span or one split of it. `partial` null: the item writes O and LSE. Else the split's state
+/// per head, merged later: the normalised O rows (rows x dv) then the rows' LSEs (natural log), rows *
+/// (dv + 1) floats a head. Several heads go through each panel of keys head by head, so a dense
+/// cache's rows (all kv heads of a token) are read in memory order.
 struct DecodeBlock {
-  long long b, hk, row0, rows, j0, j1;
+  long long b, hk, heads, row0, rows, j0, j1;
   float* partial;
 };
+
+/// Kv heads per decode item: items of at most kDecodeHeadRows rows take up to kDecodeMaxHeads
+/// heads, the others one.
+inline constexpr long long kDecodeHeadRows = 8;
+inline constexpr long long kDecodeMaxHeads = 8;
+/// Keys per panel of a several-head item: 16 keys of 8 heads of d = 128 are 32 KiB of bf16 K rows
+/// (64 KiB fp32), read in one sweep; 64-key panels (128-256 KiB) measured 1.2-1.5x slower.
+inline constexpr int kDecodeHeadKeys = 16;
+inline long long decode_heads(long long rows, long long hk) {
+  return rows <= kDecodeHeadRows ? std::min(hk, kDecodeMaxHeads) : 1;
+}
 
 /// A backward work item: keys [j0, j0 + kBlockK) of kv head hk of sequence b. It owns those rows of
 /// dK/dV and adds its dQ contributions into the calling thread's fp32 dQ accumulator. Its (sequence,
@@ -123,7 +136,11 @@ inline long long scratch_floats(long long d, long long dv) {
   const long long bwd = 2 * k * dp + 2 * k * dvp + 4 * k * q;
   const long long d32 = pad_to(d, 32), dv32 = pad_to(dv, 32);  // the AMX bf16 forward (fast_amx.hpp)
   const long long amx = d32 * q + 2 * k * q + 2 * k * q + dv32 * q + 2 * k * d32 + 2 * dv32 * k + dv32;
-  return std::max({fwd, bwd, amx}) + 16 * q + 32 * kMaxVec;
+  // Decode items of several heads (<= 8 rows, score columns <= kMaxVec): per head Q, O and 8 row
+  // arrays; shared panels.
+  const long long head = kMaxVec * dp + kDecodeHeadRows * dvp + 8 * kMaxVec;
+  const long long dec = kDecodeMaxHeads * head + k * dp + k * dvp + k * kMaxVec + dp + dvp;
+  return std::max({fwd, bwd, amx, dec}) + 16 * q + 32 * kMaxVec;
 }
 
 /// Largest shared K/V pack the forward allocates; longer sequences pack per tile instead.

@@ -107,28 +107,32 @@ bool decode_covers(const AttnProblem& p) {
 inline constexpr long long kSplitsPerThread = 4;
 inline constexpr long long kMinSplitKeys = 512;
 
-/// The decode forward: items of (sequence, kv head, rows chunk) over their visible key span, split
-/// across the threads when there are too few of them, then split states merged by their LSE.
+/// The decode forward: items of (sequence, kv heads, rows chunk) over their visible key span, split
+/// across the threads when there are too few of them, then split states merged by their LSE. Items
+/// of few rows (one token of a GQA group) take several kv heads (decode_heads), whose rows lie side by
+/// side in the cache: each panel of keys then reads the cache in memory order.
 void decode(const AttnProblem& p) {
   const Kernels& kernels = select_kernels(p.in_type, false);  // never AMX: decode streams K/V
   const long long group = gqa_group(p);
   struct Item {
-    long long b, hk, row0, rows;
+    long long b, hk, heads, row0, rows;
     sem::KeyRange span;
     long long pieces, partial;  // key splits; float offset of the first split's state when split
   };
   std::vector<Item> items;
-  long long total_keys = 0;
+  long long total_keys = 0;  // keys x heads
   for (long long b = 0; b < p.batch; ++b) {
     const long long sq = seqlen_q(p, b), sk = seqlen_k(p, b), rows = sq * group;
-    for (long long hk = 0; hk < p.hk; ++hk) {
+    const long long heads = decode_heads(rows, p.hk);
+    for (long long hk = 0; hk < p.hk; hk += heads) {
+      const long long nh = std::min(heads, p.hk - hk);
       for (long long row0 = 0; row0 < rows; row0 += kDecodeRows) {
         const long long n = std::min<long long>(kDecodeRows, rows - row0);
         // The chunk's query positions see the union of their visible ranges (sem::tile_keys).
         const sem::KeyRange span =
             sem::tile_keys(row0 / group, (row0 + n - 1) / group + 1, sq, sk, p.window_left, p.window_right);
-        items.push_back({b, hk, row0, n, span, 1, -1});
-        total_keys += std::max<long long>(0, span.hi - span.lo);
+        items.push_back({b, hk, nh, row0, n, span, 1, -1});
+        total_keys += nh * std::max<long long>(0, span.hi - span.lo);
       }
     }
   }
@@ -141,16 +145,17 @@ void decode(const AttnProblem& p) {
   long long partial_floats = 0;
   for (Item& it : items) {
     const long long len = std::max<long long>(0, it.span.hi - it.span.lo);
-    it.pieces = std::max<long long>(1, (len + chunk - 1) / chunk);
+    it.pieces = std::max<long long>(
+        1, std::min((len * it.heads + chunk - 1) / chunk, (len + kMinSplitKeys - 1) / kMinSplitKeys));
     if (it.pieces > 1) {
       it.partial = partial_floats;
-      partial_floats += it.pieces * it.rows * (p.dv + 1);
+      partial_floats += it.pieces * it.heads * it.rows * (p.dv + 1);
     }
   }
   float* partials = ThreadBuffers::mine().take(kPacked, partial_floats);
   for (Item& it : items) {
     if (it.pieces == 1) {
-      blocks.push_back({it.b, it.hk, it.row0, it.rows, it.span.lo, it.span.hi, nullptr});
+      blocks.push_back({it.b, it.hk, it.heads, it.row0, it.rows, it.span.lo, it.span.hi, nullptr});
       continue;
     }
     split.push_back(&it);
@@ -159,13 +164,14 @@ void decode(const AttnProblem& p) {
     for (long long s = 0; s < it.pieces; ++s) {
       const long long j0 = std::min(it.span.hi, it.span.lo + s * piece);
       const long long j1 = std::min(it.span.hi, j0 + piece);
-      blocks.push_back(
-          {it.b, it.hk, it.row0, it.rows, j0, j1, partials + it.partial + s * it.rows * (p.dv + 1)});
+      blocks.push_back({it.b, it.hk, it.heads, it.row0, it.rows, j0, j1,
+                        partials + it.partial + s * it.heads * it.rows * (p.dv + 1)});
     }
   }
   // Longest first, so the dynamic schedule ends with the short ones.
-  std::stable_sort(blocks.begin(), blocks.end(),
-                   [](const DecodeBlock& x, const DecodeBlock& y) { return x.j1 - x.j0 > y.j1 - y.j0; });
+  std::stable_sort(blocks.begin(), blocks.end(), [](const DecodeBlock& x, const DecodeBlock& y) {
+    return (x.j1 - x.j0) * x.heads > (y.j1 - y.j0) * y.heads;
+  });
   const long long n_blocks = (long long)blocks.size(), n_split = (long long)split.size();
   const long long scratch_n = scratch_floats(p.d, p.dv);
   // Without splits the blocks are the whole call: no barrier between them and the region's end (each
@@ -182,29 +188,33 @@ void decode(const AttnProblem& p) {
 #pragma omp for schedule(dynamic, 1) nowait
       for (long long n = 0; n < n_split; ++n) {
         const Item& it = *split[(size_t)n];
-        const long long state = it.rows * (p.dv + 1);
-        const float* first = partials + it.partial;
-        for (long long r = 0; r < it.rows; ++r) {
-          float lse_max = sem::kNegInf;
-          for (long long s = 0; s < it.pieces; ++s)
-            lse_max = std::max(lse_max, first[s * state + it.rows * p.dv + r]);
-          float weight_sum = 0.0f;
-          float* acc = scratch;
-          std::fill(acc, acc + p.dv, 0.0f);
-          for (long long s = 0; s < it.pieces; ++s) {
-            const float w = sem::lse_weight(first[s * state + it.rows * p.dv + r], lse_max);
-            if (w == 0.0f) continue;
-            weight_sum += w;
-            const float* o_s = first + s * state + r * p.dv;
-            for (long long c = 0; c < p.dv; ++c) acc[c] += w * o_s[c];
-          }
-          const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
-          const long long i = (it.row0 + r) / group, h = group_head(it.hk, group, (it.row0 + r) % group);
-          const long long o_off = q_offset(p, p.o, it.b, i, h);
-          for (long long c = 0; c < p.dv; ++c) store(p.o.ptr, p.out_type, o_off + c, (double)(acc[c] * inv));
-          if (p.lse) {
-            p.lse[lse_offset(p, it.b, h, i)] =
-                weight_sum > 0.0f ? lse_max + std::log(weight_sum) : sem::kNegInf;
+        const long long state = it.rows * (p.dv + 1), piece = it.heads * state;
+        for (long long h = 0; h < it.heads; ++h) {
+          const float* first = partials + it.partial + h * state;
+          for (long long r = 0; r < it.rows; ++r) {
+            float lse_max = sem::kNegInf;
+            for (long long s = 0; s < it.pieces; ++s)
+              lse_max = std::max(lse_max, first[s * piece + it.rows * p.dv + r]);
+            float weight_sum = 0.0f;
+            float* acc = scratch;
+            std::fill(acc, acc + p.dv, 0.0f);
+            for (long long s = 0; s < it.pieces; ++s) {
+              const float w = sem::lse_weight(first[s * piece + it.rows * p.dv + r], lse_max);
+              if (w == 0.0f) continue;
+              weight_sum += w;
+              const float* o_s = first + s * piece + r * p.dv;
+              for (long long c = 0; c < p.dv; ++c) acc[c] += w * o_s[c];
+            }
+            const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+            const long long i = (it.row0 + r) / group;
+            const long long hq = group_head(it.hk + h, group, (it.row0 + r) % group);
+            const long long o_off = q_offset(p, p.o, it.b, i, hq);
+            for (long long c = 0; c < p.dv; ++c)
+              store(p.o.ptr, p.out_type, o_off + c, (double)(acc[c] * inv));
+            if (p.lse) {
+              p.lse[lse_offset(p, it.b, hq, i)] =
+                  weight_sum > 0.0f ? lse_max + std::log(weight_sum) : sem::kNegInf;
+            }
           }
         }
       }
