@@ -111,13 +111,23 @@ struct FoldMasks {
     }
   }
 };
+/// Lane l of the result is lane mask[l] of the concatenation (x, y): GCC's two-vector __builtin_shuffle.
+/// clang (only the fuzzing build uses it) has no variable-mask form; it gets the lane loop.
+template <class Mask>
+FAST_INLINE vec_t shuffle2(vec_t x, vec_t y, const Mask& mask) {
+#if defined(__clang__)
+  vec_t r;
+  for (int l = 0; l < W; ++l) r[l] = mask[l] < W ? x[mask[l]] : y[mask[l] - W];
+  return r;
+#else
+  return __builtin_shuffle(x, y, mask);
+#endif
+}
 template <int H, int N>
 FAST_INLINE void fold_lanes(vec_t* v) {
   static const FoldMasks<H> m;
-  for (int i = 0; i < N / 2; ++i) {
-    v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], m.first) +
-           __builtin_shuffle(v[2 * i], v[2 * i + 1], m.second);
-  }
+  for (int i = 0; i < N / 2; ++i)
+    v[i] = shuffle2(v[2 * i], v[2 * i + 1], m.first) + shuffle2(v[2 * i], v[2 * i + 1], m.second);
   if constexpr (H > 1) fold_lanes<H / 2, N / 2>(v);
 }
 /// Lane l of the folded vector sums input vector kFoldOrder[l]: each level interleaves the blocks of
