@@ -61,32 +61,14 @@ inline void widen_keys(const AttnProblem& p, const Operand& t, long long b, long
   }
 }
 
-/// The online-softmax steps of fast_forward.hpp for a score tile of `ld` columns (nk x ld).
+/// The column max of fast_forward.hpp's online softmax for a score tile of `ld` columns (nk x ld); the
+/// update itself is fast_forward.hpp's online_softmax_rows.
 inline void decode_column_max(const float* s, int nk, int ld, const float* m, float* m_new) {
   for (int r = 0; r < ld; ++r) m_new[r] = m[r];
   for (int j = 0; j < nk; ++j) {
     const float* s_j = s + j * ld;
     for (int r = 0; r < ld; ++r) m_new[r] = s_j[r] > m_new[r] ? s_j[r] : m_new[r];
   }
-}
-inline void decode_online_softmax(float* s, int nk, int ld, const float* m_new, float* m, float* l,
-                                  float* alpha) {
-  float m_use[kDecodeRows], sum[kDecodeRows];
-  for (int r = 0; r < ld; ++r) {
-    m_use[r] = m_new[r] == kNegInf ? 0.0f : m_new[r];  // rows with no visible key yet: P = 0, no inf - inf
-    alpha[r] = exp2_neg(m[r] - m_use[r]);
-    m[r] = m_new[r];
-    sum[r] = 0.0f;
-  }
-  for (int j = 0; j < nk; ++j) {
-    float* s_j = s + j * ld;
-    for (int r = 0; r < ld; ++r) {
-      const float e = exp2_neg(s_j[r] - m_use[r]);
-      s_j[r] = e;
-      sum[r] += e;
-    }
-  }
-  for (int r = 0; r < ld; ++r) l[r] = madd(l[r], alpha[r], sum[r]);
 }
 
 /// Scores of few rows without wasted lanes. S^T = K Q^T on the GEMM micro-kernel broadcasts one K
@@ -446,7 +428,7 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
         }
         decode_column_max(s_tile, nk, ld, m, m_new);
       }
-      decode_online_softmax(s_tile, nk, ld, m_new, m, l, alpha);
+      online_softmax_rows<kDecodeRows>(s_tile, nk, ld, m_new, m, l, alpha);
       // O = alpha * O + P V; A(r = row, k = key) = P^T[key][row].
       if (bf16) {
         for (int r = 0; r < rows_pow2; ++r) {

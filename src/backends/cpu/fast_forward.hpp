@@ -4,27 +4,34 @@
 // Textual include after fast_simd.hpp (see there): compiled once per ISA.
 
 /// Online-softmax update of the running max `m` and sum `l` (log2 units) with a tile of scores
-/// (nk x kBlockQ), which it turns into probabilities. `m_new` holds the tile's column max merged with
-/// `m` on entry. `alpha` receives the factor the accumulated output rows must be rescaled by. Rows
-/// with no visible key so far keep m = -inf, l = 0 and get alpha = 0 and P = 0 (the max used for the
-/// exponent is 0 there, so no inf - inf).
-inline void online_softmax(float* s, int nk, const float* m_new, float* m, float* l, float* alpha) {
-  float m_use[kBlockQ], sum[kBlockQ];
-  for (int r = 0; r < kBlockQ; ++r) {
+/// (nk x ld, ld <= kMaxRows), which it turns into probabilities. `m_new` holds the tile's column max
+/// merged with `m` on entry. `alpha` receives the factor the accumulated output rows must be rescaled
+/// by. Rows with no visible key so far keep m = -inf, l = 0 and get alpha = 0 and P = 0 (the max used
+/// for the exponent is 0 there, so no inf - inf). The decode kernel (fast_decode.hpp) calls it with its
+/// own row count.
+template <int kMaxRows>
+inline void online_softmax_rows(float* s, int nk, int ld, const float* m_new, float* m, float* l,
+                                float* alpha) {
+  float m_use[kMaxRows], sum[kMaxRows];
+  for (int r = 0; r < ld; ++r) {
     m_use[r] = m_new[r] == kNegInf ? 0.0f : m_new[r];
     alpha[r] = exp2_neg(m[r] - m_use[r]);
     m[r] = m_new[r];
     sum[r] = 0.0f;
   }
   for (int j = 0; j < nk; ++j) {
-    float* s_j = s + j * kBlockQ;
-    for (int r = 0; r < kBlockQ; ++r) {
+    float* s_j = s + j * ld;
+    for (int r = 0; r < ld; ++r) {
       const float e = exp2_neg(s_j[r] - m_use[r]);
       s_j[r] = e;
       sum[r] += e;
     }
   }
-  for (int r = 0; r < kBlockQ; ++r) l[r] = madd(l[r], alpha[r], sum[r]);
+  for (int r = 0; r < ld; ++r) l[r] = madd(l[r], alpha[r], sum[r]);
+}
+/// The query tile's update (kBlockQ columns, a compile-time count after inlining).
+inline void online_softmax(float* s, int nk, const float* m_new, float* m, float* l, float* alpha) {
+  online_softmax_rows<kBlockQ>(s, nk, kBlockQ, m_new, m, l, alpha);
 }
 
 /// max(m, column max of the scores): the new running max of a tile that needed masking or a transform.
