@@ -49,6 +49,14 @@ std::optional<std::string> rules_fault(const Indices& x, bool kv_cache) {
   return std::nullopt;
 }
 
+/// The block table of `x` as a (batch, columns) int32 tensor.
+HostTensor table_tensor(const Indices& x) {
+  HostTensor t = int_tensor(x.table);
+  t.tv.ndim = 2, t.tv.shape[0] = x.batch, t.tv.shape[1] = x.columns;
+  t.tv.stride[0] = x.columns, t.tv.stride[1] = 1;
+  return t;
+}
+
 /// Validation's verdict: the argument its Error names, or nothing when the call ran.
 template <class Call>
 std::optional<std::string> host_fault(Call&& call) {
@@ -143,9 +151,7 @@ void varlen_case(Rng& r, int& faults, int& cases) {
   a.layout.max_seqlen_q = x.sq, a.layout.max_seqlen_k = x.sk;
   if (!x.used.empty()) used = int_tensor(x.used), a.layout.seqused_k = used.view();
   if (x.paged) {
-    table = int_tensor(x.table);
-    table.tv.ndim = 2, table.tv.shape[0] = x.batch, table.tv.shape[1] = x.columns;
-    table.tv.stride[0] = x.columns, table.tv.stride[1] = 1;
+    table = table_tensor(x);
     a.layout.block_table = table.view();
   }
   const auto host = host_fault([&] { forward(a); });
@@ -209,9 +215,7 @@ void kvcache_case(Rng& r, int& faults, int& cases) {
   if (batch_idx) idx = int_tensor(x.batch_idx), a.cache_batch_idx = idx.view();
   if (leftpad) pad = int_tensor(x.leftpad), a.cache_leftpad = pad.view();
   if (x.paged) {
-    table = int_tensor(x.table);
-    table.tv.ndim = 2, table.tv.shape[0] = x.batch, table.tv.shape[1] = x.columns;
-    table.tv.stride[0] = x.columns, table.tv.stride[1] = 1;
+    table = table_tensor(x);
     a.block_table = table.view();
   }
   const auto host = host_fault([&] { forward_kvcache(a); });

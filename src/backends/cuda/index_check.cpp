@@ -36,7 +36,10 @@ bool has_device_indices(const AttnProblem& p) {
 }  // namespace
 
 void raise_device_fault(int device) {
-  core::raise_recorded_fault(record_if_any(device), "cuda:" + std::to_string(device));
+  // Every CUDA call passes here: the label is built only when there is a fault to raise.
+  FaultRecord* record = record_if_any(device);
+  if (record && record->kind != kFaultNone) [[unlikely]]
+    core::raise_recorded_fault(record, "cuda:" + std::to_string(device));
 }
 
 void check_indices_async(const AttnProblem& p, IndexCallKind call) {
