@@ -43,7 +43,10 @@ def check(device=None):
     if not text.startswith("cuda"):
         return
     if ":" in text:
-        index = int(text.split(":")[1])
+        suffix = text.split(":", 1)[1]
+        if not suffix.isdigit():
+            raise ValueError(f"device: expected None, an int, 'cuda:N' or a torch.device, got {device!r}")
+        index = int(suffix)
     else:  # the current device, as torch means it
         torch = _sys.modules.get("torch")
         if torch is None or not torch.cuda.is_available():

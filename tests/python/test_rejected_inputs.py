@@ -296,3 +296,10 @@ def test_checked_mode_names_bad_device_indices():
     # Unchecked, the same call is answered (the kernels clamp) without a synchronisation.
     out = kvcache(q, k_cache, v_cache, cache_seqlens=full, block_table=table)
     assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_check_names_a_bad_device():
+    """flashport.check: a device it cannot parse is a ValueError naming `device`; the CPU has nothing to check."""
+    with pytest.raises(ValueError, match="^device: "):
+        flashport.check("cuda:x")
+    flashport.check("cpu")
