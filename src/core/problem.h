@@ -123,7 +123,7 @@ FP_HD SeqLens guarded_lengths(const AttnProblem& p, long long b) {
   if (p.seqused_k) n = (long long)p.seqused_k[b] + p.seqused_k_add;
   if (p.cu_seqlens_k && !p.block_table) {  // k_offset's row base: cu_seqlens_k[b] + token
     const long long s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
-    const long long cap = (s0 < 0 || s1 < s0 || (p.total_k > 0 && s1 > p.total_k)) ? 0 : s1 - s0;
+    const long long cap = (s0 < 0 || s1 < s0 || s1 > p.total_k) ? 0 : s1 - s0;  // total_k may be 0
     n = p.seqused_k ? (n < cap ? n : cap) : cap;
   } else if (p.cu_seqlens_k && !p.seqused_k) {
     const long long s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];

@@ -10,7 +10,7 @@ namespace flashport::cuda::bwd {
 
 /// One sequence as the backward kernels see it, in 32-bit token counts (backward_unsupported rejects
 /// lengths >= 2^31; cu_seqlens are int32 anyway). A bad device-resident index (cu_seqlens out of order
-/// or past total_q) empties the sequence instead of addressing outside a tensor. Paged and kv-cache
+/// or past total_q / total_k) empties the sequence instead of addressing outside a tensor. Paged and kv-cache
 /// layouts never reach these kernels (backward_unsupported rejects them).
 struct Seq {
   int len_q, len_k;  // queries; keys used (seqused_k)
@@ -29,7 +29,7 @@ FP_DEV Seq sequence(const AttnProblem& p, int b) {
   }
   if (p.cu_seqlens_k) {
     const int s0 = p.cu_seqlens_k[b], s1 = p.cu_seqlens_k[b + 1];
-    const bool bad = s0 < 0 || s1 < s0;
+    const bool bad = s0 < 0 || s1 < s0 || s1 > p.total_k;  // dK/dV rows are written: stay in the tensor
     s.rows_k = bad ? 0 : (s1 - s0 < p.sk ? s1 - s0 : (int)p.sk);
     s.k_start = bad ? 0 : s0;
   }

@@ -56,13 +56,16 @@ struct Block {
 };
 
 /// Fills `blk` for query block `mb` of head h of sequence b. False when the block lies past its
-/// sequence's end. Sequence lengths from device memory are clamped to the host's bounds p.sq / p.sk.
+/// sequence's end. Lengths from device memory go through problem.h's guarded_lengths (a sequence whose
+/// indices would address outside q/o/lse or k/v is empty: O and LSE rows are stored directly, so a
+/// negative or past-the-end cu_seqlens_q must never become a row) and the host's bound p.sq.
 FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
   blk.b = b;
   blk.h = h;
   blk.m0 = mb * kBlockM;
-  blk.sq = (int)clamp_i64(seqlen_q(p, blk.b), 0, p.sq);
-  blk.sk = (int)clamp_i64(seqlen_k(p, blk.b), 0, p.sk);
+  const SeqLens lens = guarded_lengths(p, blk.b);
+  blk.sq = (int)clamp_i64(lens.q, 0, p.sq);
+  blk.sk = (int)lens.k;  // within [0, p.sk]
   if (blk.m0 >= blk.sq) return false;
   blk.hk = (int)kv_head(p, blk.h);
   blk.q_row = (p.cu_seqlens_q ? p.cu_seqlens_q[blk.b] : 0) + blk.m0;
