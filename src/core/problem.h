@@ -107,9 +107,9 @@ FP_HD long long key_rows(const AttnProblem& p, long long b) {
 /// Query and key counts of sequence b for a kernel reading index tensors the host never checked:
 /// seqlen_q / seqlen_k where the indices are valid; an index that would address outside its tensor
 /// (cu_seqlens past total, a left pad past the end) gives an empty sequence instead, so nothing is read
-/// out of bounds. Called by the CUDA portable forward (`sequence()` in kernels/cuda/attn_fwd.cuh) and the
-/// CDNA forward; the backward (bwd_seq.cuh) and the Hopper forward (softmax_sm90.cuh) still guard with
-/// rules of their own (32-bit, TMA-bounded), to move here with a GPU run to verify them.
+/// out of bounds. Called by the CUDA portable forward (`sequence()` in kernels/cuda/attn_fwd.cuh), the
+/// Hopper forward (`make_block()` in kernels/cuda/hopper/softmax_sm90.cuh) and the CDNA forward; the
+/// backward (bwd_seq.cuh) applies the same rules in its 32-bit Seq.
 struct SeqLens {
   long long q, k;
 };
