@@ -132,6 +132,27 @@ def print_table(rows):
     print()
 
 
+# FLASHPORT_CPU_ISA caps flashport's kernels; these cap torch the same way, so a forced-AVX2 run on an
+# AVX-512 machine compares like with like. ATEN_CPU_CAPABILITY alone is not enough: SDPA's GEMMs go to
+# MKL (fp32) and oneDNN (bf16), which pick their own ISA from CPUID (measured here, one thread, fp32
+# d 64: 57-62 GFLOPS with ATen capped, 46 with MKL and oneDNN capped too).
+TORCH_ISA_CAPS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+               "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+}
+
+
+def cap_torch_isa():
+    """Before torch is imported: give torch the ISA cap FLASHPORT_CPU_ISA gives flashport (unset caps only)."""
+    caps = TORCH_ISA_CAPS.get(os.environ.get("FLASHPORT_CPU_ISA", "").lower(), {})
+    for name, value in caps.items():
+        os.environ.setdefault(name, value)
+    if caps:
+        print("peer_torch: torch capped like flashport: "
+              + " ".join(f"{n}={os.environ[n]}" for n in caps), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("jsonl", help="flashport_bench output (JSON lines)")
@@ -141,6 +162,7 @@ def main():
     args = ap.parse_args()
 
     rows = load_rows(args.jsonl)
+    cap_torch_isa()
     try:
         import torch
     except ImportError as e:
