@@ -137,7 +137,8 @@ def _refusals(rank, world, opts, gen):
     # A global length not divisible by 2 * world size: the helper and the function name the argument.
     refused("x", lambda: fd.zigzag_shard(torch.randn(1, 4 * world + 2, 2, 16), 1))
     refused("q", lambda: fd.ring_flash_attn_func(q[:, :5], q[:, :5], q[:, :5]))
-    refused("cu_seqlens", lambda: fd.zigzag_shard_varlen(torch.randn(10, 2, 16), torch.tensor([0, 4, 10], dtype=torch.int32)))
+    uneven = torch.tensor([0, 4, 10], dtype=torch.int32)
+    refused("cu_seqlens", lambda: fd.zigzag_shard_varlen(torch.randn(10, 2, 16), uneven))
     odd = torch.tensor([0, 4, 7], dtype=torch.int32)
     refused("cu_seqlens", lambda: fd.ring_flash_attn_varlen_func(q[0, :7], q[0, :7], q[0, :7], odd, 4))
     refused("dropout_p", lambda: fd.ring_flash_attn_func(q, q, q, dropout_p=0.1))

@@ -93,7 +93,8 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     wl, wr = window(window_size, causal)
     setup = _ring.Setup(_ring.Ring(group, q.device), _ring.DenseParts(2 if layout == "zigzag" else 1, length),
                         _chunks(layout, rank, world, length), None if wl < 0 else wl, None if wr < 0 else wr,
-                        _softmax_scale(softmax_scale, q.shape[-1]), check_float(softcap, "softcap", 0.0), bool(deterministic))
+                        _softmax_scale(softmax_scale, q.shape[-1]), check_float(softcap, "softcap", 0.0),
+                        bool(deterministic))
     return _run(q, k, v, setup, return_attn_probs)
 
 
@@ -125,7 +126,8 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, 
     nominal = 1 << 30  # the plan without windows depends only on the chunks' order, not on their lengths
     setup = _ring.Setup(_ring.Ring(group, q.device), _ring.VarlenParts(2, cu_seqlens, int(max_seqlen)),
                         _chunks("zigzag", rank, world, 2 * nominal), None, 0 if causal else None,
-                        _softmax_scale(softmax_scale, q.shape[-1]), check_float(softcap, "softcap", 0.0), bool(deterministic))
+                        _softmax_scale(softmax_scale, q.shape[-1]), check_float(softcap, "softcap", 0.0),
+                        bool(deterministic))
     return _run(q, k, v, setup, return_attn_probs)
 
 
