@@ -25,6 +25,11 @@ string(REPLACE ", " ";" hip_buckets "${CMAKE_MATCH_1}")
 if(NOT hip_buckets)
   message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdBuckets not found in attn_fwd_config.hpp")
 endif()
+string(REGEX MATCH "kFwdDropoutBuckets\\[\\] = {([0-9, ]+)}" _ "${config}")
+string(REPLACE ", " ";" hip_dropout_buckets "${CMAKE_MATCH_1}")
+if(NOT hip_dropout_buckets)
+  message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdDropoutBuckets not found in attn_fwd_config.hpp")
+endif()
 
 set(common -O3 -std=c++20 -I${PROJECT_SOURCE_DIR}/src -I${PROJECT_SOURCE_DIR}/src/kernels)
 set(code_objects "")
@@ -46,6 +51,18 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
                 ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd.hip
         DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
         COMMENT "HIP: attn_fwd ${elem} d${bucket} for ${arch}")
+      list(APPEND code_objects ${co})
+    endforeach()
+    # The dropout variants (FP_DROPOUT=1) of the buckets kFwdDropoutBuckets lists.
+    foreach(bucket IN LISTS hip_dropout_buckets)
+      set(co ${hip_out}/${arch}/attn_fwd_dropout_${elem}_d${bucket}.co)
+      add_custom_command(OUTPUT ${co}
+        COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
+        COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
+                ${compiler} ${common} -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket} -DFP_DROPOUT=1
+                ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd.hip
+        DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
+        COMMENT "HIP: attn_fwd dropout ${elem} d${bucket} for ${arch}")
       list(APPEND code_objects ${co})
     endforeach()
   endforeach()
