@@ -66,6 +66,17 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
       list(APPEND code_objects ${co})
     endforeach()
   endforeach()
+  # The KV-cache update (kv_append, rotate_q): one code object for both dtypes; no MFMA, and no fused
+  # multiply-add (its rotary must round like the CPU backend's).
+  set(co ${hip_out}/${arch}/kvcache_append.co)
+  add_custom_command(OUTPUT ${co}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
+    COMMAND ${CMAKE_COMMAND} -E env FP_HIP_NO_MFMA=1 FP_HIP_NO_FMA=1
+            bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
+            ${compiler} ${common} ${PROJECT_SOURCE_DIR}/src/kernels/hip/kvcache_append.hip
+    DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
+    COMMENT "HIP: kvcache_append for ${arch}")
+  list(APPEND code_objects ${co})
 endforeach()
 add_custom_target(hip_kernels ALL DEPENDS ${code_objects})
 list(LENGTH code_objects n_code_objects)
