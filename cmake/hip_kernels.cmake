@@ -25,6 +25,11 @@ string(REPLACE ", " ";" hip_buckets "${CMAKE_MATCH_1}")
 if(NOT hip_buckets)
   message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdBuckets not found in attn_fwd_config.hpp")
 endif()
+string(REGEX MATCH "kFwdDropoutBuckets\\[\\] = {([0-9, ]+)}" _ "${config}")
+string(REPLACE ", " ";" hip_dropout_buckets "${CMAKE_MATCH_1}")
+if(NOT hip_dropout_buckets)
+  message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdDropoutBuckets not found in attn_fwd_config.hpp")
+endif()
 
 set(common -O3 -std=c++20 -I${PROJECT_SOURCE_DIR}/src -I${PROJECT_SOURCE_DIR}/src/kernels)
 set(code_objects "")
@@ -48,7 +53,30 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
         COMMENT "HIP: attn_fwd ${elem} d${bucket} for ${arch}")
       list(APPEND code_objects ${co})
     endforeach()
+    # The dropout variants (FP_DROPOUT=1) of the buckets kFwdDropoutBuckets lists.
+    foreach(bucket IN LISTS hip_dropout_buckets)
+      set(co ${hip_out}/${arch}/attn_fwd_dropout_${elem}_d${bucket}.co)
+      add_custom_command(OUTPUT ${co}
+        COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
+        COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
+                ${compiler} ${common} -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket} -DFP_DROPOUT=1
+                ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd.hip
+        DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
+        COMMENT "HIP: attn_fwd dropout ${elem} d${bucket} for ${arch}")
+      list(APPEND code_objects ${co})
+    endforeach()
   endforeach()
+  # The KV-cache update (kv_append, rotate_q): one code object for both dtypes; no MFMA, and no fused
+  # multiply-add (its rotary must round like the CPU backend's).
+  set(co ${hip_out}/${arch}/kvcache_append.co)
+  add_custom_command(OUTPUT ${co}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
+    COMMAND ${CMAKE_COMMAND} -E env FP_HIP_NO_MFMA=1 FP_HIP_NO_FMA=1
+            bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
+            ${compiler} ${common} ${PROJECT_SOURCE_DIR}/src/kernels/hip/kvcache_append.hip
+    DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
+    COMMENT "HIP: kvcache_append for ${arch}")
+  list(APPEND code_objects ${co})
 endforeach()
 add_custom_target(hip_kernels ALL DEPENDS ${code_objects})
 list(LENGTH code_objects n_code_objects)

@@ -129,8 +129,7 @@ void backward(const BackwardArgs& a) {
   be.backward(p, a.impl);
 }
 
-void forward_kvcache(const KvCacheArgs& a) {
-  core::begin_call(a.stream);
+core::KvCacheProblem core::build_kvcache(const KvCacheArgs& a) {
   const Device dev = a.q.device;
   const bool paged = a.block_table.has_value();
   require(a.q.ndim == 4, "q",
@@ -282,8 +281,14 @@ void forward_kvcache(const KvCacheArgs& a) {
   kp.rotary_q_per_token = a.options.causal || a.options.window_left >= 0 || a.options.window_right >= 0;
   kp.num_splits = a.num_splits;
   kp.attn = p;
+  return kp;
+}
+
+void forward_kvcache(const KvCacheArgs& a) {
+  core::begin_call(a.stream);
+  const core::KvCacheProblem kp = core::build_kvcache(a);
   const core::Backend& be = backend_or_throw(a.q);
-  check_supported(be, p, a.impl, false);
+  check_supported(be, kp.attn, a.impl, false);
   be.forward_kvcache(kp, a.impl);
 }
 

@@ -3,6 +3,7 @@
 
 #include <optional>
 
+#include "backend.hpp"
 #include "flashport/attention.hpp"
 #include "problem.h"
 
@@ -21,6 +22,10 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
 void check_block_table_values(const TensorView& block_table, AttnProblem p,
                               const std::optional<TensorView>& cu_seqlens_k,
                               const std::optional<TensorView>& seqused_k);
+
+/// forward_kvcache's validation and problem block (the entry point is begin_call, this, then the
+/// backend's forward_kvcache); tests call it to run a kernel on exactly what a backend would receive.
+KvCacheProblem build_kvcache(const KvCacheArgs& a);
 
 /// Checks an LSE buffer's shape for `p` ((b, hq, sq) dense, (hq, total_q) varlen) and attaches it.
 void attach_lse(AttnProblem& p, const TensorView& lse, const Device& dev);

@@ -9,9 +9,14 @@
 
 namespace flashport::test::hipmodel {
 
-template <class Elem, int kBucket>
+template <class Elem, int kBucket, bool kDropout = false>
 void launch_bucket(const amd::FwdParams& prm) {
-  using K = amd::fwd::Kernel<Elem, kBucket>;
+  if constexpr (!kDropout && amd::fwd_has_dropout_variant(kBucket)) {
+    if (prm.p.dropout_p > 0.0f) return launch_bucket<Elem, kBucket, true>(prm);
+  }
+  if (!kDropout && prm.p.dropout_p > 0.0f)  // as the HIP backend would refuse it: no code object
+    throw std::runtime_error("no dropout variant for head-dim bucket " + std::to_string(kBucket));
+  using K = amd::fwd::Kernel<Elem, kBucket, kDropout>;
   const AttnProblem& p = prm.p;
   const wave::model::Dim3 grid{(unsigned)((p.sq + K::kBlockM - 1) / K::kBlockM), (unsigned)p.hq,
                                (unsigned)p.batch};

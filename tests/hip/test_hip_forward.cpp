@@ -3,29 +3,12 @@
 // Outputs and LSE are poisoned with NaN first.
 #include <gtest/gtest.h>
 
-#include "core/attn_validate.hpp"
-#include "cpu/test_fast_util.hpp"
-#include "hip_model_forward.hpp"
+#include "hip_model_check.hpp"
 
 namespace flashport::test {
 namespace {
 
-/// Runs `c` through the model kernel and checks out and LSE against the reference by the accuracy rule.
-void check(const Case& c, bool vec = true) {
-  SCOPED_TRACE(c.describe() + (vec ? "" : " (2-byte loads)"));
-  const fastcheck::Inputs in = fastcheck::make_inputs(c);
-  fastcheck::Forward got{HostTensor(c.dtype, out_shape(c)), HostTensor(DType::f32, lse_shape(c))};
-  poison(got.out);
-  poison(got.lse);
-  AttnProblem p = core::build_attention(in.q, in.k, in.v, got.out, fastcheck::options(c, in),
-                                        fastcheck::layout(c, in), nullptr);
-  core::attach_lse(p, got.lse, Device{});
-  hipmodel::forward(p, vec);
-  const fastcheck::Forward ref = fastcheck::run_forward(c, in, Impl::reference);
-  const fastcheck::Forward base = fastcheck::run_forward(c, in, Impl::baseline);
-  EXPECT_TRUE(accuracy_rule(got.out, base.out, ref.out)) << "out";
-  EXPECT_TRUE(accuracy_rule(got.lse, base.lse, ref.lse)) << "lse";
-}
+using hipmodel::check;
 
 TEST(HipModelForward, SeqlenOne) {
   check(dense(DType::bf16, 2, 1, 1, 2, 1, 64, 64));

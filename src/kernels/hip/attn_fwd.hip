@@ -1,6 +1,7 @@
 // HIP entry point of the CDNA forward: one code object per (dtype, head-dim bucket), compiled with
-// -D FP_ELEM=bf16|f16 -D FP_HEADDIM=<bucket> for gfx90a (hipcc) and gfx942 (clang-19); see
-// cmake/hip_kernels.cmake. The kernel body is attn_fwd.hpp, the same source the CPU model runs.
+// -D FP_ELEM=bf16|f16 -D FP_HEADDIM=<bucket> (and -D FP_DROPOUT=1 for the dropout variants) for gfx90a
+// (hipcc) and gfx942 (clang-19); see cmake/hip_kernels.cmake. The kernel body is attn_fwd.hpp, the same
+// source the CPU model runs.
 #include <hip/hip_runtime.h>  // threadIdx, __syncthreads, __shfl_xor, __forceinline__
 
 #include "hip/attn_fwd.hpp"
@@ -9,7 +10,11 @@
 #error "attn_fwd.hip needs -D FP_ELEM=bf16|f16 and -D FP_HEADDIM=<bucket>"
 #endif
 
-using Forward = flashport::amd::fwd::Kernel<flashport::wave::FP_ELEM, FP_HEADDIM>;
+#if !defined(FP_DROPOUT)
+#define FP_DROPOUT 0
+#endif
+
+using Forward = flashport::amd::fwd::Kernel<flashport::wave::FP_ELEM, FP_HEADDIM, FP_DROPOUT != 0>;
 
 extern "C" __global__ void __launch_bounds__(Forward::kThreads) attn_fwd(flashport::amd::FwdParams prm) {
   __shared__ __attribute__((aligned(16))) unsigned char lds[Forward::kLdsBytes];

@@ -34,7 +34,9 @@ struct ScoreCtx {
   i64 key_lo, key_hi;  // visible keys of the row, clamped to [0, len_k]
 };
 
-template <class Elem, int kHeadDim>
+/// `kDropout`: the variant with SPEC's dropout stage (a separate instantiation, so the variants without
+/// it compile to exactly the code they had; the HIP entry picks it with -D FP_DROPOUT=1).
+template <class Elem, int kHeadDim, bool kDropout = false>
 struct Kernel {
   static constexpr FwdTile kTile = fwd_tile(kHeadDim);
   static constexpr int kWaves = kTile.waves;
@@ -48,6 +50,9 @@ struct Kernel {
   static constexpr int kChunks = kHeadDim / 8;    // 8-element (16-byte) chunks per global row
   static constexpr int kLdsBytes = fwd_lds_bytes(kHeadDim);
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256 && kBlockM == 16 * kWaves && kBlockN % 16 == 0);
+  // apply_dropout: a lane's 4 registers of a 16-key tile are keys j0 + 16t + 4 quad + r, and j0 is a
+  // multiple of kBlockN, so they are the 4 keys of one Philox call in word order.
+  static_assert(kBlockN % 4 == 0);
 
   /// 8 elements from global memory: one 16-byte load when the row is aligned, else 8 2-byte loads.
   static FP_DEV u16x8 load8(const u16* src, bool vec) {
@@ -145,6 +150,21 @@ struct Kernel {
         acc_s[t][r] = pe;
         l += pe;
       }
+  }
+
+  /// SPEC step 6 on this lane's P, after online_softmax added it to the row sum (the LSE is taken
+  /// before dropout): dropped probabilities become 0; the 1 / (1 - p) rescale is folded into the
+  /// finalize factor. One Philox call per 16-key tile gives the words of keys j .. j + 3 (j = j0 + 16t +
+  /// 4 quad), word r for register r: the keep rule and the counter are core/semantics.h's, so the
+  /// masks are the CPU backend's bit for bit. Row, head and batch index are the lane's own (b is the
+  /// sequence index for varlen, i the position within it, as the SPEC's counter says).
+  static FP_DEV void apply_dropout(f32x4 (&acc_s)[kKeyTiles], const AttnProblem& p, i64 b, i64 h, i64 row,
+                                   i64 j0, int quad) {
+    for (int t = 0; t < kKeyTiles; ++t) {
+      const sem::Philox4 w = sem::dropout_words(p.seed, p.offset, row, j0 + 16 * t + 4 * quad, b, p.hq, h);
+      for (int r = 0; r < 4; ++r)
+        if (w.x[r] < p.dropout_threshold) acc_s[t][r] = 0.0f;
+    }
   }
 
   /// O^T += V^T P^T: P (acc_s, exponentiated) rounded to Elem is the B operand as it stands in
@@ -249,16 +269,18 @@ struct Kernel {
         const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
         transform_scores(acc_s, p, ctx, j0, masked, quad);
         online_softmax(acc_s, acc_o, m, l);
+        if constexpr (kDropout) apply_dropout(acc_s, p, b, h, ctx.row, j0, quad);
         compute_ot(acc_o, acc_s, s_vt, p.dv, lane);
       }
       block_sync();  // every wave is done with s_k / s_vt before the next tile overwrites them
     }
 
-    // Finalize: O / l (times the fp8 V descale); LSE = ln(2^m * l). A row with no visible key has
-    // l = 0: O = 0 (acc_o is 0) and LSE = -inf.
+    // Finalize: O / l (times the dropout rescale 1 / (1 - p) and the fp8 V descale); LSE = ln(2^m * l).
+    // A row with no visible key has l = 0: O = 0 (acc_o is 0) and LSE = -inf.
     l = sum_over<16, 32>(l);
     if (ctx.row >= seq.q) return;  // padding rows: past the last barrier and collective
-    const float fac = l > 0.0f ? descale(p, 2, b, hk) / l : 0.0f;
+    const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+    const float fac = l > 0.0f ? keep_scale * descale(p, 2, b, hk) / l : 0.0f;
     const float lse = l > 0.0f ? m * kLn2 + wave::log(l) : sem::kNegInf;
     store_output(p, acc_o, fac, lse, b, h, ctx.row, prm.vec & kVecO, quad);
   }

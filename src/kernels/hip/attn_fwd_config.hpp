@@ -14,6 +14,17 @@ constexpr int fwd_head_dim_bucket(long long d, long long dv) {
   return m <= 0 || m > 256 ? 0 : (int)((m + 31) / 32 * 32);
 }
 inline constexpr int kFwdBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
+/// The buckets that also get a dropout variant (Kernel<..., kDropout = true>, -D FP_DROPOUT=1): the head
+/// dims of models trained with dropout in practice, so the build adds 2 code objects per arch per bucket
+/// (the no-dropout variants stay as they were: a runtime branch cost them up to 4 VGPRs and more SGPR
+/// spills).
+/// A dropout call at another head dim has no kernel: fwd_has_dropout_variant says so before launch.
+inline constexpr int kFwdDropoutBuckets[] = {64, 128};
+constexpr bool fwd_has_dropout_variant(int bucket) {
+  for (int b : kFwdDropoutBuckets)
+    if (b == bucket) return true;
+  return false;
+}
 
 /// One block: `waves` waves of 16 query rows each, key tiles of `block_n` keys.
 struct FwdTile {
