@@ -96,6 +96,12 @@ FP_DEV u16 f16_bits(float x) {
   return num::f32_to_f16(x);
 }
 
+/// Lanes run one at a time and switch only inside block_sync and wave collectives, so a plain add is
+/// already atomic in the model.
+FP_DEV void atomic_add_f32(float* addr, float v) {
+  *addr += v;
+}
+
 /// One 16x16x16 MFMA over the wave: lane l's D registers are the mfma_layout.hpp elements of
 /// A B + C, with A and B gathered from the lanes that hold them. 16-bit products are exact in fp32;
 /// they are summed in k order in fp32 and added to C (the hardware's internal order is not
