@@ -114,11 +114,26 @@ struct RowKernel {
   }
 };
 
-/// What the score transform of one query head needs (the lane's key is fixed).
+/// Sequence lengths and positions inside the main loop are 32-bit (the host bounds sequence lengths
+/// below 2^31, as for the CUDA backward's Seq): 64-bit scalars there spilled scalar registers.
+struct Lens32 {
+  int q, k;
+};
+struct Range32 {
+  int lo, hi;
+};
+
+/// One query head of the block's group: what the score transform needs (the lane's key is fixed), and
+/// the head's row 0 in Q, dO, the LSE, D and the dQ accumulator, so a query row is base + i * stride
+/// (every offset rule of problem.h is linear in the row; fewer live scalars than re-deriving each).
 struct HeadCtx {
-  i64 h;
+  int h;
   float scale, scale_log2, slope;
   bool plain;  // no softcap, no ALiBi
+  const u16 *q, *dout;
+  const float *lse, *d_rows;
+  float* dq;
+  i64 q_stride, dout_stride, dq_stride;
 };
 
 template <class Elem, int kHeadDim>
@@ -177,8 +192,7 @@ struct Kernel {
   static FP_DEV void key_stage(f32x4 (&acc_dk)[kSteps], f32x4 (&acc_dv)[kSteps], const u16x4 (&r_k)[kSteps],
                                const u16x4 (&r_v)[kSteps], const u16* s_q, const u16* s_do, u16* s_ds,
                                const float* s_lse, const float* s_dd, const AttnProblem& p, const HeadCtx& hc,
-                               const SeqLens& seq, i64 b, i64 m0, i64 j, sem::Range seen, int wave,
-                               int lane) {
+                               const Lens32& seq, i64 b, int m0, int j, Range32 seen, int wave, int lane) {
     const int quad = lane >> 4, col = lane & 15;
     const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
     for (int u = 0; u < kSubtiles; ++u) {
@@ -193,28 +207,29 @@ struct Kernel {
                     r_v[c], dp);
       // P and dS of rows 16u + 4quad + r (SPEC steps 1-6 through `score` and the dropout rule; the
       // reference's dS: P (Z dP - D) softcap'(s); the scale is applied to dK and dQ at the end).
+      // Branch-free over the mask (computed everywhere, selected after): divergent branches here held
+      // exec masks and Philox state in scalar registers and spilled them on gfx942.
       u16x4 p_frag, ds_frag;
       for (int r = 0; r < 4; ++r) {
         const int tr = 16 * u + 4 * quad + r;
-        const i64 i = m0 + tr;
-        float pr = 0.0f, ds = 0.0f;
-        if (i >= seen.lo && i < seen.hi) {
-          const float sc = hc.plain
-                               ? s[r] * hc.scale_log2
-                               : score<float>(p, s[r], hc.scale, hc.slope, i, j, seq.q, seq.k) * sem::kLog2e;
-          pr = wave::exp2(sc - s_lse[tr]);
-          float z = 1.0f;
-          if (p.dropout_p > 0.0f)
-            z = sem::dropout_keep(p.seed, p.offset, p.dropout_threshold, i, j, b, p.hq, hc.h) ? keep_scale
-                                                                                              : 0.0f;
-          const float grad_cap = p.softcap > 0.0f
-                                     ? sem::softcap_grad(sem::softcap(hc.scale * s[r], p.softcap), p.softcap)
-                                     : 1.0f;
-          ds = pr * (z * dp[r] - s_dd[tr]) * grad_cap;
+        const int i = m0 + tr;
+        const bool visible = i >= seen.lo && i < seen.hi;
+        const float sc = hc.plain
+                             ? s[r] * hc.scale_log2
+                             : score<float>(p, s[r], hc.scale, hc.slope, i, j, seq.q, seq.k) * sem::kLog2e;
+        float pr = visible ? wave::exp2(sc - s_lse[tr]) : 0.0f;
+        float ds = pr * (dp[r] - s_dd[tr]);
+        if (p.dropout_p > 0.0f) {  // uniform
+          const float z = sem::dropout_keep(p.seed, p.offset, p.dropout_threshold, i, j, b, p.hq, hc.h)
+                              ? keep_scale
+                              : 0.0f;
+          ds = pr * (z * dp[r] - s_dd[tr]);
           pr *= z;
         }
+        if (p.softcap > 0.0f)  // uniform
+          ds *= sem::softcap_grad(sem::softcap(hc.scale * s[r], p.softcap), p.softcap);
         p_frag[r] = Elem::from_float(pr);
-        ds_frag[r] = Elem::from_float(ds);
+        ds_frag[r] = Elem::from_float(visible ? ds : 0.0f);
         s_ds[tr * kKeyPitch + 16 * wave + col] = ds_frag[r];
       }
       for (int c = 0; c < kSteps && 16 * c < p.dv; ++c)
@@ -226,9 +241,8 @@ struct Kernel {
 
   /// dQ of this wave's 16 queries of the tile (rows m0 + 16 wave + ...) over the block's keys, added to
   /// the fp32 accumulator.
-  static FP_DEV void dq_stage(const BwdParams& prm, const u16* s_ds, const u16* s_kt, const SeqLens& seq,
-                              i64 b, i64 h, i64 m0, int wave, int lane) {
-    const AttnProblem& p = prm.p;
+  static FP_DEV void dq_stage(const AttnProblem& p, const HeadCtx& hc, const u16* s_ds, const u16* s_kt,
+                              const Lens32& seq, int m0, int wave, int lane) {
     const int quad = lane >> 4, col = lane & 15;
     u16x4 a_ds[kKeyTiles];
     for (int t = 0; t < kKeyTiles; ++t)
@@ -241,19 +255,19 @@ struct Kernel {
                      acc);
       if (16 * c + col >= p.d) continue;
       for (int r = 0; r < 4; ++r) {
-        const i64 i = m0 + 16 * wave + 4 * quad + r;
-        if (i < seq.q) atomic_add_f32(prm.dq_accum + bwd_dq_accum_offset(p, b, i, h) + 16 * c + col, acc[r]);
+        const int i = m0 + 16 * wave + 4 * quad + r;
+        if (i < seq.q) atomic_add_f32(hc.dq + (i64)i * hc.dq_stride + 16 * c + col, acc[r]);
       }
     }
   }
 
-  /// dK (times the scale) and dV of this lane's key: 4 consecutive channels per 16-channel step.
+  /// dK (times the scale) and dV of this lane's key (rows g_dk, g_dv): 4 consecutive channels per
+  /// 16-channel step.
   static FP_DEV void store_key_grads(const BwdParams& prm, const f32x4 (&acc_dk)[kSteps],
-                                     const f32x4 (&acc_dv)[kSteps], i64 b, i64 hk, i64 j, bool used,
+                                     const f32x4 (&acc_dv)[kSteps], u16* g_dk, u16* g_dv, bool used,
                                      int quad) {
     const AttnProblem& p = prm.p;
-    auto store = [&](const Operand& op, const f32x4(&acc)[kSteps], i64 ncols, float fac, bool vec) {
-      u16* g = static_cast<u16*>(op.ptr) + k_offset(p, op, b, j, hk);
+    auto store = [&](u16* g, const f32x4(&acc)[kSteps], i64 ncols, float fac, bool vec) {
       for (int c = 0; c < kSteps; ++c) {
         const int ch = 16 * c + 4 * quad;
         if (ch >= ncols) continue;  // ncols is a multiple of 8: the 4 channels are all in or all out
@@ -266,8 +280,8 @@ struct Kernel {
         }
       }
     };
-    store(p.grad_k, acc_dk, p.d, p.scale, prm.vec & kBwdVecDk);
-    store(p.grad_v, acc_dv, p.dv, 1.0f, prm.vec & kBwdVecDv);
+    store(g_dk, acc_dk, p.d, p.scale, prm.vec & kBwdVecDk);
+    store(g_dv, acc_dv, p.dv, 1.0f, prm.vec & kBwdVecDv);
   }
 
   static FP_DEV void run(const BwdParams& prm, unsigned char* lds) {
@@ -280,9 +294,10 @@ struct Kernel {
     float* s_dd = s_lse + kBlockM;                                        // D per tile row
 
     const i64 b = block_z(), hk = block_y(), j0 = (i64)block_x() * kBlockN;
-    const SeqLens seq = guarded_lengths(p, b);
+    const SeqLens seq64 = guarded_lengths(p, b);
     const i64 rows_k = stored_key_rows(p, b);
     if (j0 >= rows_k) return;  // the whole block, before any barrier
+    const Lens32 seq{(int)seq64.q, (int)seq64.k};
     const int lane = lane_id(), wave = wave_id(), quad = lane >> 4;
     const i64 j = j0 + 16 * wave + (lane & 15);  // this lane's key
     const i64 wl = p.window_left, wr = p.window_right;
@@ -290,13 +305,23 @@ struct Kernel {
     f32x4 acc_dk[kSteps], acc_dv[kSteps];  // dK[j][16c + 4quad + r], dV likewise (unscaled)
     for (int c = 0; c < kSteps; ++c) acc_dk[c] = acc_dv[c] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
 
+    // The lane's dK/dV rows, addressed before the main loop: the key addressing's scalars (cu_seqlens_k,
+    // strides) are then dead during it (live across it they spilled scalar registers on gfx942).
+    u16* g_dk = nullptr;
+    u16* g_dv = nullptr;
+    if (j < rows_k) {
+      g_dk = static_cast<u16*>(p.grad_k.ptr) + k_offset(p, p.grad_k, b, j, hk);
+      g_dv = static_cast<u16*>(p.grad_v.ptr) + k_offset(p, p.grad_v, b, j, hk);
+    }
+
     if (j0 < seq.k) {  // block-uniform: a tile wholly past len_k only writes zeros
       // The queries that see some key of the tile, and those that see this lane's key (exact ranges).
       const i64 j_end = j0 + kBlockN < seq.k ? j0 + kBlockN : seq.k;
       const sem::Range queries = sem::seeing_queries(j0, j_end, seq.q, seq.k, wl, wr);
-      const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(queries.lo, queries.hi, kBlockM);
-      const sem::Range seen =
+      const sem::Tiles<int> tiles = sem::covering_tiles<int>((int)queries.lo, (int)queries.hi, kBlockM);
+      const sem::Range seen64 =
           j < seq.k ? sem::seeing_queries(j, j + 1, seq.q, seq.k, wl, wr) : sem::Range{0, 0};
+      const Range32 seen{(int)seen64.lo, (int)seen64.hi};
 
       // Stage: K^T (kept for dQ) and V (through s_q) into LDS; this wave's K and V B-fragments into
       // registers. Keys past len_k are zero rows.
@@ -315,42 +340,49 @@ struct Kernel {
       block_sync();  // s_q holds Q tiles from here
 
       const bool wave_has_keys = j0 + 16 * wave < seq.k;  // wave-uniform skip of the key stage's math
-      const i64 group = gqa_group(p);
-      for (i64 g = 0; g < group && tiles.begin < tiles.end; ++g) {
+      const int group = (int)gqa_group(p);
+      for (int g = 0; g < group && tiles.begin < tiles.end; ++g) {
         HeadCtx hc;
-        hc.h = group_head(hk, group, g);
+        hc.h = group_head((int)hk, group, g);
         hc.scale = p.scale;
         hc.scale_log2 = p.scale * sem::kLog2e;
         hc.slope = alibi_slope(p, b, hc.h);
         hc.plain = p.softcap <= 0.0f && !p.alibi;
-        for (i64 t = tiles.begin; t < tiles.end; ++t) {
-          const i64 m0 = t * kBlockM;
+        hc.q = static_cast<const u16*>(p.q.ptr) + q_offset(p, p.q, b, 0, hc.h);
+        hc.dout = static_cast<const u16*>(p.dout.ptr) + q_offset(p, p.dout, b, 0, hc.h);
+        hc.lse = p.lse + lse_offset(p, b, hc.h, 0);
+        hc.d_rows = prm.d_rows + lse_offset(p, b, hc.h, 0);
+        hc.dq = prm.dq_accum + bwd_dq_accum_offset(p, b, 0, hc.h);
+        hc.q_stride = p.q.row_stride, hc.dout_stride = p.dout.row_stride;
+        hc.dq_stride = bwd_dq_accum_offset(p, b, 1, hc.h) - bwd_dq_accum_offset(p, b, 0, hc.h);
+        for (int t = tiles.begin; t < tiles.end; ++t) {
+          const int m0 = t * kBlockM;
           // Stage: Q and dO rows (zero past len_q), LSE (log2 units) and D of the tile.
-          auto query_row = [&](const Operand& op) {
-            return [&, op](int r) { return m0 + r < seq.q ? q_offset(p, op, b, m0 + r, hc.h) : (i64)-1; };
+          auto query_row = [&](i64 stride) {
+            return [&, stride](int r) { return m0 + r < seq.q ? (i64)(m0 + r) * stride : (i64)-1; };
           };
-          load_tile<kBlockM>(p.q.ptr, p.d, prm.vec & kBwdVecQ, query_row(p.q), rows_into(s_q));
-          load_tile<kBlockM>(p.dout.ptr, p.dv, prm.vec & kBwdVecDo, query_row(p.dout), rows_into(s_do));
+          load_tile<kBlockM>(hc.q, p.d, prm.vec & kBwdVecQ, query_row(hc.q_stride), rows_into(s_q));
+          load_tile<kBlockM>(hc.dout, p.dv, prm.vec & kBwdVecDo, query_row(hc.dout_stride), rows_into(s_do));
           for (int r = thread_id(); r < kBlockM; r += kThreads) {
             const bool in = m0 + r < seq.q;
-            s_lse[r] = in ? p.lse[lse_offset(p, b, hc.h, m0 + r)] * sem::kLog2e : 0.0f;
-            s_dd[r] = in ? prm.d_rows[lse_offset(p, b, hc.h, m0 + r)] : 0.0f;
+            s_lse[r] = in ? hc.lse[m0 + r] * sem::kLog2e : 0.0f;
+            s_dd[r] = in ? hc.d_rows[m0 + r] : 0.0f;
           }
           block_sync();
           if (wave_has_keys) {
-            key_stage(acc_dk, acc_dv, r_k, r_v, s_q, s_do, s_ds, s_lse, s_dd, p, hc, seq, b, m0, j, seen,
+            key_stage(acc_dk, acc_dv, r_k, r_v, s_q, s_do, s_ds, s_lse, s_dd, p, hc, seq, b, m0, (int)j, seen,
                       wave, lane);
           } else {  // keys past len_k: dS = 0 for the dQ stage (s_ds starts as garbage)
             for (int u = 0; u < kSubtiles; ++u)
               for (int r = 0; r < 4; ++r) s_ds[(16 * u + 4 * quad + r) * kKeyPitch + key] = 0;
           }
           block_sync();
-          if (m0 + 16 * wave < seq.q) dq_stage(prm, s_ds, s_kt, seq, b, hc.h, m0, wave, lane);
+          if (m0 + 16 * wave < seq.q) dq_stage(p, hc, s_ds, s_kt, seq, m0, wave, lane);
           block_sync();  // s_q, s_do, s_ds are rewritten by the next tile
         }
       }
     }
-    if (j < rows_k) store_key_grads(prm, acc_dk, acc_dv, b, hk, j, j < seq.k, quad);
+    if (j < rows_k) store_key_grads(prm, acc_dk, acc_dv, g_dk, g_dv, j < seq.k, quad);
   }
 };
 
