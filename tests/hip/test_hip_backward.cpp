@@ -120,8 +120,8 @@ fastcheck::Grads reference_grads(const Case& c, const fastcheck::Inputs& in, con
 }
 
 /// Forward once (CPU reference: O in the input dtype and the LSE, as a real forward hands them over),
-/// then the model backward on poisoned gradients against the oracle.
-void check(const Case& c, bool vec = true) {
+/// then the model backward on poisoned gradients against the oracle. Returns the model's gradients.
+fastcheck::Grads check(const Case& c, bool vec = true) {
   SCOPED_TRACE(c.describe() + (vec ? "" : " (2-byte loads)"));
   const fastcheck::Inputs in = fastcheck::make_inputs(c);
   const fastcheck::Forward fwd = fastcheck::run_forward(c, in, Impl::reference);
@@ -153,6 +153,7 @@ void check(const Case& c, bool vec = true) {
   EXPECT_TRUE(accuracy_rule(got.dq, base.dq, ref.dq, 3.0)) << "dq";
   EXPECT_TRUE(accuracy_rule(got.dk, base.dk, ref.dk, 3.0)) << "dk";
   EXPECT_TRUE(accuracy_rule(got.dv, base.dv, ref.dv, 3.0)) << "dv";
+  return got;
 }
 
 TEST(HipModelBackward, SeqlenOne) {
@@ -173,8 +174,13 @@ TEST(HipModelBackward, OddLengthsBothDtypes) {
 
 TEST(HipModelBackward, QueriesLongerThanKeysCausal) {
   Case c = dense(DType::bf16, 2, 77, 20, 2, 2, 32, 32);
-  c.causal = true;  // bottom-right: the first 57 rows see nothing (zero dQ)
-  check(c);
+  c.causal = true;  // bottom-right: the first 57 rows see nothing: their dQ is exactly 0
+  const fastcheck::Grads got = check(c);
+  int64_t nonzero = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < 57; ++i)
+      for (int64_t e = 0; e < c.hq * c.d; ++e) nonzero += got.dq.get((b * 77 + i) * c.hq * c.d + e) != 0.0;
+  EXPECT_EQ(nonzero, 0) << "dQ of fully masked rows";
 }
 
 TEST(HipModelBackward, Gqa7To1WithWindow) {
