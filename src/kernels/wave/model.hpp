@@ -35,10 +35,10 @@ const unsigned char* wave_gather(const void* mine, int bytes);
 /// Second half: returns once every lane of the wave has read the slots.
 void wave_release();
 
-/// Runs `kernel(lds)` over `grid` blocks of `threads` lanes (a multiple of 64), one block at a time,
-/// lanes interleaved in a shuffled order. Each block gets `lds_bytes` (<= 64 KiB, CDNA's per-workgroup
-/// LDS) of LDS filled with 0xFF bytes (NaN as floats) so reads of unwritten LDS cannot pass a test.
-/// Aborts on a deadlock (lanes waiting at barriers that cannot complete).
+/// Runs `kernel(lds)` over `grid` blocks of `threads` lanes (a multiple of 64), one block at a time in a
+/// shuffled order, lanes interleaved in a shuffled order. Each block gets `lds_bytes` (<= 64 KiB, CDNA's
+/// per-workgroup LDS) of LDS filled with 0xFF bytes (NaN as floats) so reads of unwritten LDS cannot pass a
+/// test. Aborts on a deadlock (lanes waiting at barriers that cannot complete).
 void launch(Dim3 grid, int threads, int lds_bytes, const std::function<void(unsigned char* lds)>& kernel);
 
 /// Wave collectives executed since the process started (cost accounting in tests).
