@@ -20,10 +20,11 @@ void backward_bucket(const amd::BwdParams& prm) {
   if (p.batch == 0 || p.hq == 0) return;
   const wave::model::Dim3 rows{(unsigned)((p.sq + R::kRows - 1) / R::kRows), (unsigned)p.hq,
                                (unsigned)p.batch};
-  const wave::model::Dim3 keys{(unsigned)((p.sk + K::kBlockN - 1) / K::kBlockN), (unsigned)p.hk,
+  const long long tiles = amd::bwd_key_tiles(p, kBucket);
+  const wave::model::Dim3 keys{(unsigned)(p.deterministic ? prm.num_slices : tiles), (unsigned)p.hk,
                                (unsigned)p.batch};
   if (rows.x > 0) wave::model::launch(rows, R::kThreads, 0, [&](unsigned char*) { R::dot_do_o(prm); });
-  if (keys.x > 0)
+  if (tiles > 0)
     wave::model::launch(keys, K::kThreads, K::kLdsBytes, [&](unsigned char* lds) { K::run(prm, lds); });
   if (rows.x > 0) wave::model::launch(rows, R::kThreads, 0, [&](unsigned char*) { R::convert_dq(prm); });
 }
@@ -49,21 +50,24 @@ void backward_elem(const amd::BwdParams& prm, int bucket) {
 }
 
 /// The backward of `p` (dout, grad_* and the LSE attached; fp16 or bf16, d and dv multiples of 8,
-/// not paged) on the model; `vec` false forces the 2-byte load/store paths. The workspaces start as
-/// NaN so a row the kernels forget to initialise cannot pass.
-inline void backward(const AttnProblem& p, bool vec = true) {
+/// not paged) on the model; `vec` false forces the 2-byte load/store paths; deterministic problems get at
+/// most `max_slices` dQ slices (few, so blocks visit several key tiles). The workspaces start as NaN so
+/// a row the kernels forget to initialise cannot pass. Returns the fp32 dQ accumulator (its slices).
+inline std::vector<float> backward(const AttnProblem& p, bool vec = true, int max_slices = 3) {
   if (p.d % 8 != 0 || p.dv % 8 != 0) throw std::runtime_error("the CDNA backward takes d, dv multiples of 8");
   if (p.block_table) throw std::runtime_error("the CDNA backward takes dense and varlen K/V");
-  std::vector<float> d_rows((size_t)amd::bwd_d_elems(p), NAN),
-      dq_accum((size_t)amd::bwd_dq_accum_elems(p), NAN);
-  const amd::BwdParams prm{p, d_rows.data(), dq_accum.data(), vec ? amd::bwd_vec_flags(p) : 0};
   const int bucket = amd::bwd_head_dim_bucket(p.d, p.dv);
+  const int slices = amd::bwd_num_slices(p, bucket, max_slices);
+  std::vector<float> d_rows((size_t)amd::bwd_d_elems(p), NAN),
+      dq_accum((size_t)(slices * amd::bwd_dq_slice_elems(p)), NAN);
+  const amd::BwdParams prm{p, d_rows.data(), dq_accum.data(), slices, vec ? amd::bwd_vec_flags(p) : 0};
   if (p.in_type == kBF16)
     backward_elem<wave::bf16>(prm, bucket);
   else if (p.in_type == kF16)
     backward_elem<wave::f16>(prm, bucket);
   else
     throw std::runtime_error("the CDNA backward takes fp16 and bf16");
+  return dq_accum;
 }
 
 }  // namespace flashport::test::hipmodel

@@ -19,6 +19,13 @@ std::vector<int64_t> shape_of(const HostTensor& t) {
   return std::vector<int64_t>(t.tv.shape.begin(), t.tv.shape.begin() + t.tv.ndim);
 }
 
+/// The kernels' view of a contiguous host tensor (as api.cpp's operand()).
+Operand operand(const HostTensor& t) {
+  const TensorView& v = t.tv;
+  return v.ndim == 4 ? Operand{v.data, v.stride[0], v.stride[1], v.stride[2]}
+                     : Operand{v.data, 0, v.stride[0], v.stride[1]};
+}
+
 /// The accuracy rule's baseline for gradients, as the CUDA harness computes it (tests/gpu/
 /// test_bwd_util.hpp, run_baseline, over that harness's own input type): attention and its backward in
 /// fp32 with every intermediate rounded to the input dtype (eager PyTorch autograd in bf16/fp16), dK/dV
@@ -121,8 +128,8 @@ fastcheck::Grads reference_grads(const Case& c, const fastcheck::Inputs& in, con
 
 /// Forward once (CPU reference: O in the input dtype and the LSE, as a real forward hands them over),
 /// then the model backward on poisoned gradients against the oracle. Returns the model's gradients.
-fastcheck::Grads check(const Case& c, bool vec = true) {
-  SCOPED_TRACE(c.describe() + (vec ? "" : " (2-byte loads)"));
+fastcheck::Grads check(const Case& c, bool vec = true, bool deterministic = false) {
+  SCOPED_TRACE(c.describe() + (vec ? "" : " (2-byte loads)") + (deterministic ? " (deterministic)" : ""));
   const fastcheck::Inputs in = fastcheck::make_inputs(c);
   const fastcheck::Forward fwd = fastcheck::run_forward(c, in, Impl::reference);
   const HostTensor dout = randn(c.dtype, out_shape(c));
@@ -134,11 +141,7 @@ fastcheck::Grads check(const Case& c, bool vec = true) {
   AttnProblem p = core::build_attention(in.q, in.k, in.v, fwd.out, fastcheck::options(c, in),
                                         fastcheck::layout(c, in), nullptr);
   core::attach_lse(p, fwd.lse, Device{});
-  auto operand = [](const HostTensor& t) {
-    const TensorView& v = t.tv;
-    return v.ndim == 4 ? Operand{v.data, v.stride[0], v.stride[1], v.stride[2]}
-                       : Operand{v.data, 0, v.stride[0], v.stride[1]};
-  };
+  p.deterministic = deterministic;
   p.dout = operand(dout);
   p.grad_q = operand(got.dq), p.grad_k = operand(got.dk), p.grad_v = operand(got.dv);
   hipmodel::backward(p, vec);
@@ -188,6 +191,7 @@ TEST(HipModelBackward, Gqa7To1WithWindow) {
   check(c);
   c.wl = 9, c.wr = 3;
   check(c);
+  check(c, /*vec=*/true, /*deterministic=*/true);
 }
 
 TEST(HipModelBackward, PaddedHeadDims) {
@@ -222,6 +226,51 @@ TEST(HipModelBackward, VarlenWithEmptySequencesAndSequsedK) {
   c.causal = true;
   c.used_k = {3, 0, 17, 70};
   check(c);
+}
+
+// Deterministic mode: 3 dQ slices over up to 4 key tiles per (kv head, batch), so blocks visit several
+// tiles. The model runs blocks and interleaves lanes in a different shuffled order on each launch, which
+// in this mode must not change a bit of the fp32 dQ accumulator (without it, the atomics' order follows
+// the block order and the accumulator's last bits vary) or of the gradients.
+TEST(HipModelBackward, DeterministicIsAccurateAndRepeatable) {
+  std::vector<Case> cases;
+  Case c = dense(DType::bf16, 2, 70, 203, 4, 2, 64, 64);
+  c.causal = true;
+  cases.push_back(c);
+  Case v;
+  v.dtype = DType::f16, v.layout = Layout::varlen, v.hq = 2, v.hk = 1, v.d = v.dv = 32;
+  v.q_lens = {0, 50, 33}, v.k_lens = {5, 150, 90}, v.used_k = {5, 120, 0};
+  cases.push_back(v);
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.describe());
+    const fastcheck::Inputs in = fastcheck::make_inputs(k);
+    const fastcheck::Forward fwd = fastcheck::run_forward(k, in, Impl::reference);
+    const HostTensor dout = randn(k.dtype, out_shape(k));
+    std::vector<float> accum[2];
+    int runs = 0;
+    auto run = [&] {
+      fastcheck::Grads g{HostTensor(k.dtype, shape_of(in.q)), HostTensor(k.dtype, shape_of(in.k)),
+                         HostTensor(k.dtype, shape_of(in.v))};
+      poison(g.dq), poison(g.dk), poison(g.dv);
+      AttnProblem p = core::build_attention(in.q, in.k, in.v, fwd.out, fastcheck::options(k, in),
+                                            fastcheck::layout(k, in), nullptr);
+      core::attach_lse(p, fwd.lse, Device{});
+      p.deterministic = true;
+      p.dout = operand(dout), p.grad_q = operand(g.dq), p.grad_k = operand(g.dk), p.grad_v = operand(g.dv);
+      accum[runs++] = hipmodel::backward(p);
+      return g;
+    };
+    const fastcheck::Grads first = run(), again = run();
+    EXPECT_TRUE(accum[0] == accum[1]) << "fp32 dQ accumulator";
+    EXPECT_EQ(first.dq.bytes, again.dq.bytes) << "dq";
+    EXPECT_EQ(first.dk.bytes, again.dk.bytes) << "dk";
+    EXPECT_EQ(first.dv.bytes, again.dv.bytes) << "dv";
+    const fastcheck::Grads ref = reference_grads(k, in, fwd, dout);
+    const fastcheck::Grads base = baseline_grads(k, in, dout);
+    EXPECT_TRUE(accuracy_rule(first.dq, base.dq, ref.dq, 3.0)) << "dq";
+    EXPECT_TRUE(accuracy_rule(first.dk, base.dk, ref.dk, 3.0)) << "dk";
+    EXPECT_TRUE(accuracy_rule(first.dv, base.dv, ref.dv, 3.0)) << "dv";
+  }
 }
 
 TEST(HipModelBackward, UnalignedRowsTakeTheScalarPath) {

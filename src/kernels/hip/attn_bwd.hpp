@@ -4,11 +4,12 @@
 //
 // Three kernels (BwdParams in attn_bwd_config.hpp states their grids):
 //   RowKernel::dot_do_o    D = rowsum(dO * O) per (query, head) in fp32, and the dQ accumulator zeroed;
-//   Kernel::run            one block per (key tile, kv head, batch): dK and dV of the tile's keys held in
-//                          registers over every query tile that sees them and every query head of the
-//                          kv head's group (GQA sums inside the block: no dK/dV workspace, no atomics
-//                          there), dQ += dS K added to the fp32 accumulator with atomics;
-//   RowKernel::convert_dq  dQ = scale * accumulator, in the input dtype.
+//   Kernel::run            per (key tile, kv head, batch): dK and dV of the tile's keys held in registers
+//                          over every query tile that sees them and every query head of the kv head's
+//                          group (GQA sums inside the block: no dK/dV workspace, no atomics there),
+//                          dQ += dS K added to the fp32 accumulator with atomics, or in deterministic
+//                          mode to the block's own slice of it in a fixed order;
+//   RowKernel::convert_dq  dQ = scale * accumulator (its slices summed in order), in the input dtype.
 //
 // Fragment plan of Kernel (wave/mfma_layout.hpp; lane l, quad = l / 16, col = l % 16). Wave w owns the
 // 16 keys j0 + 16 w + col; a query tile of kBlockM rows is visited in 16-row subtiles u. An MFMA
@@ -90,8 +91,10 @@ struct RowKernel {
     acc = sum_over<1, 2>(acc);  // the row's 4 lanes are adjacent
     if (i >= seq.q) return;
     if (part == 0) prm.d_rows[lse_offset(p, b, h, i)] = acc;
+    const i64 slice = bwd_dq_slice_elems(p);
     float* dq = prm.dq_accum + bwd_dq_accum_offset(p, b, i, h);
-    for (int c = part; c < p.d; c += 4) dq[c] = 0.0f;
+    for (int s = 0; s < prm.num_slices; ++s)
+      for (int c = part; c < p.d; c += 4) dq[s * slice + c] = 0.0f;
   }
 
   static FP_DEV void convert_dq(const BwdParams& prm) {
@@ -100,11 +103,16 @@ struct RowKernel {
     const SeqLens seq = guarded_lengths(p, b);
     const i64 i = m0 + thread_id() / 4;
     if (i >= seq.q) return;
+    const i64 slice = bwd_dq_slice_elems(p);
     const float* acc = prm.dq_accum + bwd_dq_accum_offset(p, b, i, h);
     u16* g_dq = static_cast<u16*>(p.grad_q.ptr) + q_offset(p, p.grad_q, b, i, h);
     for (int c = 8 * (thread_id() & 3); c < p.d; c += 32) {
+      float sum[8];
+      for (int e = 0; e < 8; ++e) sum[e] = acc[c + e];
+      for (int s = 1; s < prm.num_slices; ++s)  // slice order: the deterministic sum
+        for (int e = 0; e < 8; ++e) sum[e] += acc[s * slice + c + e];
       u16x8 v;
-      for (int e = 0; e < 8; ++e) v[e] = Elem::from_float(acc[c + e] * p.scale);
+      for (int e = 0; e < 8; ++e) v[e] = Elem::from_float(sum[e] * p.scale);
       if (prm.vec & kBwdVecDq) {
         *reinterpret_cast<u16x8*>(g_dq + c) = v;
       } else {
@@ -240,7 +248,8 @@ struct Kernel {
   }
 
   /// dQ of this wave's 16 queries of the tile (rows m0 + 16 wave + ...) over the block's keys, added to
-  /// the fp32 accumulator.
+  /// the fp32 accumulator (hc.dq: the block's slice in deterministic mode, where element (i, ch) has
+  /// one owner lane in every key tile, so a plain read-modify-write is race-free and ordered).
   static FP_DEV void dq_stage(const AttnProblem& p, const HeadCtx& hc, const u16* s_ds, const u16* s_kt,
                               const Lens32& seq, int m0, int wave, int lane) {
     const int quad = lane >> 4, col = lane & 15;
@@ -256,7 +265,12 @@ struct Kernel {
       if (16 * c + col >= p.d) continue;
       for (int r = 0; r < 4; ++r) {
         const int i = m0 + 16 * wave + 4 * quad + r;
-        if (i < seq.q) atomic_add_f32(hc.dq + (i64)i * hc.dq_stride + 16 * c + col, acc[r]);
+        if (i >= seq.q) continue;
+        float* dst = hc.dq + (i64)i * hc.dq_stride + 16 * c + col;
+        if (p.deterministic)
+          *dst += acc[r];
+        else
+          atomic_add_f32(dst, acc[r]);
       }
     }
   }
@@ -286,6 +300,22 @@ struct Kernel {
 
   static FP_DEV void run(const BwdParams& prm, unsigned char* lds) {
     const AttnProblem& p = prm.p;
+    const i64 b = block_z(), hk = block_y();
+    const SeqLens seq64 = guarded_lengths(p, b);
+    const i64 rows_k = stored_key_rows(p, b);
+    // Key tiles x, x + grid x, ...: one per block without determinism (grid x = key tiles), the slice's
+    // tiles in order with it (grid x = num_slices). The bound is block-uniform: no barrier is skipped.
+    const i64 slice = p.deterministic ? (i64)block_x() : 0;
+    for (i64 nb = block_x(); nb * kBlockN < rows_k; nb += grid_x()) {
+      key_tile(prm, lds, b, hk, nb * kBlockN, seq64, rows_k, prm.dq_accum + slice * bwd_dq_slice_elems(p));
+      block_sync();  // the next tile rewrites every LDS buffer
+    }
+  }
+
+  /// dK and dV of keys [j0, j0 + kBlockN) of (b, hk), and their share of dQ added to `dq_accum` (a slice).
+  static FP_DEV void key_tile(const BwdParams& prm, unsigned char* lds, i64 b, i64 hk, i64 j0,
+                              const SeqLens& seq64, i64 rows_k, float* dq_accum) {
+    const AttnProblem& p = prm.p;
     u16* s_kt = reinterpret_cast<u16*>(lds);  // (kHeadDim, kKeyPitch): K^T, the whole block
     u16* s_q = s_kt + kHeadDim * kKeyPitch;   // (kBlockM, kPitch): Q of a query tile; V before the loop
     u16* s_do = s_q + kBlockM * kPitch;       // (kBlockM, kPitch): dO of a query tile
@@ -293,10 +323,6 @@ struct Kernel {
     float* s_lse = reinterpret_cast<float*>(s_ds + kBlockM * kKeyPitch);  // LSE * log2(e) per tile row
     float* s_dd = s_lse + kBlockM;                                        // D per tile row
 
-    const i64 b = block_z(), hk = block_y(), j0 = (i64)block_x() * kBlockN;
-    const SeqLens seq64 = guarded_lengths(p, b);
-    const i64 rows_k = stored_key_rows(p, b);
-    if (j0 >= rows_k) return;  // the whole block, before any barrier
     const Lens32 seq{(int)seq64.q, (int)seq64.k};
     const int lane = lane_id(), wave = wave_id(), quad = lane >> 4;
     const i64 j = j0 + 16 * wave + (lane & 15);  // this lane's key
@@ -352,7 +378,7 @@ struct Kernel {
         hc.dout = static_cast<const u16*>(p.dout.ptr) + q_offset(p, p.dout, b, 0, hc.h);
         hc.lse = p.lse + lse_offset(p, b, hc.h, 0);
         hc.d_rows = prm.d_rows + lse_offset(p, b, hc.h, 0);
-        hc.dq = prm.dq_accum + bwd_dq_accum_offset(p, b, 0, hc.h);
+        hc.dq = dq_accum + bwd_dq_accum_offset(p, b, 0, hc.h);
         hc.q_stride = p.q.row_stride, hc.dout_stride = p.dout.row_stride;
         hc.dq_stride = bwd_dq_accum_offset(p, b, 1, hc.h) - bwd_dq_accum_offset(p, b, 0, hc.h);
         for (int t = tiles.begin; t < tiles.end; ++t) {

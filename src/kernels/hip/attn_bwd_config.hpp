@@ -67,13 +67,15 @@ enum BwdVecFlags : int {
 FP_HD long long bwd_rows(const AttnProblem& p) {
   return p.cu_seqlens_q ? p.total_q : p.batch * p.sq;
 }
-/// Offset of (b, query i, head h, channel 0) in the dQ accumulator: fp32, (rows, hq, d) contiguous.
+/// Offset of (b, query i, head h, channel 0) in slice 0 of the dQ accumulator: fp32, (slices, rows, hq,
+/// d) contiguous.
 FP_HD long long bwd_dq_accum_offset(const AttnProblem& p, long long b, long long i, long long h) {
   const long long row = p.cu_seqlens_q ? (long long)p.cu_seqlens_q[b] + i : b * p.sq + i;
   return (row * p.hq + h) * p.d;
 }
-/// fp32 elements of the workspaces: the dQ accumulator, and D (laid out like the LSE: lse_offset).
-FP_HD long long bwd_dq_accum_elems(const AttnProblem& p) {
+/// fp32 elements of the workspaces: one slice of the dQ accumulator, and D (laid out like the LSE:
+/// lse_offset). The accumulator holds BwdParams::num_slices slices.
+FP_HD long long bwd_dq_slice_elems(const AttnProblem& p) {
   return bwd_rows(p) * p.hq * p.d;
 }
 FP_HD long long bwd_d_elems(const AttnProblem& p) {
@@ -82,16 +84,32 @@ FP_HD long long bwd_d_elems(const AttnProblem& p) {
 
 /// Arguments of the three kernels (one struct, so a launch passes the same block to each):
 ///   attn_bwd_dot_do_o:  grid (ceil(max sq / 64), hq, batch), 256 lanes. D = rowsum(dO * O), dQ acc = 0.
-///   attn_bwd:           grid (ceil(sk / block_n), hk, batch), 64 * waves lanes. dK, dV; dQ acc +=.
-///   attn_bwd_convert_dq grid as attn_bwd_dot_do_o. dQ = dQ acc in the input dtype.
+///   attn_bwd:           grid (x, hk, batch), 64 * waves lanes; block x takes the key tiles x, x + grid
+///                       x, ... in order. dK, dV; dQ acc +=. x = ceil(sk / block_n) (one tile each) with
+///                       atomics into one slice; deterministic (p.deterministic): x = num_slices, block x
+///                       adds into slice x alone with plain read-modify-writes, each element by the lane
+///                       that owns it in every tile, so the order of the adds is fixed.
+///   attn_bwd_convert_dq grid as attn_bwd_dot_do_o. dQ = scale * (sum of the slices in slice order).
 /// `p` carries dout/grad_* and the LSE; `d_rows` and `dq_accum` are workspaces of bwd_d_elems and
-/// bwd_dq_accum_elems floats.
+/// num_slices * bwd_dq_slice_elems floats.
 struct BwdParams {
   AttnProblem p;
   float* d_rows;
   float* dq_accum;
-  int vec;  // BwdVecFlags
+  int num_slices;  // >= 1; > 1 only in deterministic mode (bwd_num_slices)
+  int vec;         // BwdVecFlags
 };
+
+/// Key tiles of the main kernel for a problem (the grid x of the non-deterministic launch).
+constexpr long long bwd_key_tiles(const AttnProblem& p, int bucket) {
+  return (p.sk + bwd_tile(bucket).block_n - 1) / bwd_tile(bucket).block_n;
+}
+/// dQ slices: 1 unless deterministic; then at most `max_slices` (the launcher's choice: enough blocks
+/// to fill the GPU with slices x hk x batch, against slices x the accumulator's size in memory).
+constexpr int bwd_num_slices(const AttnProblem& p, int bucket, int max_slices) {
+  const long long tiles = bwd_key_tiles(p, bucket);
+  return !p.deterministic || tiles <= 1 ? 1 : (int)(tiles < max_slices ? tiles : max_slices);
+}
 
 /// The BwdVecFlags of a problem (host side).
 inline int bwd_vec_flags(const AttnProblem& p) {
