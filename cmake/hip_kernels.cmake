@@ -1,8 +1,8 @@
 # FLASHPORT_HIP=ON: every HIP kernel variant compiled to a code object for gfx90a (Debian's hipcc 5.2)
 # and gfx942 (clang-19 with the HIP 5.2 headers and a generated device-library file), each checked by
-# cmake/hip_codeobject.sh (no scratch, no VGPR spills, LDS <= 64 KiB, v_mfma present). The compilers
-# are driven directly: CMake 3.25's HIP language does not find Debian's HIP files. Nothing here runs the
-# code (no AMD GPU); the kernels execute on the CPU wave64 model in tests/hip (label hip).
+# cmake/hip_codeobject.sh (every kernel: no scratch, no VGPR spills, LDS <= 64 KiB; v_mfma present).
+# The compilers are driven directly: CMake 3.25's HIP language does not find Debian's HIP files. Nothing
+# here runs the code (no AMD GPU); the kernels execute on the CPU wave64 model in tests/hip (label hip).
 find_program(FLASHPORT_HIPCC hipcc REQUIRED)
 find_program(FLASHPORT_CLANG19 clang++-19 REQUIRED)
 set(FLASHPORT_LLVM19_BIN /usr/lib/llvm-19/bin CACHE PATH "LLVM 19 tools (objcopy, offload bundler, objdump, readelf)")
@@ -29,6 +29,13 @@ string(REGEX MATCH "kFwdDropoutBuckets\\[\\] = {([0-9, ]+)}" _ "${config}")
 string(REPLACE ", " ";" hip_dropout_buckets "${CMAKE_MATCH_1}")
 if(NOT hip_dropout_buckets)
   message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdDropoutBuckets not found in attn_fwd_config.hpp")
+endif()
+# The backward's buckets likewise from attn_bwd_config.hpp.
+file(READ ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_bwd_config.hpp bwd_config)
+string(REGEX MATCH "kBwdBuckets\\[\\] = {([0-9, ]+)}" _ "${bwd_config}")
+string(REPLACE ", " ";" hip_bwd_buckets "${CMAKE_MATCH_1}")
+if(NOT hip_bwd_buckets)
+  message(FATAL_ERROR "cmake/hip_kernels.cmake: kBwdBuckets not found in attn_bwd_config.hpp")
 endif()
 
 set(common -O3 -std=c++20 -I${PROJECT_SOURCE_DIR}/src -I${PROJECT_SOURCE_DIR}/src/kernels)
@@ -63,6 +70,20 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
                 ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd.hip
         DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
         COMMENT "HIP: attn_fwd dropout ${elem} d${bucket} for ${arch}")
+      list(APPEND code_objects ${co})
+    endforeach()
+    # The backward: one code object per (dtype, bucket) with its three kernels (attn_bwd.hip).
+    # -munsafe-fp-atomics: dQ's fp32 atomicAdd as global_atomic_add_f32 instead of a compare-and-swap
+    # loop; valid for the coarse-grained (hipMalloc) memory of the dQ accumulator.
+    foreach(bucket IN LISTS hip_bwd_buckets)
+      set(co ${hip_out}/${arch}/attn_bwd_${elem}_d${bucket}.co)
+      add_custom_command(OUTPUT ${co}
+        COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
+        COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
+                ${compiler} ${common} -munsafe-fp-atomics -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket}
+                ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_bwd.hip
+        DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
+        COMMENT "HIP: attn_bwd ${elem} d${bucket} for ${arch}")
       list(APPEND code_objects ${co})
     endforeach()
   endforeach()

@@ -157,10 +157,16 @@ FP_HD Philox4 dropout_words(u64 seed, u32 offset, i64 i, i64 j, i64 b_idx, i64 h
   return philox4x32_10((u32)(j >> 2), (u32)i, (u32)(b_idx * hq + h), offset, (u32)seed, (u32)(seed >> 32));
 }
 
+/// Word k (0..3) of a Philox output, by selects: an index into the array would put it in scratch
+/// memory on AMD GPUs (the CDNA backward had 24 bytes of it per lane).
+FP_HD u32 philox_word(const Philox4& w, int k) {
+  return k == 0 ? w.x[0] : k == 1 ? w.x[1] : k == 2 ? w.x[2] : w.x[3];
+}
+
 /// Whether key j of query i survives dropout.
 FP_HD bool dropout_keep(u64 seed, u32 offset, u32 threshold, i64 i, i64 j, i64 b_idx, i64 hq, i64 h) {
   const Philox4 w = dropout_words(seed, offset, i, j, b_idx, hq, h);
-  return w.x[j & 3] >= threshold;
+  return philox_word(w, (int)(j & 3)) >= threshold;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // The CPU wave64 model against plain arithmetic: MFMA 16x16x16 (bf16, fp16) against a matrix product
-// for random inputs, the documented lane maps at spot positions, shuffles, barriers and LDS.
+// for random inputs, the documented lane maps at spot positions, shuffles, barriers, LDS and atomics.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -113,6 +113,19 @@ TEST(WaveModel, BarrierOrdersLdsAcrossWaves) {
     if (block_x() == 1) got[(size_t)t] = s[255 - t];
   });
   for (int t = 0; t < 256; ++t) EXPECT_EQ(got[(size_t)t], (255 - t) * 3 + 1);
+}
+
+// atomic_add_f32 from every lane of several blocks, with a barrier between two rounds of adds: each
+// lane's add lands once (small integers, so the sum is exact in any order).
+TEST(WaveModel, AtomicAddSumsEveryLane) {
+  float total[2] = {0.0f, 0.0f};
+  model::launch({3, 1, 1}, 128, 0, [&](unsigned char*) {
+    atomic_add_f32(&total[0], 1.0f);
+    block_sync();
+    atomic_add_f32(&total[thread_id() & 1], (float)thread_id());
+  });
+  EXPECT_EQ(total[0], 3.0f * (128 + 64 * 63));  // 128 ones and the even ids 0..126 per block
+  EXPECT_EQ(total[1], 3.0f * 64 * 64);          // the odd ids 1..127 per block
 }
 
 }  // namespace

@@ -51,6 +51,13 @@ FP_DEV u16 f16_bits(float x) {
   return __builtin_bit_cast(u16, (_Float16)x);
 }
 
+/// HIP's atomicAdd on float: global_atomic_add_f32 when compiled with -munsafe-fp-atomics (the
+/// backward's code objects are: its dQ accumulator is coarse-grained device memory, where the
+/// instruction is exact), a compare-and-swap loop otherwise.
+FP_DEV void atomic_add_f32(float* addr, float v) {
+  atomicAdd(addr, v);
+}
+
 namespace cdna {
 typedef short i16x4_ext __attribute__((ext_vector_type(4)));
 typedef _Float16 f16x4_ext __attribute__((ext_vector_type(4)));

@@ -177,17 +177,22 @@ void launch(Dim3 grid, int threads, int lds_bytes, const std::function<void(unsi
   if (lds_bytes > kMaxLdsBytes) die("LDS of " + std::to_string(lds_bytes) + " bytes above 64 KiB");
   while (g_stacks.size() < (size_t)threads) g_stacks.emplace_back(new char[kStackBytes]);
   g_grid = grid;
+  // Blocks run one at a time in a shuffled order (the hardware gives no order either), so a kernel whose
+  // result depends on the order of its blocks (atomics summing floats) varies between launches.
+  std::vector<Dim3> blocks;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        g_block_index = {x, y, z};
-        std::vector<unsigned char> lds((size_t)std::max(lds_bytes, 1),
-                                       0xFF);  // sized exactly: ASan sees overruns
-        Block b;
-        b.kernel = &kernel;
-        b.lds = lds.data();
-        run_block(b, threads);
-      }
+      for (unsigned x = 0; x < grid.x; ++x) blocks.push_back({x, y, z});
+  std::shuffle(blocks.begin(), blocks.end(), g_order_rng);
+  for (const Dim3& index : blocks) {
+    g_block_index = index;
+    std::vector<unsigned char> lds((size_t)std::max(lds_bytes, 1),
+                                   0xFF);  // sized exactly: ASan sees overruns
+    Block b;
+    b.kernel = &kernel;
+    b.lds = lds.data();
+    run_block(b, threads);
+  }
 }
 
 }  // namespace flashport::wave::model

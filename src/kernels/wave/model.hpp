@@ -35,10 +35,10 @@ const unsigned char* wave_gather(const void* mine, int bytes);
 /// Second half: returns once every lane of the wave has read the slots.
 void wave_release();
 
-/// Runs `kernel(lds)` over `grid` blocks of `threads` lanes (a multiple of 64), one block at a time,
-/// lanes interleaved in a shuffled order. Each block gets `lds_bytes` (<= 64 KiB, CDNA's per-workgroup
-/// LDS) of LDS filled with 0xFF bytes (NaN as floats) so reads of unwritten LDS cannot pass a test.
-/// Aborts on a deadlock (lanes waiting at barriers that cannot complete).
+/// Runs `kernel(lds)` over `grid` blocks of `threads` lanes (a multiple of 64), one block at a time in a
+/// shuffled order, lanes interleaved in a shuffled order. Each block gets `lds_bytes` (<= 64 KiB, CDNA's
+/// per-workgroup LDS) of LDS filled with 0xFF bytes (NaN as floats) so reads of unwritten LDS cannot pass a
+/// test. Aborts on a deadlock (lanes waiting at barriers that cannot complete).
 void launch(Dim3 grid, int threads, int lds_bytes, const std::function<void(unsigned char* lds)>& kernel);
 
 /// Wave collectives executed since the process started (cost accounting in tests).
@@ -94,6 +94,12 @@ FP_DEV float log(float x) {
 }
 FP_DEV u16 f16_bits(float x) {
   return num::f32_to_f16(x);
+}
+
+/// Lanes run one at a time and switch only inside block_sync and wave collectives, so a plain add is
+/// already atomic in the model.
+FP_DEV void atomic_add_f32(float* addr, float v) {
+  *addr += v;
 }
 
 /// One 16x16x16 MFMA over the wave: lane l's D registers are the mfma_layout.hpp elements of

@@ -14,6 +14,9 @@
 //                                out as mfma_layout.hpp documents; every lane of the wave takes part
 //   exp2(x), log(x)              fp32 2^x and natural log
 //   f16_bits(x)                  fp32 -> IEEE fp16 bits, round to nearest even
+//   atomic_add_f32(addr, v)      *addr += v on global fp32 memory as one atomic update (lanes and
+//                                blocks may add to the same address; the order of the adds is not
+//                                defined, so the sum's rounding is not either)
 // LDS is plain memory reached through a `unsigned char* lds` the kernel entry passes in (a static
 // __shared__ array on the GPU, a byte array in the model), so kernels address it like any buffer.
 //
