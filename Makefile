@@ -72,7 +72,7 @@ bench: build $(PY_DEPS)
 # lld-19), then runs the kernels on the CPU wave64 model (label hip). No AMD GPU is needed or used.
 hip: $(BUILD)/build.ninja
 	cmake -S . -B $(BUILD) -DFLASHPORT_HIP=ON
-	cmake --build $(BUILD) -j $(JOBS) --target hip_kernels flashport_tests_hip
+	cmake --build $(BUILD) -j $(JOBS) --target hip_kernels flashport_tests_hip flashport_tests_hip_backend
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L hip
 
 prebuild: build

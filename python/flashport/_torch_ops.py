@@ -38,7 +38,8 @@ def check_device(x: Optional[Tensor], name: str) -> None:
 # exporting a DLPack capsule per tensor (which also needed a detach() for tensors that require grad).
 _C.register_torch(torch.Tensor, torch.nn.Parameter,
                   {getattr(torch, name): name for name in ("float64", "float32", "float16", "bfloat16", "int32",
-                                                           "int64", *FP8_MAX) if hasattr(torch, name)})
+                                                           "int64", *FP8_MAX) if hasattr(torch, name)},
+                  rocm=bool(getattr(torch.version, "hip", None)))
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 

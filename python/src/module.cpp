@@ -127,11 +127,13 @@ struct TorchTypes {
   nb::object tensor, parameter;                      // torch.Tensor, torch.nn.Parameter (exact types)
   std::vector<std::pair<nb::object, DType>> dtypes;  // torch.float16 -> f16, ...
   nb::object data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device;  // interned names
+  bool rocm = false;  // a ROCm build of torch: its "cuda" tensors live on AMD GPUs (the HIP backend)
 };
 TorchTypes* g_torch = nullptr;  // leaked on purpose: never released after the interpreter is gone
 
-void register_torch(nb::handle tensor, nb::handle parameter, nb::dict dtypes) {
+void register_torch(nb::handle tensor, nb::handle parameter, nb::dict dtypes, bool rocm) {
   TorchTypes t;
+  t.rocm = rocm;
   t.tensor = nb::borrow(tensor);
   t.parameter = nb::borrow(parameter);
   for (auto [key, value] : dtypes) {
@@ -176,9 +178,9 @@ std::optional<TensorView> torch_view(nb::handle obj, const char* name) {
     view.stride[i] = nb::cast<int64_t>(stride[i]);
   }
   view.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(obj.attr(g_torch->data_ptr)()));
-  view.device =
-      cuda ? flashport::Device{flashport::DeviceType::cuda, nb::cast<int>(obj.attr(g_torch->get_device)())}
-           : flashport::Device{flashport::DeviceType::cpu, 0};
+  const flashport::DeviceType gpu = g_torch->rocm ? flashport::DeviceType::hip : flashport::DeviceType::cuda;
+  view.device = cuda ? flashport::Device{gpu, nb::cast<int>(obj.attr(g_torch->get_device)())}
+                     : flashport::Device{flashport::DeviceType::cpu, 0};
   return view;
 }
 
@@ -476,9 +478,10 @@ NB_MODULE(_C, m) {
   m.def("cast", &cast, "src"_a, "dst"_a, "Host-side elementwise dtype conversion (round to nearest even).");
   m.def("inspect", &inspect, "tensor"_a,
         "How flashport sees a DLPack tensor: (dtype, shape, strides, device, ptr).");
-  m.def("register_torch", &register_torch, "tensor"_a, "parameter"_a, "dtypes"_a,
+  m.def("register_torch", &register_torch, "tensor"_a, "parameter"_a, "dtypes"_a, "rocm"_a = false,
         "Read torch.Tensor / nn.Parameter arguments from their attributes (no DLPack capsule); "
-        "`dtypes` maps torch dtypes to flashport dtype names.");
+        "`dtypes` maps torch dtypes to flashport dtype names; `rocm`: torch's GPU tensors are on AMD "
+        "devices (torch.version.hip).");
   m.def("set_checked_mode", &flashport::set_checked_mode, "on"_a,
         "Validate GPU-resident index tensors on the host (synchronising copies); see flashport.set_checked.");
   m.def("checked_mode", &flashport::checked_mode);

@@ -4,6 +4,9 @@
 #ifdef FLASHPORT_WITH_CUDA
 #include "backends/cuda/cuda_backend.hpp"
 #endif
+#ifdef FLASHPORT_WITH_HIP
+#include "backends/hip/hip_backend.hpp"
+#endif
 
 namespace flashport::core {
 
@@ -14,6 +17,10 @@ const Backend* backend_for(DeviceType device) {
 #ifdef FLASHPORT_WITH_CUDA
     case DeviceType::cuda:
       return cuda::backend();  // null when no driver/GPU is usable
+#endif
+#ifdef FLASHPORT_WITH_HIP
+    case DeviceType::hip:
+      return amd::backend();  // null when no HIP runtime/GPU is usable
 #endif
     default:
       return nullptr;

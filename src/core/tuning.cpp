@@ -151,6 +151,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.nvrtc_path = {"FLASHPORT_NVRTC_PATH", text_of(env, "FLASHPORT_NVRTC_PATH")};
+  t.hip_runtime = {"FLASHPORT_HIP_RUNTIME", text_of(env, "FLASHPORT_HIP_RUNTIME")};
   t.cuda_home = text_of(env, "CUDA_HOME");
   t.cuda_path = text_of(env, "CUDA_PATH");
   return t;

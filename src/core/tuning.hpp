@@ -65,6 +65,9 @@ struct Tuning {
   // the extra launch (a bad index is then clamped without a report).
   Knob<bool> device_checks{"FLASHPORT_DEVICE_CHECKS", true};
   Knob<std::string> nvrtc_path{"FLASHPORT_NVRTC_PATH"};  // any path; "" when unset
+  // The HIP runtime the AMD backend opens; "" (unset): libamdhip64.so. The HIP backend tests point it at
+  // a stand-in that runs the kernels on the CPU wave64 model (tests/hip/backend/fake_hip_runtime.cpp).
+  Knob<std::string> hip_runtime{"FLASHPORT_HIP_RUNTIME"};
   // Not ours, so not validated: toolkit roots searched for libnvrtc (<root>/lib64/).
   std::string cuda_home, cuda_path;
 };

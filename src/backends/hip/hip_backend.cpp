@@ -1,0 +1,117 @@
+// The HIP backend (AMD CDNA GPUs): what it takes, which embedded code object serves a call, and the
+// launches, with the grids and parameters the CPU-model tests use (tests/hip/hip_model_forward.hpp,
+// test_hip_kvcache.cpp). Registered in src/backends/registry.cpp when built with FLASHPORT_HIP=ON.
+#include "backends/hip/hip_backend.hpp"
+
+#include <cstdint>
+#include <string>
+
+#include "backends/hip/arch.hpp"
+#include "backends/hip/hip_runtime.hpp"
+#include "flashport/tensor.hpp"
+#include "hip/attn_fwd_config.hpp"
+#include "hip/kvcache_append_config.hpp"
+
+namespace flashport::amd {
+namespace {
+
+std::string type_name(int t) {
+  return dtype_name(static_cast<DType>(t));
+}
+
+/// "gfx942/attn_fwd_dropout_bf16_d128.co": the naming of cmake/hip_kernels.cmake.
+std::string forward_object(const std::string& arch, const AttnProblem& p) {
+  const int bucket = fwd_head_dim_bucket(p.d, p.dv);
+  return arch + "/attn_fwd_" + (p.dropout_p > 0.0f ? "dropout_" : "") +
+         (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
+}
+
+unsigned blocks_of(long long rows, long long per_block) {
+  return (unsigned)((rows + per_block - 1) / per_block);
+}
+
+class HipBackend final : public core::Backend {
+ public:
+  const char* name() const override { return "hip"; }
+
+  std::string unsupported(const AttnProblem& p, Impl impl, bool backward) const override {
+    if (impl == Impl::reference || impl == Impl::baseline)
+      return "the reference and baseline implementations are CPU only";
+    if (backward) return "the backward is not on the HIP backend yet (forward and kv-cache only)";
+    if (p.in_type != kF16 && p.in_type != kBF16)
+      return "inputs must be fp16 or bf16 on AMD, got " + type_name(p.in_type);
+    if (p.out_type != p.in_type)
+      return "out must have the input dtype " + type_name(p.in_type) + ", got " + type_name(p.out_type);
+    if (p.s_dmask) return "s_dmask (attention probabilities) is produced by the CPU reference only";
+    if (p.d % 8 != 0 || p.dv % 8 != 0)
+      return "head dim must be a multiple of 8 on AMD, got d = " + std::to_string(p.d) +
+             ", dv = " + std::to_string(p.dv);
+    const int bucket = fwd_head_dim_bucket(p.d, p.dv);
+    if (bucket == 0)
+      return "head dim must be <= 256 on AMD, got d = " + std::to_string(p.d) +
+             ", dv = " + std::to_string(p.dv);
+    if (p.dropout_p > 0.0f && !fwd_has_dropout_variant(bucket))
+      return "dropout on AMD has kernels for head-dim buckets 64 and 128 only (kFwdDropoutBuckets), got d "
+             "= " +
+             std::to_string(p.d);
+    if (p.sq > INT32_MAX || p.sk > INT32_MAX)
+      return "sequence lengths must be below 2^31 on AMD, got " + std::to_string(p.sq) + " x " +
+             std::to_string(p.sk);
+    if (p.device < 0 || p.device >= device_count())
+      return "device hip:" + std::to_string(p.device) + " is not visible (" + std::to_string(device_count()) +
+             " GPUs)";
+    const ArchChoice arch = amd_arch_choice(device_arch_name(p.device));
+    return arch.reason;
+  }
+
+  void forward(const AttnProblem& p, Impl) const override {
+    const FwdTile tile = fwd_tile(fwd_head_dim_bucket(p.d, p.dv));
+    const Launch l{{blocks_of(p.sq, tile.block_m), (unsigned)p.hq, (unsigned)p.batch},
+                   (unsigned)(tile.waves * 64),
+                   nullptr};
+    if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0) return;  // no query: nothing to write
+    const FwdParams prm{p, fwd_vec_flags(p)};
+    Launch with_args = l;
+    with_args.args = &prm;
+    const std::string arch = amd_arch_choice(device_arch_name(p.device)).code_object;
+    launch(p.device, kernel(p.device, forward_object(arch, p), "attn_fwd"), with_args, p.stream);
+  }
+
+  void backward(const AttnProblem&, Impl) const override {
+    throw Error("q", "hip backend: the backward is not on the HIP backend yet");
+  }
+
+  /// kv_append (when appending), then the forward over the updated cache: test_hip_kvcache.cpp's
+  /// sequence. Rotary would rotate q into a scratch first (rotate_q), which needs a stream-ordered
+  /// allocator this backend does not have yet.
+  void forward_kvcache(const core::KvCacheProblem& kp, Impl impl) const override {
+    if (kp.rotary_dim > 0)
+      throw Error("rotary_cos",
+                  "hip backend: rotary embedding in forward_kvcache is not supported on AMD yet");
+    const AttnProblem& a = kp.attn;
+    if (kp.k_new.ptr && kp.s_new > 0) {
+      KvAppendParams prm{};
+      prm.attn = a;
+      prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;
+      prm.cache_seqlens = kp.cache_seqlens;
+      const Launch l{{blocks_of(a.batch * kp.s_new * a.hk, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
+      const std::string arch = amd_arch_choice(device_arch_name(a.device)).code_object;
+      if (l.grid[0] > 0)
+        launch(a.device, kernel(a.device, arch + "/kvcache_append.co", "kv_append"), l, a.stream);
+    }
+    forward(a, impl);
+  }
+
+  void merge_states(const core::MergeProblem&) const override {
+    throw Error("out_a", "hip backend: merge_states is not supported on AMD yet");
+  }
+};
+
+}  // namespace
+
+const core::Backend* backend() {
+  static const HipBackend instance;
+  return runtime_unavailable().empty() ? &instance : nullptr;
+}
+
+}  // namespace flashport::amd

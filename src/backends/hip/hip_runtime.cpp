@@ -1,0 +1,165 @@
+// libamdhip64 opened at run time: the entry points the AMD backend calls, typed from the HIP 5.2
+// headers the build uses (the same ABI through ROCm 6: see device_arch_name), module loading per
+// device and launches.
+#define __HIP_PLATFORM_AMD__ 1
+#include "backends/hip/hip_runtime.hpp"
+
+#include <dlfcn.h>
+#include <hip/hip_runtime_api.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "backends/hip/code_objects.hpp"
+#include "core/tuning.hpp"
+#include "flashport/error.hpp"
+
+namespace flashport::amd {
+namespace {
+
+struct Runtime {
+  decltype(&::hipGetDeviceCount) device_count = nullptr;
+  decltype(&::hipGetDevice) get_device = nullptr;
+  decltype(&::hipSetDevice) set_device = nullptr;
+  decltype(&::hipGetDeviceProperties) properties = nullptr;
+  decltype(&::hipModuleLoadData) module_load = nullptr;
+  decltype(&::hipModuleGetFunction) module_function = nullptr;
+  decltype(&::hipModuleLaunchKernel) module_launch = nullptr;
+  decltype(&::hipGetErrorString) error_string = nullptr;
+  int devices = 0;
+  std::string unavailable;
+};
+
+template <class Fn>
+bool resolve(void* handle, Fn& fn, const char* name, std::string& missing) {
+  fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  if (!fn && missing.empty()) missing = name;
+  return fn != nullptr;
+}
+
+Runtime load_runtime() {
+  Runtime r;
+  const std::string& configured = core::tuning().hip_runtime.get();
+  const std::string path = configured.empty() ? "libamdhip64.so" : configured;
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle && configured.empty()) handle = dlopen("libamdhip64.so.6", RTLD_NOW | RTLD_LOCAL);
+  if (!handle && configured.empty()) handle = dlopen("libamdhip64.so.5", RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    const char* why = dlerror();
+    r.unavailable = path + " could not be opened (no ROCm HIP runtime): " + (why ? why : "");
+    return r;
+  }
+  std::string missing;
+  resolve(handle, r.device_count, "hipGetDeviceCount", missing);
+  resolve(handle, r.get_device, "hipGetDevice", missing);
+  resolve(handle, r.set_device, "hipSetDevice", missing);
+  // ROCm 6 renamed the 6.x layout's query hipGetDevicePropertiesR0600 and kept this name for the 5.x
+  // layout, which is the one these headers declare.
+  resolve(handle, r.properties, "hipGetDeviceProperties", missing);
+  resolve(handle, r.module_load, "hipModuleLoadData", missing);
+  resolve(handle, r.module_function, "hipModuleGetFunction", missing);
+  resolve(handle, r.module_launch, "hipModuleLaunchKernel", missing);
+  resolve(handle, r.error_string, "hipGetErrorString", missing);
+  if (!missing.empty()) {
+    r.unavailable = path + " lacks " + missing;
+    return r;
+  }
+  if (r.device_count(&r.devices) != hipSuccess || r.devices <= 0) {
+    r.devices = 0;
+    r.unavailable = "the HIP runtime sees no AMD GPU";
+  }
+  return r;
+}
+
+const Runtime& runtime() {
+  static const Runtime r = load_runtime();
+  return r;
+}
+
+void check(hipError_t status, const std::string& what) {
+  if (status == hipSuccess) return;
+  const char* text = runtime().error_string ? runtime().error_string(status) : nullptr;
+  throw Error("hip", what + " failed: " + (text ? text : "error " + std::to_string((int)status)));
+}
+
+/// Makes `device` current for a scope and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(runtime().get_device(&previous_), "hipGetDevice");
+    if (previous_ != device) check(runtime().set_device(device), "hipSetDevice");
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    // A destructor cannot throw: a failed restore leaves the device as the call set it.
+    if (runtime().get_device(&now) == hipSuccess && now != previous_) (void)runtime().set_device(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+const CodeObject* find_object(const std::string& name) {
+  for (int i = 0; i < kCodeObjectCount; ++i) {
+    if (name == kCodeObjects[i].name) return &kCodeObjects[i];
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const std::string& runtime_unavailable() {
+  return runtime().unavailable;
+}
+
+int device_count() {
+  return runtime().devices;
+}
+
+const std::string& device_arch_name(int device) {
+  static std::mutex mu;
+  static std::map<int, std::string> names;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = names.find(device);
+  if (it != names.end()) return it->second;
+  hipDeviceProp_t prop;
+  std::memset(&prop, 0, sizeof prop);
+  check(runtime().properties(&prop, device), "hipGetDeviceProperties(" + std::to_string(device) + ")");
+  prop.gcnArchName[sizeof prop.gcnArchName - 1] = '\0';
+  return names.emplace(device, std::string(prop.gcnArchName)).first->second;
+}
+
+KernelHandle kernel(int device, const std::string& object, const char* entry) {
+  // Modules stay loaded for the process (like the CUDA backend's): a kernel handle must outlive calls.
+  static std::mutex mu;
+  static std::map<std::pair<int, std::string>, hipFunction_t> loaded;
+  const std::string key_name = object + ":" + entry;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = loaded.find({device, key_name});
+  if (it != loaded.end()) return it->second;
+  const CodeObject* co = find_object(object);
+  if (!co) throw Error("hip", "this build has no code object " + object + " (cmake/hip_kernels.cmake)");
+  DeviceScope scope(device);
+  hipModule_t module = nullptr;
+  check(runtime().module_load(&module, co->data), "hipModuleLoadData(" + object + ")");
+  hipFunction_t fn = nullptr;
+  check(runtime().module_function(&fn, module, entry), "hipModuleGetFunction(" + object + ", " + entry + ")");
+  loaded.emplace(std::make_pair(device, key_name), fn);
+  return fn;
+}
+
+void launch(int device, KernelHandle k, const Launch& l, void* stream) {
+  DeviceScope scope(device);
+  void* params[] = {const_cast<void*>(l.args)};  // the kernel's one by-value struct parameter
+  check(runtime().module_launch(static_cast<hipFunction_t>(k), l.grid[0], l.grid[1], l.grid[2], l.block, 1, 1,
+                                0, static_cast<hipStream_t>(stream), params, nullptr),
+        "hipModuleLaunchKernel");
+}
+
+}  // namespace flashport::amd

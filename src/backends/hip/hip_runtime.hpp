@@ -1,0 +1,40 @@
+// The HIP runtime as the AMD backend uses it: libamdhip64 opened at run time (so the library loads on
+// machines without ROCm), each device's architecture, code objects loaded once per device, launches on
+// the caller's stream. HIP's own types stay inside hip_runtime.cpp.
+#pragma once
+
+#include <string>
+
+namespace flashport::amd {
+
+/// A loaded kernel (hipFunction_t) of one device.
+using KernelHandle = void*;
+
+/// Grid and block of one launch; `args` is the kernel's single by-value parameter (all our HIP kernels
+/// take one struct).
+struct Launch {
+  unsigned grid[3];
+  unsigned block;
+  const void* args;
+};
+
+/// Why the runtime cannot be used ("" when it can): the library (FLASHPORT_HIP_RUNTIME, else
+/// libamdhip64.so) is missing or lacks an entry point, or it sees no device.
+const std::string& runtime_unavailable();
+
+/// Devices the runtime sees (0 when unavailable).
+int device_count();
+
+/// hipDeviceProp_t::gcnArchName of `device`, e.g. "gfx942:sramecc+:xnack-"; cached per device.
+const std::string& device_arch_name(int device);
+
+/// The kernel `entry` of the embedded code object `object` ("gfx942/attn_fwd_bf16_d128.co"), loaded
+/// into `device` on first use (thread safe). Throws flashport::Error naming the object when the build
+/// has no such code object or the runtime refuses it.
+KernelHandle kernel(int device, const std::string& object, const char* entry);
+
+/// Queues `launch` of `k` on `stream` (a hipStream_t; null is the default stream) with `device`
+/// current; no synchronisation. Throws flashport::Error with HIP's message on failure.
+void launch(int device, KernelHandle k, const Launch& launch, void* stream);
+
+}  // namespace flashport::amd

@@ -1,0 +1,165 @@
+// A stand-in for libamdhip64 that the HIP backend opens in the tests (FLASHPORT_HIP_RUNTIME): two
+// devices (0: gfx942, 1: gfx1100, an RDNA part the backend must refuse), code objects checked as a
+// GPU loader would (an AMDGPU ELF for the current device's architecture, with the requested kernel and
+// its kernel descriptor), and launches run on the CPU wave64 model after checking the grid, block and
+// LDS against what the kernel was built for. "Device" memory is host memory.
+#define __HIP_PLATFORM_AMD__ 1
+#include <elf.h>
+#include <hip/hip_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "hip/hip_model_forward.hpp"
+#include "hip/kvcache_append.hpp"
+
+namespace {
+
+using namespace flashport;
+
+constexpr int kDevices = 2;
+const char* const kArchNames[kDevices] = {"gfx942:sramecc+:xnack-", "gfx1100"};
+constexpr unsigned kMachGfx942 = 0x04c;  // EF_AMDGPU_MACH_AMDGCN_GFX942
+
+thread_local int t_device = 0;
+std::mutex g_mu;
+std::map<std::string, int> g_launches;  // entry -> launches that ran
+std::string g_last_error;
+
+struct Module {
+  const unsigned char* image;
+  unsigned mach;
+};
+struct Function {
+  std::string name;
+  unsigned lds;  // the kernel descriptor's group_segment_fixed_size
+};
+
+hipError_t fail(hipError_t e, const std::string& why) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_last_error = why;
+  return e;
+}
+
+/// The bytes of symbol `name` in an ELF64 image, or null.
+const unsigned char* find_symbol(const unsigned char* image, const std::string& name) {
+  const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(image);
+  const auto* sh = reinterpret_cast<const Elf64_Shdr*>(image + eh->e_shoff);
+  for (int i = 0; i < eh->e_shnum; ++i) {
+    if (sh[i].sh_type != SHT_SYMTAB) continue;
+    const auto* syms = reinterpret_cast<const Elf64_Sym*>(image + sh[i].sh_offset);
+    const char* strtab = reinterpret_cast<const char*>(image + sh[sh[i].sh_link].sh_offset);
+    for (size_t s = 0; s < sh[i].sh_size / sizeof(Elf64_Sym); ++s) {
+      if (name != strtab + syms[s].st_name || syms[s].st_shndx == SHN_UNDEF) continue;
+      const Elf64_Shdr& home = sh[syms[s].st_shndx];
+      return image + home.sh_offset + (syms[s].st_value - home.sh_addr);
+    }
+  }
+  return nullptr;
+}
+
+template <class Elem>
+void run_forward(const amd::FwdParams& prm, int bucket) {
+  test::hipmodel::launch_elem<Elem>(prm, bucket);
+}
+
+}  // namespace
+
+extern "C" {
+
+/// Test hook: how many launches of `entry` ran on the model.
+int fake_hip_launches(const char* entry) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_launches[entry];
+}
+
+hipError_t hipGetDeviceCount(int* count) {
+  *count = kDevices;
+  return hipSuccess;
+}
+hipError_t hipGetDevice(int* device) {
+  *device = t_device;
+  return hipSuccess;
+}
+hipError_t hipSetDevice(int device) {
+  if (device < 0 || device >= kDevices) return fail(hipErrorInvalidDevice, "hipSetDevice");
+  t_device = device;
+  return hipSuccess;
+}
+hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device) {
+  if (device < 0 || device >= kDevices) return fail(hipErrorInvalidDevice, "hipGetDeviceProperties");
+  std::memset(prop, 0, sizeof *prop);
+  std::strncpy(prop->gcnArchName, kArchNames[device], sizeof prop->gcnArchName - 1);
+  return hipSuccess;
+}
+const char* hipGetErrorString(hipError_t e) {
+  static thread_local std::string text;
+  std::lock_guard<std::mutex> lock(g_mu);
+  text = "fake HIP error " + std::to_string((int)e) + ": " + g_last_error;
+  return text.c_str();
+}
+
+hipError_t hipModuleLoadData(hipModule_t* module, const void* image) {
+  const auto* bytes = static_cast<const unsigned char*>(image);
+  const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(bytes);
+  if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_machine != EM_AMDGPU)
+    return fail(hipErrorInvalidImage, "not an AMDGPU ELF");
+  const unsigned mach = eh->e_flags & 0xff;
+  if (t_device != 0 || mach != kMachGfx942)
+    return fail(hipErrorNoBinaryForGpu, "code object for mach " + std::to_string(mach) + " on device " +
+                                            std::to_string(t_device) + " (" + kArchNames[t_device] + ")");
+  *module = reinterpret_cast<hipModule_t>(new Module{bytes, mach});
+  return hipSuccess;
+}
+
+hipError_t hipModuleGetFunction(hipFunction_t* function, hipModule_t module, const char* name) {
+  const Module* m = reinterpret_cast<const Module*>(module);
+  if (!find_symbol(m->image, name)) return fail(hipErrorNotFound, std::string("no kernel ") + name);
+  const unsigned char* kd = find_symbol(m->image, std::string(name) + ".kd");
+  if (!kd) return fail(hipErrorNotFound, std::string("no kernel descriptor ") + name + ".kd");
+  unsigned lds = 0;
+  std::memcpy(&lds, kd, sizeof lds);  // kernel descriptor byte 0: GROUP_SEGMENT_FIXED_SIZE
+  *function = reinterpret_cast<hipFunction_t>(new Function{name, lds});
+  return hipSuccess;
+}
+
+hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                 unsigned by, unsigned bz, unsigned shared, hipStream_t, void** params,
+                                 void** extra) {
+  const Function* fn = reinterpret_cast<const Function*>(f);
+  if (!params || extra || by != 1 || bz != 1 || shared != 0)
+    return fail(hipErrorInvalidValue, "launch: one kernel parameter, 1-D blocks, static LDS expected");
+  if (fn->name == "attn_fwd") {
+    const amd::FwdParams& prm = *static_cast<const amd::FwdParams*>(params[0]);
+    const AttnProblem& p = prm.p;
+    const int bucket = amd::fwd_head_dim_bucket(p.d, p.dv);
+    const amd::FwdTile tile = amd::fwd_tile(bucket);
+    if ((int)fn->lds != amd::fwd_lds_bytes(bucket))
+      return fail(hipErrorInvalidValue, "attn_fwd built for " + std::to_string(fn->lds) +
+                                            " LDS bytes, the problem's " + "bucket d" +
+                                            std::to_string(bucket) + " needs " +
+                                            std::to_string(amd::fwd_lds_bytes(bucket)));
+    if (bx != (unsigned)tile.waves * 64 || gx != (unsigned)((p.sq + tile.block_m - 1) / tile.block_m) ||
+        gy != (unsigned)p.hq || gz != (unsigned)p.batch)
+      return fail(hipErrorInvalidConfiguration, "attn_fwd grid/block do not match the problem");
+    if (p.in_type == kBF16)
+      run_forward<wave::bf16>(prm, bucket);
+    else
+      run_forward<wave::f16>(prm, bucket);
+  } else if (fn->name == "kv_append") {
+    const amd::KvAppendParams& prm = *static_cast<const amd::KvAppendParams*>(params[0]);
+    if (bx != (unsigned)amd::kKvThreads || gy != 1 || gz != 1 || fn->lds != 0)
+      return fail(hipErrorInvalidConfiguration, "kv_append block/grid");
+    wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::append(prm); });
+  } else {
+    return fail(hipErrorNotFound, "the fake runs attn_fwd and kv_append only, not " + fn->name);
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++g_launches[fn->name];
+  return hipSuccess;
+}
+
+}  // extern "C"

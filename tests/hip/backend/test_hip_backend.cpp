@@ -1,0 +1,190 @@
+// The HIP backend end to end through the public API: tensors on DeviceType::hip, libamdhip64 replaced by
+// tests/hip/backend/fake_hip_runtime.cpp (FLASHPORT_HIP_RUNTIME), which checks each code object and launch as
+// a GPU would and runs the kernel on the CPU wave64 model. What this covers that the model tests do not:
+// loading the runtime, the device's architecture and its code object, the variant a call picks, the
+// parameters and grid of each launch, and the errors of what the backend refuses.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "common/cases.hpp"
+#include "cpu/test_fast_util.hpp"
+#include "flashport/attention.hpp"
+#include "flashport/error.hpp"
+
+namespace flashport::test {
+namespace {
+
+constexpr Device kHip0{DeviceType::hip, 0};
+
+/// Launches of `entry` the fake runtime ran (its test hook; the backend loads the same library, so
+/// before the first call nothing has run). -1: the hook is missing (not the fake runtime).
+int launches(const char* entry) {
+  const char* path = std::getenv("FLASHPORT_HIP_RUNTIME");
+  void* handle = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+  if (!handle) return 0;
+  auto hook = reinterpret_cast<int (*)(const char*)>(dlsym(handle, "fake_hip_launches"));
+  return hook ? hook(entry) : -1;
+}
+
+void on(HostTensor& t, Device dev) {
+  t.tv.device = dev;
+}
+void on(fastcheck::Inputs& in, Device dev) {
+  for (HostTensor* t : {&in.q, &in.k, &in.v, &in.alibi, &in.cu_q, &in.cu_k, &in.used_k, &in.block_table})
+    on(*t, dev);
+}
+
+/// Out and LSE of `c` through flashport::forward on hip:`dev.index` (the fake runtime).
+fastcheck::Forward run_hip(const Case& c, fastcheck::Inputs in, Device dev = kHip0) {
+  on(in, dev);
+  fastcheck::Forward f{HostTensor(c.dtype, out_shape(c)), HostTensor(DType::f32, lse_shape(c))};
+  poison(f.out);
+  poison(f.lse);
+  on(f.out, dev);
+  on(f.lse, dev);
+  ForwardArgs a;
+  a.q = in.q, a.k = in.k, a.v = in.v, a.out = f.out;
+  a.lse = f.lse.view();
+  a.options = fastcheck::options(c, in);
+  a.layout = fastcheck::layout(c, in);
+  forward(a);
+  on(f.out, Device{});
+  on(f.lse, Device{});
+  return f;
+}
+
+void expect_matches_cpu(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  const fastcheck::Inputs in = fastcheck::make_inputs(c);
+  const int before = launches("attn_fwd");
+  const fastcheck::Forward got = run_hip(c, in);
+  EXPECT_EQ(launches("attn_fwd"), before + 1) << "one attn_fwd launch on the fake runtime";
+  const fastcheck::Forward ref = fastcheck::run_forward(c, in, Impl::reference);
+  const fastcheck::Forward base = fastcheck::run_forward(c, in, Impl::baseline);
+  EXPECT_TRUE(accuracy_rule(got.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(got.lse, base.lse, ref.lse)) << "lse";
+}
+
+TEST(HipBackend, ForwardShapesAndMasks) {
+  Case c = dense(DType::bf16, 1, 113, 203, 2, 2, 64, 64);
+  c.causal = true;
+  expect_matches_cpu(c);
+  c = dense(DType::f16, 2, 77, 20, 7, 1, 72, 72);  // sq > sk causal, GQA 7:1, bucket 96
+  c.causal = true;
+  expect_matches_cpu(c);
+  c = dense(DType::bf16, 1, 1, 300, 4, 2, 256, 256);  // decode-like, the largest bucket
+  c.softcap = 30.0;
+  c.wl = 100, c.wr = 0;
+  expect_matches_cpu(c);
+}
+
+TEST(HipBackend, VarlenAndPaged) {
+  Case c = varlen(dense(DType::bf16, 1, 1, 1, 4, 2, 128), {17, 0, 64, 5}, {30, 0, 64, 90});
+  c.causal = true;
+  expect_matches_cpu(c);
+  Case p;
+  p.dtype = DType::f16, p.layout = Layout::paged, p.hq = 4, p.hk = 4, p.d = p.dv = 64;
+  p.q_lens = {9, 9}, p.k_lens = {130, 130}, p.page = 16, p.used_k = {40, 130};
+  expect_matches_cpu(p);
+}
+
+TEST(HipBackend, DropoutPicksTheDropoutVariant) {
+  Case c = dense(DType::bf16, 2, 33, 70, 4, 2, 64, 64);
+  c.dropout = 0.17;
+  expect_matches_cpu(c);
+  // No dropout code object for bucket 32: refused before any launch, naming the reason.
+  Case d32 = dense(DType::bf16, 1, 8, 8, 2, 2, 32, 32);
+  d32.dropout = 0.5;
+  const int before = launches("attn_fwd");
+  EXPECT_THROW(
+      {
+        try {
+          run_hip(d32, fastcheck::make_inputs(d32));
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("dropout on AMD"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_EQ(launches("attn_fwd"), before);
+}
+
+TEST(HipBackend, UnsupportedDeviceIsANamedError) {
+  Case c = dense(DType::bf16, 1, 16, 16, 2, 2, 64, 64);
+  try {
+    run_hip(c, fastcheck::make_inputs(c), Device{DeviceType::hip, 1});  // the fake's gfx1100
+    FAIL() << "an RDNA device was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q");
+    EXPECT_NE(std::string(e.what()).find("RDNA"), std::string::npos) << e.what();
+  }
+  try {
+    run_hip(c, fastcheck::make_inputs(c), Device{DeviceType::hip, 5});
+    FAIL() << "a device the runtime does not see was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not visible"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HipBackend, BackwardIsRefusedByName) {
+  Case c = dense(DType::bf16, 1, 16, 16, 2, 2, 64, 64);
+  fastcheck::Inputs in = fastcheck::make_inputs(c);
+  const fastcheck::Forward fwd = run_hip(c, in);
+  HostTensor dout = randn(c.dtype, out_shape(c)), dq = in.q, dk = in.k, dv = in.v;
+  fastcheck::Forward f = fwd;
+  on(in, kHip0);
+  for (HostTensor* t : {&dout, &dq, &dk, &dv, &f.out, &f.lse}) on(*t, kHip0);
+  BackwardArgs a;
+  a.dout = dout, a.q = in.q, a.k = in.k, a.v = in.v, a.out = f.out, a.lse = f.lse;
+  a.dq = dq, a.dk = dk, a.dv = dv;
+  a.options = fastcheck::options(c, in);
+  try {
+    backward(a);
+    FAIL() << "backward ran on the HIP backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("backward is not on the HIP backend"), std::string::npos)
+        << e.what();
+  }
+}
+
+/// flash_attn_with_kvcache's decode step: append 3 tokens per sequence into a cache, attend causally.
+TEST(HipBackend, KvCacheAppendThenAttend) {
+  const int64_t b = 2, s_cache = 40, hk = 2, hq = 4, d = 64, s_new = 3;
+  const DType dt = DType::bf16;
+  HostTensor q = randn(dt, {b, s_new, hq, d}), k_new = randn(dt, {b, s_new, hk, d}),
+             v_new = randn(dt, {b, s_new, hk, d});
+  const HostTensor k_cache0 = randn(dt, {b, s_cache, hk, d}), v_cache0 = randn(dt, {b, s_cache, hk, d});
+  const HostTensor seqlens = int_tensor({5, 30});
+  struct Result {
+    HostTensor out, lse, k_cache, v_cache;
+  };
+  auto run = [&](Device dev, Impl impl) {
+    Result r{HostTensor(dt, {b, s_new, hq, d}), HostTensor(DType::f32, {b, hq, s_new}), k_cache0, v_cache0};
+    poison(r.out);
+    poison(r.lse);
+    HostTensor q_d = q, kn = k_new, vn = v_new, sl = seqlens;
+    for (HostTensor* t : {&q_d, &kn, &vn, &sl, &r.out, &r.lse, &r.k_cache, &r.v_cache}) on(*t, dev);
+    KvCacheArgs a;
+    a.q = q_d, a.k_cache = r.k_cache, a.v_cache = r.v_cache, a.out = r.out;
+    a.k_new = kn.view(), a.v_new = vn.view(), a.cache_seqlens = sl.view(), a.lse = r.lse.view();
+    a.options.causal = true;
+    a.impl = impl;
+    forward_kvcache(a);
+    for (HostTensor* t : {&r.out, &r.lse, &r.k_cache, &r.v_cache}) on(*t, Device{});
+    return r;
+  };
+  const int appends = launches("kv_append");
+  const Result got = run(kHip0, Impl::automatic);
+  EXPECT_EQ(launches("kv_append"), appends + 1);
+  const Result ref = run(Device{}, Impl::reference), base = run(Device{}, Impl::baseline);
+  EXPECT_TRUE(got.k_cache.bytes == ref.k_cache.bytes) << "k_cache after append";
+  EXPECT_TRUE(got.v_cache.bytes == ref.v_cache.bytes) << "v_cache after append";
+  EXPECT_TRUE(accuracy_rule(got.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(got.lse, base.lse, ref.lse)) << "lse";
+}
+
+}  // namespace
+}  // namespace flashport::test
