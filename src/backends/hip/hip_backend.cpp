@@ -9,6 +9,7 @@
 #include "backends/hip/arch.hpp"
 #include "backends/hip/hip_runtime.hpp"
 #include "flashport/tensor.hpp"
+#include "hip/attn_bwd_config.hpp"
 #include "hip/attn_fwd_config.hpp"
 #include "hip/kvcache_append_config.hpp"
 
@@ -26,6 +27,10 @@ std::string forward_object(const std::string& arch, const AttnProblem& p) {
          (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
 }
 
+/// Deterministic backward: dQ slices at most (each block adds key tiles x, x + slices, ... into its own
+/// slice): enough blocks with hk x batch of them, against slices x the accumulator's memory.
+constexpr int kDeterministicSlices = 8;
+
 unsigned blocks_of(long long rows, long long per_block) {
   return (unsigned)((rows + per_block - 1) / per_block);
 }
@@ -37,7 +42,8 @@ class HipBackend final : public core::Backend {
   std::string unsupported(const AttnProblem& p, Impl impl, bool backward) const override {
     if (impl == Impl::reference || impl == Impl::baseline)
       return "the reference and baseline implementations are CPU only";
-    if (backward) return "the backward is not on the HIP backend yet (forward and kv-cache only)";
+    if (backward && p.block_table) return "backward through paged K/V is not supported on AMD";
+    if (backward && (p.kv_batch_idx || p.leftpad_k)) return "backward through a KV cache is not supported";
     if (p.in_type != kF16 && p.in_type != kBF16)
       return "inputs must be fp16 or bf16 on AMD, got " + type_name(p.in_type);
     if (p.out_type != p.in_type)
@@ -77,8 +83,28 @@ class HipBackend final : public core::Backend {
     launch(p.device, kernel(p.device, forward_object(arch, p), "attn_fwd"), with_args, p.stream);
   }
 
-  void backward(const AttnProblem&, Impl) const override {
-    throw Error("q", "hip backend: the backward is not on the HIP backend yet");
+  /// attn_bwd_dot_do_o (D, dQ accumulator zeroed), attn_bwd (dK, dV; dQ accumulated), then
+  /// attn_bwd_convert_dq, on one stream, with the fp32 workspaces from the stream-ordered pool.
+  void backward(const AttnProblem& p, Impl) const override {
+    if (p.batch == 0 || p.hq == 0) return;
+    const int bucket = bwd_head_dim_bucket(p.d, p.dv);
+    const int slices = bwd_num_slices(p, bucket, kDeterministicSlices);
+    const long long d_floats = bwd_d_elems(p), dq_floats = slices * bwd_dq_slice_elems(p);
+    const long long d_padded = (d_floats + 63) / 64 * 64;  // 256-byte aligned dQ accumulator
+    float* ws = static_cast<float*>(alloc_async(p.device, (size_t)(d_padded + dq_floats) * 4, p.stream));
+    const BwdParams prm{p, ws, ws + d_padded, slices, bwd_vec_flags(p)};
+    const std::string object = amd_arch_choice(device_arch_name(p.device)).code_object + "/attn_bwd_" +
+                               (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
+    const unsigned rows = blocks_of(p.sq, kBwdRowsPerBlock);
+    const long long tiles = bwd_key_tiles(p, bucket);
+    const Launch row_launch{{rows, (unsigned)p.hq, (unsigned)p.batch}, (unsigned)kBwdRowThreads, &prm};
+    const Launch key_launch{{(unsigned)(p.deterministic ? slices : tiles), (unsigned)p.hk, (unsigned)p.batch},
+                            (unsigned)(bwd_tile(bucket).waves * 64),
+                            &prm};
+    if (rows > 0) launch(p.device, kernel(p.device, object, "attn_bwd_dot_do_o"), row_launch, p.stream);
+    if (tiles > 0) launch(p.device, kernel(p.device, object, "attn_bwd"), key_launch, p.stream);
+    if (rows > 0) launch(p.device, kernel(p.device, object, "attn_bwd_convert_dq"), row_launch, p.stream);
+    free_async(p.device, ws, p.stream);
   }
 
   /// kv_append (when appending), then the forward over the updated cache: test_hip_kvcache.cpp's

@@ -30,6 +30,8 @@ struct Runtime {
   decltype(&::hipModuleGetFunction) module_function = nullptr;
   decltype(&::hipModuleLaunchKernel) module_launch = nullptr;
   decltype(&::hipGetErrorString) error_string = nullptr;
+  hipError_t (*malloc_async)(void**, size_t, hipStream_t) = nullptr;  // C entry (C++ adds a template)
+  decltype(&::hipFreeAsync) free_async = nullptr;
   int devices = 0;
   std::string unavailable;
 };
@@ -64,6 +66,8 @@ Runtime load_runtime() {
   resolve(handle, r.module_function, "hipModuleGetFunction", missing);
   resolve(handle, r.module_launch, "hipModuleLaunchKernel", missing);
   resolve(handle, r.error_string, "hipGetErrorString", missing);
+  resolve(handle, r.malloc_async, "hipMallocAsync", missing);
+  resolve(handle, r.free_async, "hipFreeAsync", missing);
   if (!missing.empty()) {
     r.unavailable = path + " lacks " + missing;
     return r;
@@ -152,6 +156,19 @@ KernelHandle kernel(int device, const std::string& object, const char* entry) {
   check(runtime().module_function(&fn, module, entry), "hipModuleGetFunction(" + object + ", " + entry + ")");
   loaded.emplace(std::make_pair(device, key_name), fn);
   return fn;
+}
+
+void* alloc_async(int device, size_t bytes, void* stream) {
+  DeviceScope scope(device);
+  void* ptr = nullptr;
+  check(runtime().malloc_async(&ptr, bytes, static_cast<hipStream_t>(stream)),
+        "hipMallocAsync(" + std::to_string(bytes) + " bytes)");
+  return ptr;
+}
+
+void free_async(int device, void* ptr, void* stream) {
+  DeviceScope scope(device);
+  check(runtime().free_async(ptr, static_cast<hipStream_t>(stream)), "hipFreeAsync");
 }
 
 void launch(int device, KernelHandle k, const Launch& l, void* stream) {

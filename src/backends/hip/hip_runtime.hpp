@@ -3,6 +3,7 @@
 // the caller's stream. HIP's own types stay inside hip_runtime.cpp.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace flashport::amd {
@@ -32,6 +33,12 @@ const std::string& device_arch_name(int device);
 /// into `device` on first use (thread safe). Throws flashport::Error naming the object when the build
 /// has no such code object or the runtime refuses it.
 KernelHandle kernel(int device, const std::string& object, const char* entry);
+
+/// Stream-ordered device memory (hipMallocAsync / hipFreeAsync): usable by work queued on `stream`
+/// after the call, returned to the pool once that work is done. Coarse-grained device memory, which
+/// the backward's fp32 atomics need.
+void* alloc_async(int device, size_t bytes, void* stream);
+void free_async(int device, void* ptr, void* stream);
 
 /// Queues `launch` of `k` on `stream` (a hipStream_t; null is the default stream) with `device`
 /// current; no synchronisation. Throws flashport::Error with HIP's message on failure.

@@ -8,11 +8,13 @@
 #include <hip/hip_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "hip/hip_model_backward.hpp"
 #include "hip/hip_model_forward.hpp"
 #include "hip/kvcache_append.hpp"
 
@@ -66,6 +68,32 @@ void run_forward(const amd::FwdParams& prm, int bucket) {
   test::hipmodel::launch_elem<Elem>(prm, bucket);
 }
 
+/// One of the backward's three kernels on the model (the buckets the model harness instantiates).
+template <class Elem, int kBucket>
+void run_backward_entry(const std::string& entry, const amd::BwdParams& prm, wave::model::Dim3 grid) {
+  using K = amd::bwd::Kernel<Elem, kBucket>;
+  using R = amd::bwd::RowKernel<Elem>;
+  if (entry == "attn_bwd")
+    wave::model::launch(grid, K::kThreads, K::kLdsBytes, [&](unsigned char* lds) { K::run(prm, lds); });
+  else if (entry == "attn_bwd_dot_do_o")
+    wave::model::launch(grid, R::kThreads, 0, [&](unsigned char*) { R::dot_do_o(prm); });
+  else
+    wave::model::launch(grid, R::kThreads, 0, [&](unsigned char*) { R::convert_dq(prm); });
+}
+template <class Elem>
+bool run_backward(const std::string& entry, const amd::BwdParams& prm, int bucket, wave::model::Dim3 grid) {
+  switch (bucket) {
+    case 64:
+      return run_backward_entry<Elem, 64>(entry, prm, grid), true;
+    case 128:
+      return run_backward_entry<Elem, 128>(entry, prm, grid), true;
+    case 256:
+      return run_backward_entry<Elem, 256>(entry, prm, grid), true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -100,6 +128,15 @@ const char* hipGetErrorString(hipError_t e) {
   std::lock_guard<std::mutex> lock(g_mu);
   text = "fake HIP error " + std::to_string((int)e) + ": " + g_last_error;
   return text.c_str();
+}
+
+hipError_t hipMallocAsync(void** ptr, size_t bytes, hipStream_t) {
+  *ptr = std::malloc(bytes);
+  return *ptr ? hipSuccess : fail(hipErrorOutOfMemory, "hipMallocAsync");
+}
+hipError_t hipFreeAsync(void* ptr, hipStream_t) {
+  std::free(ptr);
+  return hipSuccess;
 }
 
 hipError_t hipModuleLoadData(hipModule_t* module, const void* image) {
@@ -154,8 +191,25 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
     if (bx != (unsigned)amd::kKvThreads || gy != 1 || gz != 1 || fn->lds != 0)
       return fail(hipErrorInvalidConfiguration, "kv_append block/grid");
     wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::append(prm); });
+  } else if (fn->name.rfind("attn_bwd", 0) == 0) {
+    const amd::BwdParams& prm = *static_cast<const amd::BwdParams*>(params[0]);
+    const AttnProblem& p = prm.p;
+    const int bucket = amd::bwd_head_dim_bucket(p.d, p.dv);
+    const bool main_kernel = fn->name == "attn_bwd";
+    const unsigned lds = main_kernel ? (unsigned)amd::bwd_lds_bytes(bucket) : 0u;
+    const unsigned block =
+        main_kernel ? (unsigned)amd::bwd_tile(bucket).waves * 64 : (unsigned)amd::kBwdRowThreads;
+    const unsigned grid_x = main_kernel
+                                ? (unsigned)(p.deterministic ? prm.num_slices : amd::bwd_key_tiles(p, bucket))
+                                : (unsigned)((p.sq + amd::kBwdRowsPerBlock - 1) / amd::kBwdRowsPerBlock);
+    if (fn->lds != lds) return fail(hipErrorInvalidValue, fn->name + ": LDS of another bucket");
+    if (bx != block || gx != grid_x || gy != (unsigned)(main_kernel ? p.hk : p.hq) || gz != (unsigned)p.batch)
+      return fail(hipErrorInvalidConfiguration, fn->name + " grid/block do not match the problem");
+    const bool ran = p.in_type == kBF16 ? run_backward<wave::bf16>(fn->name, prm, bucket, {gx, gy, gz})
+                                        : run_backward<wave::f16>(fn->name, prm, bucket, {gx, gy, gz});
+    if (!ran) return fail(hipErrorNotSupported, "the fake has backward buckets 64, 128 and 256 only");
   } else {
-    return fail(hipErrorNotFound, "the fake runs attn_fwd and kv_append only, not " + fn->name);
+    return fail(hipErrorNotFound, "the fake does not run " + fn->name);
   }
   std::lock_guard<std::mutex> lock(g_mu);
   ++g_launches[fn->name];
