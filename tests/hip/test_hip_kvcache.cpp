@@ -10,6 +10,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "backends/hip/hip_backend.hpp"
 #include "common/test_util.hpp"
 #include "core/attn_validate.hpp"
 #include "core/check.hpp"
@@ -131,15 +132,7 @@ KvResult run_model(const KvCase& c, const KvInputs& inputs) {
   KvResult r = poisoned_result(c);
   core::begin_call(nullptr);
   const core::KvCacheProblem kp = core::build_kvcache(kv_args(c, in, r));
-  amd::KvAppendParams prm{};
-  prm.attn = kp.attn;
-  prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;
-  prm.cache_seqlens = kp.cache_seqlens;
-  prm.rotary_cos = kp.rotary_cos, prm.rotary_sin = kp.rotary_sin;
-  prm.rotary_row_stride = kp.rotary_row_stride, prm.rotary_max_pos = kp.rotary_max_pos;
-  prm.rotary_dim = kp.rotary_dim;
-  prm.rotary_interleaved = kp.rotary_interleaved ? 1 : 0;
-  prm.rotary_q_per_token = kp.rotary_q_per_token ? 1 : 0;
+  amd::KvAppendParams prm = amd::append_params(kp);
   const AttnProblem& a = kp.attn;
   auto blocks = [](int64_t rows) {
     return wave::model::Dim3{(unsigned)((rows + amd::kKvWaves - 1) / amd::kKvWaves), 1, 1};

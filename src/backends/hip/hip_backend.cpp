@@ -11,7 +11,6 @@
 #include "flashport/tensor.hpp"
 #include "hip/attn_bwd_config.hpp"
 #include "hip/attn_fwd_config.hpp"
-#include "hip/kvcache_append_config.hpp"
 
 namespace flashport::amd {
 namespace {
@@ -107,25 +106,26 @@ class HipBackend final : public core::Backend {
     free_async(p.device, ws, p.stream);
   }
 
-  /// kv_append (when appending), then the forward over the updated cache: test_hip_kvcache.cpp's
-  /// sequence. Rotary would rotate q into a scratch first (rotate_q), which needs a stream-ordered
-  /// allocator this backend does not have yet.
+  /// kv_append (when appending; rotary on k), rotate_q into a dense (b, sq, hq, d) scratch from the
+  /// stream-ordered pool (with rotary), then the forward over the updated cache reading q from there:
+  /// test_hip_kvcache.cpp's sequence, the CUDA launcher's too.
   void forward_kvcache(const core::KvCacheProblem& kp, Impl impl) const override {
-    if (kp.rotary_dim > 0)
-      throw Error("rotary_cos",
-                  "hip backend: rotary embedding in forward_kvcache is not supported on AMD yet");
     const AttnProblem& a = kp.attn;
-    if (kp.k_new.ptr && kp.s_new > 0) {
-      KvAppendParams prm{};
-      prm.attn = a;
-      prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;
-      prm.cache_seqlens = kp.cache_seqlens;
+    KvAppendParams prm = append_params(kp);
+    const std::string object = amd_arch_choice(device_arch_name(a.device)).code_object + "/kvcache_append.co";
+    if (kp.k_new.ptr && kp.s_new > 0 && a.batch > 0) {
       const Launch l{{blocks_of(a.batch * kp.s_new * a.hk, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
-      const std::string arch = amd_arch_choice(device_arch_name(a.device)).code_object;
-      if (l.grid[0] > 0)
-        launch(a.device, kernel(a.device, arch + "/kvcache_append.co", "kv_append"), l, a.stream);
+      launch(a.device, kernel(a.device, object, "kv_append"), l, a.stream);
     }
-    forward(a, impl);
+    if (kp.rotary_dim == 0 || a.batch * a.sq * a.hq == 0) return forward(a, impl);
+    const long long elems = a.batch * a.sq * a.hq * a.d;
+    prm.q_rot = alloc_async(a.device, (size_t)elems * 2, a.stream);  // fp16 / bf16
+    const Launch l{{blocks_of(a.batch * a.sq * a.hq, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
+    launch(a.device, kernel(a.device, object, "rotate_q"), l, a.stream);
+    AttnProblem rotated = a;
+    rotated.q = {prm.q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
+    forward(rotated, impl);
+    free_async(a.device, prm.q_rot, a.stream);
   }
 
   void merge_states(const core::MergeProblem&) const override {

@@ -186,11 +186,19 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
       run_forward<wave::bf16>(prm, bucket);
     else
       run_forward<wave::f16>(prm, bucket);
-  } else if (fn->name == "kv_append") {
+  } else if (fn->name == "kv_append" || fn->name == "rotate_q") {
     const amd::KvAppendParams& prm = *static_cast<const amd::KvAppendParams*>(params[0]);
-    if (bx != (unsigned)amd::kKvThreads || gy != 1 || gz != 1 || fn->lds != 0)
-      return fail(hipErrorInvalidConfiguration, "kv_append block/grid");
-    wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::append(prm); });
+    const AttnProblem& a = prm.attn;
+    const long long rows = fn->name == "kv_append" ? a.batch * prm.s_new * a.hk : a.batch * a.sq * a.hq;
+    if (bx != (unsigned)amd::kKvThreads || gx != (unsigned)((rows + amd::kKvWaves - 1) / amd::kKvWaves) ||
+        gy != 1 || gz != 1 || fn->lds != 0)
+      return fail(hipErrorInvalidConfiguration, fn->name + " block/grid");
+    if (fn->name == "rotate_q" && (!prm.q_rot || prm.rotary_dim == 0))
+      return fail(hipErrorInvalidValue, "rotate_q without a scratch or a rotary table");
+    if (fn->name == "kv_append")
+      wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::append(prm); });
+    else
+      wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::rotate_q(prm); });
   } else if (fn->name.rfind("attn_bwd", 0) == 0) {
     const amd::BwdParams& prm = *static_cast<const amd::BwdParams*>(params[0]);
     const AttnProblem& p = prm.p;

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -181,14 +182,18 @@ TEST(HipBackend, BackwardMatchesCpu) {
   expect_backward_matches_cpu(v);
 }
 
-/// flash_attn_with_kvcache's decode step: append 3 tokens per sequence into a cache, attend causally.
-TEST(HipBackend, KvCacheAppendThenAttend) {
+/// flash_attn_with_kvcache's decode step: append 3 tokens per sequence into a cache, attend causally;
+/// without rotary, then with it (interleaved and not: kv_append rotates k, rotate_q a scratch copy of q).
+void expect_kvcache_matches_cpu(int64_t rotary_dim, bool interleaved) {
+  SCOPED_TRACE("rotary_dim " + std::to_string(rotary_dim) + (interleaved ? " interleaved" : ""));
   const int64_t b = 2, s_cache = 40, hk = 2, hq = 4, d = 64, s_new = 3;
   const DType dt = DType::bf16;
   HostTensor q = randn(dt, {b, s_new, hq, d}), k_new = randn(dt, {b, s_new, hk, d}),
              v_new = randn(dt, {b, s_new, hk, d});
   const HostTensor k_cache0 = randn(dt, {b, s_cache, hk, d}), v_cache0 = randn(dt, {b, s_cache, hk, d});
   const HostTensor seqlens = int_tensor({5, 30});
+  const HostTensor cos = randn(dt, {s_cache, std::max<int64_t>(rotary_dim / 2, 1)}),
+                   sin = randn(dt, {s_cache, std::max<int64_t>(rotary_dim / 2, 1)});
   struct Result {
     HostTensor out, lse, k_cache, v_cache;
   };
@@ -196,12 +201,13 @@ TEST(HipBackend, KvCacheAppendThenAttend) {
     Result r{HostTensor(dt, {b, s_new, hq, d}), HostTensor(DType::f32, {b, hq, s_new}), k_cache0, v_cache0};
     poison(r.out);
     poison(r.lse);
-    HostTensor q_d = q, kn = k_new, vn = v_new, sl = seqlens;
-    for (HostTensor* t : {&q_d, &kn, &vn, &sl, &r.out, &r.lse, &r.k_cache, &r.v_cache}) on(*t, dev);
+    HostTensor q_d = q, kn = k_new, vn = v_new, sl = seqlens, c = cos, s = sin;
+    for (HostTensor* t : {&q_d, &kn, &vn, &sl, &c, &s, &r.out, &r.lse, &r.k_cache, &r.v_cache}) on(*t, dev);
     KvCacheArgs a;
     a.q = q_d, a.k_cache = r.k_cache, a.v_cache = r.v_cache, a.out = r.out;
     a.k_new = kn.view(), a.v_new = vn.view(), a.cache_seqlens = sl.view(), a.lse = r.lse.view();
     a.options.causal = true;
+    if (rotary_dim > 0) a.rotary_cos = c.view(), a.rotary_sin = s.view(), a.rotary_interleaved = interleaved;
     a.impl = impl;
     forward_kvcache(a);
     for (HostTensor* t : {&r.out, &r.lse, &r.k_cache, &r.v_cache}) on(*t, Device{});
@@ -215,6 +221,15 @@ TEST(HipBackend, KvCacheAppendThenAttend) {
   EXPECT_TRUE(got.v_cache.bytes == ref.v_cache.bytes) << "v_cache after append";
   EXPECT_TRUE(accuracy_rule(got.out, base.out, ref.out)) << "out";
   EXPECT_TRUE(accuracy_rule(got.lse, base.lse, ref.lse)) << "lse";
+}
+
+TEST(HipBackend, KvCacheAppendThenAttend) {
+  const int rotations = launches("rotate_q");
+  expect_kvcache_matches_cpu(0, false);
+  EXPECT_EQ(launches("rotate_q"), rotations) << "no rotary: q is read in place";
+  expect_kvcache_matches_cpu(32, true);
+  expect_kvcache_matches_cpu(64, false);
+  EXPECT_EQ(launches("rotate_q"), rotations + 2);
 }
 
 }  // namespace
