@@ -27,6 +27,21 @@ struct KvCacheProblem {
   int num_splits;
 };
 
+/// The KV-cache kernels' arguments (CUDA kvcache_append.cu, CDNA kvcache_append.hpp) of a kv-cache call;
+/// q_rot stays null (the launcher's scratch for rotate_q).
+inline KvAppendParams append_params(const KvCacheProblem& kp) {
+  KvAppendParams prm{};
+  prm.attn = kp.attn;
+  prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;
+  prm.cache_seqlens = kp.cache_seqlens;
+  prm.rotary_cos = kp.rotary_cos, prm.rotary_sin = kp.rotary_sin;
+  prm.rotary_row_stride = kp.rotary_row_stride, prm.rotary_max_pos = kp.rotary_max_pos;
+  prm.rotary_dim = kp.rotary_dim;
+  prm.rotary_interleaved = kp.rotary_interleaved ? 1 : 0;
+  prm.rotary_q_per_token = kp.rotary_q_per_token ? 1 : 0;
+  return prm;
+}
+
 /// merge_states: (b, s, h, d) partial outputs and fp32 (b, h, s) LSEs.
 struct MergeProblem {
   long long batch, seqlen, heads, d;

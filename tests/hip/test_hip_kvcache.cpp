@@ -10,7 +10,6 @@
 #include <numeric>
 #include <sstream>
 
-#include "backends/hip/hip_backend.hpp"
 #include "common/test_util.hpp"
 #include "core/attn_validate.hpp"
 #include "core/check.hpp"
@@ -132,7 +131,7 @@ KvResult run_model(const KvCase& c, const KvInputs& inputs) {
   KvResult r = poisoned_result(c);
   core::begin_call(nullptr);
   const core::KvCacheProblem kp = core::build_kvcache(kv_args(c, in, r));
-  amd::KvAppendParams prm = amd::append_params(kp);
+  amd::KvAppendParams prm = core::append_params(kp);
   const AttnProblem& a = kp.attn;
   auto blocks = [](int64_t rows) {
     return wave::model::Dim3{(unsigned)((rows + amd::kKvWaves - 1) / amd::kKvWaves), 1, 1};

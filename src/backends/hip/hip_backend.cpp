@@ -11,6 +11,7 @@
 #include "flashport/tensor.hpp"
 #include "hip/attn_bwd_config.hpp"
 #include "hip/attn_fwd_config.hpp"
+#include "hip/kvcache_append_config.hpp"
 
 namespace flashport::amd {
 namespace {
@@ -111,20 +112,26 @@ class HipBackend final : public core::Backend {
   /// test_hip_kvcache.cpp's sequence, the CUDA launcher's too.
   void forward_kvcache(const core::KvCacheProblem& kp, Impl impl) const override {
     const AttnProblem& a = kp.attn;
-    KvAppendParams prm = append_params(kp);
+    KvAppendParams prm = core::append_params(kp);
     const std::string object = amd_arch_choice(device_arch_name(a.device)).code_object + "/kvcache_append.co";
     if (kp.k_new.ptr && kp.s_new > 0 && a.batch > 0) {
       const Launch l{{blocks_of(a.batch * kp.s_new * a.hk, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
       launch(a.device, kernel(a.device, object, "kv_append"), l, a.stream);
     }
-    if (kp.rotary_dim == 0 || a.batch * a.sq * a.hq == 0) return forward(a, impl);
-    const long long elems = a.batch * a.sq * a.hq * a.d;
-    prm.q_rot = alloc_async(a.device, (size_t)elems * 2, a.stream);  // fp16 / bf16
-    const Launch l{{blocks_of(a.batch * a.sq * a.hq, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
-    launch(a.device, kernel(a.device, object, "rotate_q"), l, a.stream);
-    AttnProblem rotated = a;
-    rotated.q = {prm.q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
-    forward(rotated, impl);
+    if (kp.rotary_dim <= 0 || !kp.cache_seqlens) return forward(a, impl);
+    const long long q_rows = a.batch * a.sq * a.hq;
+    if (q_rows <= 0) return;
+    prm.q_rot = alloc_async(a.device, (size_t)(q_rows * a.d) * 2, a.stream);  // fp16 / bf16
+    try {
+      const Launch l{{blocks_of(q_rows, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
+      launch(a.device, kernel(a.device, object, "rotate_q"), l, a.stream);
+      AttnProblem rotated = a;
+      rotated.q = {prm.q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
+      forward(rotated, impl);
+    } catch (...) {
+      free_async(a.device, prm.q_rot, a.stream);
+      throw;
+    }
     free_async(a.device, prm.q_rot, a.stream);
   }
 

@@ -165,15 +165,7 @@ void launch_forward(const AttnProblem& p, int num_splits) {
 void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   const AttnProblem& a = kp.attn;
   const int device = a.device;
-  KvAppendParams prm{};
-  prm.attn = a;
-  prm.k_new = kp.k_new, prm.v_new = kp.v_new, prm.s_new = kp.s_new;
-  prm.cache_seqlens = kp.cache_seqlens;
-  prm.rotary_cos = kp.rotary_cos, prm.rotary_sin = kp.rotary_sin;
-  prm.rotary_row_stride = kp.rotary_row_stride, prm.rotary_max_pos = kp.rotary_max_pos;
-  prm.rotary_dim = kp.rotary_dim;
-  prm.rotary_interleaved = kp.rotary_interleaved ? 1 : 0;
-  prm.rotary_q_per_token = kp.rotary_q_per_token ? 1 : 0;
+  KvAppendParams prm = core::append_params(kp);
   if (kp.k_new.ptr && kp.s_new > 0)
     launch_aux(kv_append_spec, device, a.batch * kp.s_new * a.hk, a.stream, &prm);
   if (kp.rotary_dim <= 0 || !kp.cache_seqlens) {
