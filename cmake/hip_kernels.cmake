@@ -40,6 +40,22 @@ endif()
 
 set(common -O3 -std=c++20 -I${PROJECT_SOURCE_DIR}/src -I${PROJECT_SOURCE_DIR}/src/kernels)
 set(code_objects "")
+# One code object <arch>/<name>.co of src/kernels/hip/<source>, compiled with the arch's compiler
+# (${compiler}, ${extra_deps}) and checked by hip_codeobject.sh; ARGN: extra compiler flags. ENV: an
+# optional `ENV VAR=1 ...` list of the check's switches (FP_HIP_NO_MFMA, FP_HIP_NO_FMA).
+function(hip_code_object arch name source)
+  cmake_parse_arguments(arg "" "" "ENV;FLAGS" ${ARGN})
+  set(co ${hip_out}/${arch}/${name}.co)
+  add_custom_command(OUTPUT ${co}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
+    COMMAND ${CMAKE_COMMAND} -E env ${arg_ENV}
+            bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
+            ${compiler} ${common} ${arg_FLAGS} ${PROJECT_SOURCE_DIR}/src/kernels/hip/${source}
+    DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
+    COMMENT "HIP: ${name} for ${arch}")
+  set(code_objects ${code_objects} ${co} PARENT_SCOPE)
+endfunction()
+
 foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   if(arch STREQUAL "gfx90a")
     set(compiler ${FLASHPORT_HIPCC} --offload-arch=${arch})
@@ -50,54 +66,24 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   endif()
   foreach(elem bf16 f16)
     foreach(bucket IN LISTS hip_buckets)
-      set(co ${hip_out}/${arch}/attn_fwd_${elem}_d${bucket}.co)
-      add_custom_command(OUTPUT ${co}
-        COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
-        COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
-                ${compiler} ${common} -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket}
-                ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd.hip
-        DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
-        COMMENT "HIP: attn_fwd ${elem} d${bucket} for ${arch}")
-      list(APPEND code_objects ${co})
+      hip_code_object(${arch} attn_fwd_${elem}_d${bucket} attn_fwd.hip FLAGS -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket})
     endforeach()
     # The dropout variants (FP_DROPOUT=1) of the buckets kFwdDropoutBuckets lists.
     foreach(bucket IN LISTS hip_dropout_buckets)
-      set(co ${hip_out}/${arch}/attn_fwd_dropout_${elem}_d${bucket}.co)
-      add_custom_command(OUTPUT ${co}
-        COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
-        COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
-                ${compiler} ${common} -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket} -DFP_DROPOUT=1
-                ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_fwd.hip
-        DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
-        COMMENT "HIP: attn_fwd dropout ${elem} d${bucket} for ${arch}")
-      list(APPEND code_objects ${co})
+      hip_code_object(${arch} attn_fwd_dropout_${elem}_d${bucket} attn_fwd.hip
+                      FLAGS -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket} -DFP_DROPOUT=1)
     endforeach()
     # The backward: one code object per (dtype, bucket) with its three kernels (attn_bwd.hip).
     # -munsafe-fp-atomics: dQ's fp32 atomicAdd as global_atomic_add_f32 instead of a compare-and-swap
     # loop; valid for the coarse-grained (hipMalloc) memory of the dQ accumulator.
     foreach(bucket IN LISTS hip_bwd_buckets)
-      set(co ${hip_out}/${arch}/attn_bwd_${elem}_d${bucket}.co)
-      add_custom_command(OUTPUT ${co}
-        COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
-        COMMAND bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
-                ${compiler} ${common} -munsafe-fp-atomics -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket}
-                ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_bwd.hip
-        DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
-        COMMENT "HIP: attn_bwd ${elem} d${bucket} for ${arch}")
-      list(APPEND code_objects ${co})
+      hip_code_object(${arch} attn_bwd_${elem}_d${bucket} attn_bwd.hip
+                      FLAGS -munsafe-fp-atomics -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket})
     endforeach()
   endforeach()
   # The KV-cache update (kv_append, rotate_q): one code object for both dtypes; no MFMA, and no fused
   # multiply-add (its rotary must round like the CPU backend's).
-  set(co ${hip_out}/${arch}/kvcache_append.co)
-  add_custom_command(OUTPUT ${co}
-    COMMAND ${CMAKE_COMMAND} -E make_directory ${hip_out}/${arch}
-    COMMAND ${CMAKE_COMMAND} -E env FP_HIP_NO_MFMA=1 FP_HIP_NO_FMA=1
-            bash ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh ${arch} ${co} ${FLASHPORT_LLVM19_BIN}
-            ${compiler} ${common} ${PROJECT_SOURCE_DIR}/src/kernels/hip/kvcache_append.hip
-    DEPENDS ${hip_deps} ${extra_deps} ${PROJECT_SOURCE_DIR}/cmake/hip_codeobject.sh
-    COMMENT "HIP: kvcache_append for ${arch}")
-  list(APPEND code_objects ${co})
+  hip_code_object(${arch} kvcache_append kvcache_append.hip ENV FP_HIP_NO_MFMA=1 FP_HIP_NO_FMA=1)
 endforeach()
 add_custom_target(hip_kernels ALL DEPENDS ${code_objects})
 list(LENGTH code_objects n_code_objects)

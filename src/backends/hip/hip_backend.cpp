@@ -4,6 +4,8 @@
 #include "backends/hip/hip_backend.hpp"
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "backends/hip/arch.hpp"
@@ -30,6 +32,16 @@ std::string forward_object(const std::string& arch, const AttnProblem& p) {
 /// Deterministic backward: dQ slices at most (each block adds key tiles x, x + slices, ... into its own
 /// slice): enough blocks with hk x batch of them, against slices x the accumulator's memory.
 constexpr int kDeterministicSlices = 8;
+
+/// The code-object arch (or the refusal) of a device, decided once per device: calls ask it twice.
+const ArchChoice& arch_of(int device) {
+  static std::mutex mu;
+  static std::map<int, ArchChoice> choices;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = choices.find(device);
+  if (it == choices.end()) it = choices.emplace(device, amd_arch_choice(device_arch_name(device))).first;
+  return it->second;
+}
 
 unsigned blocks_of(long long rows, long long per_block) {
   return (unsigned)((rows + per_block - 1) / per_block);
@@ -66,21 +78,18 @@ class HipBackend final : public core::Backend {
     if (p.device < 0 || p.device >= device_count())
       return "device hip:" + std::to_string(p.device) + " is not visible (" + std::to_string(device_count()) +
              " GPUs)";
-    const ArchChoice arch = amd_arch_choice(device_arch_name(p.device));
-    return arch.reason;
+    return arch_of(p.device).reason;
   }
 
   void forward(const AttnProblem& p, Impl) const override {
+    if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;  // no query: nothing to write
     const FwdTile tile = fwd_tile(fwd_head_dim_bucket(p.d, p.dv));
+    const FwdParams prm{p, fwd_vec_flags(p)};
     const Launch l{{blocks_of(p.sq, tile.block_m), (unsigned)p.hq, (unsigned)p.batch},
                    (unsigned)(tile.waves * 64),
-                   nullptr};
-    if (l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0) return;  // no query: nothing to write
-    const FwdParams prm{p, fwd_vec_flags(p)};
-    Launch with_args = l;
-    with_args.args = &prm;
-    const std::string arch = amd_arch_choice(device_arch_name(p.device)).code_object;
-    launch(p.device, kernel(p.device, forward_object(arch, p), "attn_fwd"), with_args, p.stream);
+                   &prm};
+    launch(p.device, kernel(p.device, forward_object(arch_of(p.device).code_object, p), "attn_fwd"), l,
+           p.stream);
   }
 
   /// attn_bwd_dot_do_o (D, dQ accumulator zeroed), attn_bwd (dK, dV; dQ accumulated), then
@@ -93,7 +102,7 @@ class HipBackend final : public core::Backend {
     const long long d_padded = (d_floats + 63) / 64 * 64;  // 256-byte aligned dQ accumulator
     float* ws = static_cast<float*>(alloc_async(p.device, (size_t)(d_padded + dq_floats) * 4, p.stream));
     const BwdParams prm{p, ws, ws + d_padded, slices, bwd_vec_flags(p)};
-    const std::string object = amd_arch_choice(device_arch_name(p.device)).code_object + "/attn_bwd_" +
+    const std::string object = arch_of(p.device).code_object + "/attn_bwd_" +
                                (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
     const unsigned rows = blocks_of(p.sq, kBwdRowsPerBlock);
     const long long tiles = bwd_key_tiles(p, bucket);
@@ -113,7 +122,7 @@ class HipBackend final : public core::Backend {
   void forward_kvcache(const core::KvCacheProblem& kp, Impl impl) const override {
     const AttnProblem& a = kp.attn;
     KvAppendParams prm = core::append_params(kp);
-    const std::string object = amd_arch_choice(device_arch_name(a.device)).code_object + "/kvcache_append.co";
+    const std::string object = arch_of(a.device).code_object + "/kvcache_append.co";
     if (kp.k_new.ptr && kp.s_new > 0 && a.batch > 0) {
       const Launch l{{blocks_of(a.batch * kp.s_new * a.hk, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
       launch(a.device, kernel(a.device, object, "kv_append"), l, a.stream);
