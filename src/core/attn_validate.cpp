@@ -174,6 +174,10 @@ AttnProblem build_attention(const TensorView& q, const TensorView& k, const Tens
     check_tensor(v, "v", {num_blocks, page, hk, -1}, {q.dtype}, dev);
     require(page >= 1, "k", [&] { return "page size must be >= 1, got " + k.describe(); });
     check_index_tensor(*lay.block_table, "block_table", {batch, -1}, dev);
+    // The kernels tell paged from packed keys by a non-null table; an empty one has no data to point at.
+    require(lay.block_table->shape[1] >= 1, "block_table", [&] {
+      return "needs at least one column (page) per sequence, got " + lay.block_table->describe();
+    });
     require(!__builtin_mul_overflow(lay.block_table->shape[1], page, &sk), "block_table",
             [&] { return "holds more tokens than int64 counts: " + lay.block_table->describe(); });
     if (varlen) {

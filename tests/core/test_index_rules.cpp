@@ -83,6 +83,21 @@ bool same_cause(const std::string& host, const std::string& rules) {
   return a == b || (a == "cu_seqlens_k" && b == "seqused_k") || (a == "seqused_k" && b == "cu_seqlens_k");
 }
 
+/// The case's index tensors and sizes, for a failure message that can be replayed by hand.
+std::string describe(const Indices& x) {
+  const auto list = [](const char* name, const std::vector<int32_t>& v) {
+    std::string s = std::string(" ") + name + "=[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  return "batch=" + std::to_string(x.batch) + " sq=" + std::to_string(x.sq) + " sk=" + std::to_string(x.sk) +
+         " total_q=" + std::to_string(x.total_q) + " total_k=" + std::to_string(x.total_k) +
+         " s_new=" + std::to_string(x.s_new) + " kv_rows=" + std::to_string(x.kv_rows) +
+         " page=" + std::to_string(x.page) + " columns=" + std::to_string(x.columns) + list("cu_q", x.cu_q) +
+         list("cu_k", x.cu_k) + list("used", x.used) + list("leftpad", x.leftpad) +
+         list("batch_idx", x.batch_idx) + list("table", x.table);
+}
+
 std::vector<int32_t> cumulative(const std::vector<int64_t>& lens) {
   std::vector<int32_t> cu{0};
   for (int64_t n : lens) cu.push_back(cu.back() + (int32_t)n);
@@ -128,7 +143,8 @@ void varlen_case(Rng& r, int& faults, int& cases) {
   x.sk = *std::max_element(lk.begin(), lk.end()) + r.in(0, 1);
   x.total_q = x.cu_q.back();
   if (x.paged) {
-    x.page = r.in(1, 4), x.columns = (x.sk + x.page - 1) / x.page + r.in(0, 1), x.kv_rows = r.in(1, 6);
+    x.page = r.in(1, 4), x.columns = std::max<int64_t>(1, (x.sk + x.page - 1) / x.page + r.in(0, 1)),
+    x.kv_rows = r.in(1, 6);
     for (int64_t i = 0; i < x.batch * x.columns; ++i) x.table.push_back((int32_t)r.in(0, x.kv_rows - 1));
   } else {
     x.total_k = x.cu_k.back();
@@ -157,7 +173,8 @@ void varlen_case(Rng& r, int& faults, int& cases) {
   const auto host = host_fault([&] { forward(a); });
   const auto rules = rules_fault(x, false);
   ASSERT_EQ(host.has_value(), rules.has_value())
-      << "host: " << host.value_or("-") << ", rules: " << rules.value_or("-") << ", broken " << broken.size();
+      << "host: " << host.value_or("-") << ", rules: " << rules.value_or("-") << ", broken " << broken.size()
+      << "; " << describe(x);
   if (host && broken.size() == 1) EXPECT_TRUE(same_cause(*host, *rules)) << *host << " vs " << *rules;
   faults += host.has_value(), ++cases;
 }

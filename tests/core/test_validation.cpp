@@ -1,6 +1,7 @@
 // Bad input cannot get past the core: each case raises flashport::Error naming the argument.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -202,6 +203,8 @@ TEST(Validation, BlockTableRange) {
   expect_error([&] { forward(a); }, "block_table", "= -1 is outside");
   bt.i32()[3] = 4;
   forward(a);
+  a.layout.block_table = TensorView::contiguous(bt.bytes.data(), DType::i32, {2, 0});
+  expect_error([&] { forward(a); }, "block_table", "needs at least one column (page) per sequence");
 }
 
 TEST(Validation, SequsedK) {
@@ -437,8 +440,13 @@ TEST(Validation, OutputsMayNotAliasSmallInputs) {
   // The fuzzer's case: out written over cache_leftpad changed the pads mid-call (the CPU forward then
   // read past K). Every output is checked against every index tensor, ALiBi, descale and rotary table.
   Decode t;
+  // Each output and the input it covers share one allocation: an output laid over a small tensor alone
+  // would also cover whichever tensor the heap placed next, and be named for that one.
+  HostTensor out_over_seqlens(DType::f32, {2, 1, 2, 8});
+  std::memcpy(out_over_seqlens.bytes.data(), t.seqlens.bytes.data(), t.seqlens.bytes.size());
   KvCacheArgs a = t.args(false);
-  a.out = TensorView::contiguous(t.seqlens.view().data, DType::f32, {2, 1, 2, 8});  // seqlens inside out
+  a.cache_seqlens = TensorView::contiguous(out_over_seqlens.bytes.data(), DType::i32, {2});
+  a.out = out_over_seqlens.view();
   expect_error([&] { forward_kvcache(a); }, "out", "overlaps cache_seqlens");
   t.kc.set(0, 0.0), t.kc.set(1, 0.0);  // valid pads (0, 0) as int32 bits, inside the k_cache written
   a = t.args();
@@ -446,7 +454,10 @@ TEST(Validation, OutputsMayNotAliasSmallInputs) {
   expect_error([&] { forward_kvcache(a); }, "k_cache", "overlaps cache_leftpad");
   Paged p({0, 4, 7});
   ForwardArgs f = p.args();
-  f.lse = TensorView::contiguous(p.bt.view().data, DType::f32, {4, 9});  // lse over the block table
+  HostTensor shared(DType::f32, {4, 9});
+  std::memcpy(shared.bytes.data(), p.bt.bytes.data(), p.bt.bytes.size());
+  f.layout.block_table = TensorView::contiguous(shared.bytes.data(), DType::i32, {2, 3});
+  f.lse = shared.view();
   expect_error([&] { forward(f); }, "lse", "overlaps block_table");
 }
 
