@@ -66,6 +66,10 @@ struct HostTensor {
   }
 };
 
+inline std::vector<int64_t> shape_of(const HostTensor& t) {
+  return std::vector<int64_t>(t.tv.shape.begin(), t.tv.shape.begin() + t.tv.ndim);
+}
+
 /// A per-test generator seeded from the clock unless FLASHPORT_TEST_SEED is set; the seed is
 /// printed on failure through SCOPED_TRACE by callers that want it.
 inline std::mt19937_64& rng() {

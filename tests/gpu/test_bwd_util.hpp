@@ -1,13 +1,15 @@
 // Backward test harness: the CUDA backward on poisoned device gradients vs the CPU oracle (fp64
-// reference on the same low-precision inputs) and a naive same-precision baseline written here.
+// reference on the same low-precision inputs) and the naive same-precision baseline of
+// common/grad_baseline.hpp.
 #pragma once
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
-#include "backends/cpu/elem.hpp"
+#include "common/grad_baseline.hpp"
 #include "gpu/gpu_test_util.hpp"
 
 namespace flashport::test::gpu {
@@ -24,10 +26,6 @@ inline BwdInputs make_bwd_inputs(const Case& c) {
   const FwdResult f = run_cpu(c, in.fwd, Impl::reference);
   in.out = f.out, in.lse = f.lse;
   return in;
-}
-
-inline std::vector<int64_t> shape_of(const HostTensor& t) {
-  return std::vector<int64_t>(t.tv.shape.begin(), t.tv.shape.begin() + t.tv.ndim);
 }
 
 /// Gradients, contiguous in the layout of q / k / v.
@@ -65,97 +63,12 @@ inline Grads run_reference(const Case& c, const BwdInputs& in) {
   return g;
 }
 
-/// The accuracy rule's baseline for gradients: attention and its backward computed naively in fp32
-/// with every intermediate tensor rounded to the input dtype, as eager PyTorch autograd does in
-/// bf16/fp16 (flash-attn's own test baseline): S, the softcapped and biased scores, P, P Z, dO V^T,
-/// its dropout product, dS (softmax backward), dS times the softcap derivative, and dQ, dK, dV
-/// (each a fp32 sum rounded once; dK/dV summed over a GQA group before rounding).
+/// The accuracy rule's baseline for gradients (common/grad_baseline.hpp) on contiguous copies of the
+/// inputs.
 inline Grads run_baseline(const Case& c, const BwdInputs& in) {
-  const int type = (int)c.dtype;
-  auto rnd = [type](double x) { return (float)cpu::round_to(type, x); };
-  const HostTensor q = gather(in.fwd.q), k = gather(in.fwd.k), v = gather(in.fwd.v);
-  Grads g{HostTensor(DType::f32, shape_of(q)), HostTensor(DType::f32, shape_of(k)),
-          HostTensor(DType::f32, shape_of(v))};
-  const bool varlen = c.layout == Layout::varlen;
-  const int64_t hq = c.hq, hk = c.hk, d = c.d, dv = c.dv, group = hq / hk;
-  const float scale = (float)(1.0 / std::sqrt((double)d)), cap = (float)c.softcap;
-  const AttentionOptions opt = options(c);
-  const unsigned threshold = sem::dropout_threshold(c.dropout);
-  const float rp = c.dropout > 0 ? (float)(1.0 / (1.0 - c.dropout)) : 1.0f;
-  int64_t q0 = 0, k0 = 0;  // first row of the sequence (varlen)
-  for (int64_t b = 0; b < c.batch(); ++b) {
-    const int64_t sq = varlen ? c.q_lens[b] : c.q_lens[0], rows_k = varlen ? c.k_lens[b] : c.k_lens[0];
-    const int64_t sk = c.used_k.empty() ? rows_k : c.used_k[b];
-    const int64_t qb = varlen ? q0 : b * sq, kb = varlen ? k0 : b * rows_k;  // row bases
-    auto qv = [&](const HostTensor& t, int64_t i, int64_t h, int64_t ch, int64_t w) {
-      return (float)t.get(((qb + i) * hq + h) * w + ch);
-    };
-    auto kvv = [&](const HostTensor& t, int64_t j, int64_t h, int64_t ch, int64_t w) {
-      return (float)t.get(((kb + j) * hk + h) * w + ch);
-    };
-    std::vector<float> dk_acc(rows_k * hk * d, 0.0f), dv_acc(rows_k * hk * dv, 0.0f);
-    for (int64_t h = 0; h < hq; ++h) {
-      const int64_t kh = h / group;
-      float slope = 0.0f;
-      if (c.alibi) slope = (float)in.fwd.alibi.get(c.alibi == 2 ? b * hq + h : h);
-      for (int64_t i = 0; i < sq; ++i) {
-        const sem::KeyRange kr = sem::visible_keys(i, sq, sk, c.wl, c.causal ? 0 : c.wr);
-        const int64_t n = std::max<int64_t>(kr.hi - kr.lo, 0);
-        std::vector<float> capped(n), p(n), pz(n), z(n), dp(n);
-        float mx = -INFINITY;
-        for (int64_t jj = 0; jj < n; ++jj) {
-          const int64_t j = kr.lo + jj;
-          float dot = 0.0f;
-          for (int64_t ch = 0; ch < d; ++ch) dot += qv(q, i, h, ch, d) * kvv(k, j, kh, ch, d);
-          float s = rnd(scale * dot);
-          if (cap > 0) s = rnd(cap * std::tanh(s / cap));
-          capped[jj] = s;
-          if (c.alibi) s = rnd(s + sem::alibi_bias(slope, i, j, sq, sk));
-          p[jj] = s;
-          mx = std::max(mx, s);
-        }
-        float sum = 0.0f;
-        for (int64_t jj = 0; jj < n; ++jj) sum += (p[jj] = std::exp(p[jj] - mx));
-        for (int64_t jj = 0; jj < n; ++jj) {
-          const int64_t j = kr.lo + jj;
-          p[jj] = rnd(p[jj] / sum);
-          const bool keep = c.dropout == 0 || sem::dropout_keep(opt.dropout_seed, opt.dropout_offset,
-                                                                threshold, i, j, b, hq, h);
-          z[jj] = keep ? rp : 0.0f;
-          pz[jj] = rnd(p[jj] * z[jj]);
-          float dpd = 0.0f;
-          for (int64_t ch = 0; ch < dv; ++ch) dpd += qv(in.dout, i, h, ch, dv) * kvv(v, j, kh, ch, dv);
-          dp[jj] = rnd(rnd(dpd) * z[jj]);
-        }
-        float dsum = 0.0f;
-        for (int64_t jj = 0; jj < n; ++jj) dsum += p[jj] * dp[jj];
-        std::vector<float> dq(d, 0.0f);
-        for (int64_t jj = 0; jj < n; ++jj) {
-          const int64_t j = kr.lo + jj;
-          float ds = rnd(p[jj] * (dp[jj] - dsum));
-          if (cap > 0) ds = rnd(ds * sem::softcap_grad(capped[jj], cap));
-          for (int64_t ch = 0; ch < d; ++ch) {
-            dq[ch] += ds * kvv(k, j, kh, ch, d);
-            dk_acc[(j * hk + kh) * d + ch] += ds * qv(q, i, h, ch, d);
-          }
-          for (int64_t ch = 0; ch < dv; ++ch)
-            dv_acc[(j * hk + kh) * dv + ch] += pz[jj] * qv(in.dout, i, h, ch, dv);
-        }
-        for (int64_t ch = 0; ch < d; ++ch) g.dq.set(((qb + i) * hq + h) * d + ch, rnd(scale * dq[ch]));
-      }
-    }
-    for (int64_t j = 0; j < rows_k; ++j) {
-      for (int64_t kh = 0; kh < hk; ++kh) {
-        for (int64_t ch = 0; ch < d; ++ch)
-          g.dk.set(((kb + j) * hk + kh) * d + ch, rnd(scale * dk_acc[(j * hk + kh) * d + ch]));
-        for (int64_t ch = 0; ch < dv; ++ch)
-          g.dv.set(((kb + j) * hk + kh) * dv + ch, rnd(dv_acc[(j * hk + kh) * dv + ch]));
-      }
-    }
-    q0 += varlen ? c.q_lens[b] : 0;
-    k0 += varlen ? c.k_lens[b] : 0;
-  }
-  return g;
+  BaselineGrads g = baseline_backward(c, gather(in.fwd.q), gather(in.fwd.k), gather(in.fwd.v), in.dout,
+                                      in.fwd.alibi, options(c));
+  return {std::move(g.dq), std::move(g.dk), std::move(g.dv)};
 }
 
 /// Gradient buffers on the device laid out like q / k / v (row padding included), filled with 0xFF
