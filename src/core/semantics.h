@@ -18,7 +18,8 @@ using u32 = unsigned int;
 using u64 = unsigned long long;
 using i64 = long long;
 
-inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * kLog2e)
+inline constexpr float kLn2 = 0.6931471805599453f;    // ln(2): log(x) = log2(x) * kLn2
 inline constexpr float kNegInf = -__builtin_bit_cast(float, 0x7f800000u);  // NVRTC lacks __builtin_huge_valf
 
 // ---------------------------------------------------------------------------------------------
@@ -90,6 +91,20 @@ FP_HD KeyRange tile_keys(i64 i0, i64 i1, i64 sq, i64 sk, i64 wl, i64 wr) {
   const KeyRange first = visible_keys(i0, sq, sk, wl, wr);
   const KeyRange last = visible_keys(i1 - 1, sq, sk, wl, wr);
   return {first.lo, last.hi > first.lo ? last.hi : first.lo};
+}
+
+/// The keys seen by every query of rows [i0, i1) (i0 < i1): the intersection of their visible_keys,
+/// where a key tile needs no per-element mask. lo and hi are non-decreasing in the row, so the last row
+/// bounds lo and the first bounds hi; empty (lo >= hi) when the rows share no key. hi <= sk, so a tile
+/// reaching past the keys never counts as inside.
+FP_HD KeyRange keys_seen_by_all(i64 i0, i64 i1, i64 sq, i64 sk, i64 wl, i64 wr) {
+  return {visible_keys(i1 - 1, sq, sk, wl, wr).lo, visible_keys(i0, sq, sk, wl, wr).hi};
+}
+
+/// Whether [lo, hi) lies inside range r (written lo-bound first, as the kernels test it).
+template <class I>
+FP_HD bool contains(Range r, I lo, I hi) {
+  return r.lo <= lo && hi <= r.hi;
 }
 
 /// The queries that see some key of [j0, j1) (0 <= j0 < j1 <= sk), clamped to [0, sq]: visible_keys

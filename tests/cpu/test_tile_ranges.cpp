@@ -1,6 +1,6 @@
-// The tile-range helpers of core/semantics.h (tile_keys, seeing_queries, covering_tiles), which every
-// tiled path uses to skip work, against the per-element rule sem::is_visible by brute force: each range
-// must be exact, since a range too small drops visible scores and one too large costs masked tiles.
+// The tile-range helpers of core/semantics.h (tile_keys, keys_seen_by_all, seeing_queries, covering_tiles),
+// which every tiled path uses to skip work, against the per-element rule sem::is_visible by brute force: each
+// range must be exact, since a range too small drops visible scores and one too large costs masked tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,6 +82,33 @@ TEST(TileRanges, TileKeysIsTheUnionOfTheRowsVisibleKeys) {
     const sem::Range got = sem::tile_keys(i0, i1, s.sq, s.sk, s.wl, s.wr);
     expect_exact(want, got, describe(s) + " rows [" + std::to_string(i0) + ", " + std::to_string(i1) + ")");
   }
+}
+
+TEST(TileRanges, KeysSeenByAllIsTheIntersectionOfTheRowsVisibleKeys) {
+  std::mt19937 rng(5);
+  int nonempty = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const Shape s = random_shape(rng);
+    const i64 i0 = std::uniform_int_distribution<i64>(0, s.sq - 1)(rng);
+    const i64 i1 = std::uniform_int_distribution<i64>(i0 + 1, s.sq)(rng);
+    sem::Range want{s.sk, 0};  // brute force: keys every row of [i0, i1) sees
+    for (i64 j = 0; j < s.sk; ++j) {
+      bool all = true;
+      for (i64 i = i0; i < i1 && all; ++i) all = visible(s, i, j);
+      if (all) want.lo = std::min(want.lo, j), want.hi = std::max(want.hi, j + 1);
+    }
+    if (want.lo >= want.hi) want = {0, 0};
+    const sem::Range got = sem::keys_seen_by_all(i0, i1, s.sq, s.sk, s.wl, s.wr);
+    nonempty += want.lo < want.hi;
+    expect_exact(want, got, describe(s) + " rows [" + std::to_string(i0) + ", " + std::to_string(i1) + ")");
+    // What the kernels ask: a tile needs no mask iff every pair in it is visible.
+    const i64 j0 = std::uniform_int_distribution<i64>(0, s.sk + 4)(rng), j1 = j0 + 4;
+    bool every = true;
+    for (i64 i = i0; i < i1; ++i)
+      for (i64 j = j0; j < j1; ++j) every = every && j < s.sk && visible(s, i, j);
+    EXPECT_EQ(sem::contains(got, j0, j1), every) << describe(s) << " tile [" << j0 << ", " << j1 << ")";
+  }
+  EXPECT_GT(nonempty, 300) << "the shapes must exercise shared keys";
 }
 
 TEST(TileRanges, SeeingQueriesIsTheSetOfQueriesThatSeeTheKeys) {

@@ -14,8 +14,8 @@ inline constexpr int MR = FAST_MR;  // micro-tile rows: one broadcast each per r
 inline constexpr int NV = FAST_NV;  // micro-tile width in vectors: MR * NV accumulators
 static_assert(kBlockQ % W == 0 && kMaxVec % W == 0, "tiles must be whole vectors");
 
-inline constexpr float kLn2 = 0.6931471805599453f;
-inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using sem::kLn2;
+using sem::kNegInf;
 
 /// a * b + c, fused where the target has FMA (the build is ISO C++, which forbids contraction).
 FAST_INLINE float madd(float a, float b, float c) {

@@ -35,8 +35,6 @@ constexpr int kSmemQ = kBlockM * kPitch;
 constexpr int kSmemKV = kBlockN * kPitch;
 constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kSmemKV) * 2;
 
-constexpr float kNegInf = -__builtin_bit_cast(float, 0x7f800000u);
-
 /// Lengths of one sequence, with device-resident indices guarded (problem.h's guarded_lengths): an
 /// index that would address outside its tensor turns the sequence into an empty one instead (nothing
 /// read out of bounds).

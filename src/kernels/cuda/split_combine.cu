@@ -8,7 +8,6 @@ using namespace flashport::cuda;
 namespace {
 constexpr int kWarps = 4;        // one warp per output row (b, h, i)
 constexpr int kMaxSplits = 128;  // the host never asks for more
-constexpr float kNegInf = -__builtin_bit_cast(float, 0x7f800000u);
 }  // namespace
 
 /// Grid x: ceil(batch * hq * sq / kWarps), block 32 * kWarps. Row r = (b * hq + h) * sq + i. Rows

@@ -1,12 +1,14 @@
 // Fast math and warp-level reductions for the CUDA kernels.
 #pragma once
 
+#include "core/semantics.h"
 #include "cuda/common/types.cuh"
 
 namespace flashport::cuda {
 
-inline constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = exp2(x * kLog2e)
-inline constexpr float kLn2 = 0.6931471805599453f;    // ln(2): log(x) = log2(x) * kLn2
+using sem::kLn2;
+using sem::kLog2e;
+using sem::kNegInf;
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
 /// 2^x via the SFU (ex2.approx.ftz: ~2 ulp, subnormal results flushed to 0; 2^-inf = 0).
