@@ -227,4 +227,64 @@ FP_HD T score(const AttnProblem& p, T dot, T scale, T slope, long long i, long l
   return p.alibi ? s + sem::alibi_bias(slope, i, j, sq, sk) : s;
 }
 
+// ---------------------------------------------------------------------------------------------
+// KV-cache update (SPEC "KV-cache update"): the row rules of the append and of q's rotation, shared by
+// the CUDA and CDNA kernels (one row per warp / wave, lanes over channels) and the CPU backend.
+
+/// Element offset of (b, token i, head h) in a dense (b, s, h, d) operand (k_new, v_new, the q scratch).
+FP_HD long long dense_offset(const Operand& t, long long b, long long i, long long h) {
+  return b * t.batch_stride + i * t.row_stride + h * t.head_stride;
+}
+
+/// Channel c (< rotary_dim) of the row at element `off` of `x`, rotated at position `pos`, in fp32 (the
+/// caller rounds it to the storage type). `load(ptr, off)` reads one element of the input dtype as fp32.
+/// `Params`: KvAppendParams (kernels) or core::KvCacheProblem (CPU), which name the table alike.
+template <class Params, class Load>
+FP_HD float rotated_channel(const Params& kp, const void* x, long long off, int c, long long pos, Load load) {
+  const long long cs = pos * kp.rotary_row_stride;
+  return sem::rotary_channel(
+      c, kp.rotary_dim, kp.rotary_interleaved != 0, [&](int ch) { return load(x, off + ch); },
+      [&](int k) { return load(kp.rotary_cos, cs + k); }, [&](int k) { return load(kp.rotary_sin, cs + k); });
+}
+
+/// Where appended row r = (b * s_new + t) * hk + h goes. `ok` is false when its slot is outside the
+/// cache, its rotary position past the table, or its block-table / batch-index entry outside the pool:
+/// device-resident cache_seqlens and leftpad are not validated on the host, so such a row is skipped
+/// rather than written out of bounds.
+struct AppendRow {
+  long long b, t, h, pos;  // pos: absolute slot cache_seqlens[b] + t (key position pos - leftpad)
+  long long k_src, v_src, k_dst, v_dst;
+  bool ok;
+};
+FP_HD AppendRow append_row(const KvAppendParams& kp, long long row) {
+  const AttnProblem& a = kp.attn;
+  AppendRow r{};
+  r.h = row % a.hk, r.t = (row / a.hk) % kp.s_new, r.b = row / (a.hk * kp.s_new);
+  r.pos = (long long)kp.cache_seqlens[r.b] + r.t;
+  const long long pad = a.leftpad_k ? (long long)a.leftpad_k[r.b] : 0;
+  if (r.pos < 0 || r.pos >= a.sk || pad < 0) return r;
+  if (kp.rotary_dim > 0 && r.pos >= kp.rotary_max_pos) return r;
+  r.k_dst = k_offset(a, a.k, r.b, r.pos - pad, r.h), r.v_dst = k_offset(a, a.v, r.b, r.pos - pad, r.h);
+  r.ok = r.k_dst >= 0 && r.v_dst >= 0;
+  r.k_src = dense_offset(kp.k_new, r.b, r.t, r.h), r.v_src = dense_offset(kp.v_new, r.b, r.t, r.h);
+  return r;
+}
+
+/// Query row r = (b * sq + i) * hq + h of rotate_q: rotated at cache_seqlens[b] (+ i when per token)
+/// into the dense scratch at r * d. Outside the table (only with invalid device-resident
+/// cache_seqlens) it is copied unrotated.
+struct QRotRow {
+  long long b, i, h, pos, src, dst;
+  bool in_table;
+};
+FP_HD QRotRow q_rot_row(const KvAppendParams& kp, long long row) {
+  const AttnProblem& a = kp.attn;
+  QRotRow r{};
+  r.h = row % a.hq, r.i = (row / a.hq) % a.sq, r.b = row / (a.hq * a.sq);
+  r.pos = (long long)kp.cache_seqlens[r.b] + (kp.rotary_q_per_token ? r.i : 0);
+  r.in_table = r.pos >= 0 && r.pos < kp.rotary_max_pos;
+  r.src = q_offset(a, a.q, r.b, r.i, r.h), r.dst = row * a.d;
+  return r;
+}
+
 }  // namespace flashport

@@ -50,17 +50,14 @@ std::vector<unsigned char> rotate_queries(const core::KvCacheProblem& kp, Operan
       const long long pos = kp.rotary_q_per_token ? base + i : base;
       for (long long h = 0; h < a.hq; ++h) {
         const long long src = q_offset(a, a.q, b, i, h);
-        const long long dst = b * q_rot.batch_stride + i * q_rot.row_stride + h * q_rot.head_stride;
+        const long long dst = dense_offset(q_rot, b, i, h);
         for (long long c = 0; c < a.d; ++c) {
           if (c >= rot_dim) {
             store(q_rot.ptr, type, dst + c, load_f64(a.q.ptr, type, src + c));
             continue;
           }
-          const long long cs = pos * kp.rotary_row_stride;
-          const float y = sem::rotary_channel((int)c, rot_dim, kp.rotary_interleaved,
-                                              [&](int ch) { return load_f32(a.q.ptr, type, src + ch); },
-                                              [&](int k) { return load_f32(kp.rotary_cos, type, cs + k); },
-                                              [&](int k) { return load_f32(kp.rotary_sin, type, cs + k); });
+          const float y = rotated_channel(kp, a.q.ptr, src, (int)c, pos,
+                                          [&](const void* x, long long e) { return load_f32(x, type, e); });
           store(q_rot.ptr, type, dst + c, y);
         }
       }

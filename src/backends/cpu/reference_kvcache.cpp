@@ -15,10 +15,7 @@ void append_kv(const core::KvCacheProblem& kp) {
     for (long long t = 0; t < kp.s_new; ++t) {
       const long long pos = base + t;
       for (long long h = 0; h < a.hk; ++h) {
-        const long long k_src =
-            b * kp.k_new.batch_stride + t * kp.k_new.row_stride + h * kp.k_new.head_stride;
-        const long long v_src =
-            b * kp.v_new.batch_stride + t * kp.v_new.row_stride + h * kp.v_new.head_stride;
+        const long long k_src = dense_offset(kp.k_new, b, t, h), v_src = dense_offset(kp.v_new, b, t, h);
         const long long k_dst = k_offset(a, a.k, b, pos - pad, h), v_dst = k_offset(a, a.v, b, pos - pad, h);
         for (long long c = 0; c < a.dv; ++c)
           store(a.v.ptr, a.in_type, v_dst + c, load_f64(kp.v_new.ptr, a.in_type, v_src + c));
@@ -27,12 +24,9 @@ void append_kv(const core::KvCacheProblem& kp) {
             store(a.k.ptr, a.in_type, k_dst + c, load_f64(kp.k_new.ptr, a.in_type, k_src + c));
             continue;
           }
-          const long long cs = pos * kp.rotary_row_stride;
           const float y =
-              sem::rotary_channel((int)c, rot_dim, kp.rotary_interleaved,
-                                  [&](int ch) { return load_f32(kp.k_new.ptr, a.in_type, k_src + ch); },
-                                  [&](int k) { return load_f32(kp.rotary_cos, a.in_type, cs + k); },
-                                  [&](int k) { return load_f32(kp.rotary_sin, a.in_type, cs + k); });
+              rotated_channel(kp, kp.k_new.ptr, k_src, (int)c, pos,
+                              [&](const void* x, long long e) { return load_f32(x, a.in_type, e); });
           store(a.k.ptr, a.in_type, k_dst + c, y);
         }
       }

@@ -10,14 +10,9 @@ namespace {
 
 constexpr int kWarps = 4;  // one warp per (batch, token, head) row
 
-/// Channel c of a row rotated at position `pos` (SPEC "KV-cache update"), rounded to the storage type
-/// by the caller.
+/// Channel c of a row rotated at position `pos`, rounded to the storage type by the caller.
 FP_DEV float rotated(const KvAppendParams& kp, const void* x, int type, i64 off, int c, i64 pos) {
-  const i64 cs = pos * kp.rotary_row_stride;
-  return sem::rotary_channel(
-      c, kp.rotary_dim, kp.rotary_interleaved != 0, [&](int ch) { return load_as(x, type, off + ch); },
-      [&](int k) { return load_as(kp.rotary_cos, type, cs + k); },
-      [&](int k) { return load_as(kp.rotary_sin, type, cs + k); });
+  return rotated_channel(kp, x, off, c, pos, [&](const void* base, i64 e) { return load_as(base, type, e); });
 }
 
 }  // namespace
@@ -38,8 +33,7 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   if (rotate && pos >= kp.rotary_max_pos) return;
   const i64 k_dst = k_offset(a, a.k, b, pos - pad, h), v_dst = k_offset(a, a.v, b, pos - pad, h);
   if (k_dst < 0 || v_dst < 0) return;  // negative block-table / batch-index entry
-  const i64 k_src = b * kp.k_new.batch_stride + t * kp.k_new.row_stride + h * kp.k_new.head_stride;
-  const i64 v_src = b * kp.v_new.batch_stride + t * kp.v_new.row_stride + h * kp.v_new.head_stride;
+  const i64 k_src = dense_offset(kp.k_new, b, t, h), v_src = dense_offset(kp.v_new, b, t, h);
   const int type = a.in_type;
   const u16* k_in = static_cast<const u16*>(kp.k_new.ptr);
   const u16* v_in = static_cast<const u16*>(kp.v_new.ptr);
