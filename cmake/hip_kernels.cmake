@@ -30,6 +30,11 @@ string(REPLACE ", " ";" hip_dropout_buckets "${CMAKE_MATCH_1}")
 if(NOT hip_dropout_buckets)
   message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdDropoutBuckets not found in attn_fwd_config.hpp")
 endif()
+string(REGEX MATCH "kFwdFp8Buckets\\[\\] = {([0-9, ]+)}" _ "${config}")
+string(REPLACE ", " ";" hip_fp8_buckets "${CMAKE_MATCH_1}")
+if(NOT hip_fp8_buckets)
+  message(FATAL_ERROR "cmake/hip_kernels.cmake: kFwdFp8Buckets not found in attn_fwd_config.hpp")
+endif()
 # The backward's buckets likewise from attn_bwd_config.hpp.
 file(READ ${PROJECT_SOURCE_DIR}/src/kernels/hip/attn_bwd_config.hpp bwd_config)
 string(REGEX MATCH "kBwdBuckets\\[\\] = {([0-9, ]+)}" _ "${bwd_config}")
@@ -80,6 +85,11 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
       hip_code_object(${arch} attn_bwd_${elem}_d${bucket} attn_bwd.hip
                       FLAGS -munsafe-fp-atomics -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket})
     endforeach()
+  endforeach()
+  # The fp8 forward (FP_FP8=1, bf16 MFMA over dequantised tiles): one object per bucket of
+  # kFwdFp8Buckets serves e4m3fn, e4m3fnuz and e5m2 inputs and bf16 / f16 / f32 outputs.
+  foreach(bucket IN LISTS hip_fp8_buckets)
+    hip_code_object(${arch} attn_fwd_fp8_d${bucket} attn_fwd.hip FLAGS -DFP_ELEM=bf16 -DFP_HEADDIM=${bucket} -DFP_FP8=1)
   endforeach()
   # The KV-cache update (kv_append, rotate_q): one code object for both dtypes; no MFMA, and no fused
   # multiply-add (its rotary must round like the CPU backend's).

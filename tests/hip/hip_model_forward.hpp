@@ -9,14 +9,14 @@
 
 namespace flashport::test::hipmodel {
 
-template <class Elem, int kBucket, bool kDropout = false>
+template <class Elem, int kBucket, bool kDropout = false, bool kFp8 = false>
 void launch_bucket(const amd::FwdParams& prm) {
   if constexpr (!kDropout && amd::fwd_has_dropout_variant(kBucket)) {
     if (prm.p.dropout_p > 0.0f) return launch_bucket<Elem, kBucket, true>(prm);
   }
   if (!kDropout && prm.p.dropout_p > 0.0f)  // as the HIP backend would refuse it: no code object
     throw std::runtime_error("no dropout variant for head-dim bucket " + std::to_string(kBucket));
-  using K = amd::fwd::Kernel<Elem, kBucket, kDropout>;
+  using K = amd::fwd::Kernel<Elem, kBucket, kDropout, kFp8>;
   const AttnProblem& p = prm.p;
   const wave::model::Dim3 grid{(unsigned)((p.sq + K::kBlockM - 1) / K::kBlockM), (unsigned)p.hq,
                                (unsigned)p.batch};
@@ -44,17 +44,34 @@ void launch_elem(const amd::FwdParams& prm, int bucket) {
   }
 }
 
-/// The forward of `p` (fp16 or bf16, d and dv multiples of 8) on the model; `vec` false forces the
-/// 2-byte load/store path.
+/// The fp8 variants: the buckets of kFwdFp8Buckets, as the build compiles them.
+inline void launch_fp8(const amd::FwdParams& prm, int bucket) {
+  if (prm.p.dropout_p > 0.0f) throw std::runtime_error("no fp8 dropout variant");
+  switch (bucket) {
+    case 64:
+      return launch_bucket<wave::bf16, 64, false, true>(prm);
+    case 128:
+      return launch_bucket<wave::bf16, 128, false, true>(prm);
+    case 256:
+      return launch_bucket<wave::bf16, 256, false, true>(prm);
+    default:
+      throw std::runtime_error("no fp8 variant for head-dim bucket " + std::to_string(bucket));
+  }
+}
+
+/// The forward of `p` (fp16, bf16 or fp8, d and dv multiples of 8) on the model; `vec` false forces the
+/// element-wise load/store path.
 inline void forward(const AttnProblem& p, bool vec = true) {
   const amd::FwdParams prm{p, vec ? amd::fwd_vec_flags(p) : 0};
   const int bucket = amd::fwd_head_dim_bucket(p.d, p.dv);
-  if (p.in_type == kBF16)
+  if (amd::is_fp8_type(p.in_type))
+    launch_fp8(prm, bucket);
+  else if (p.in_type == kBF16)
     launch_elem<wave::bf16>(prm, bucket);
   else if (p.in_type == kF16)
     launch_elem<wave::f16>(prm, bucket);
   else
-    throw std::runtime_error("the CDNA forward takes fp16 and bf16");
+    throw std::runtime_error("the CDNA forward takes fp16, bf16 and fp8");
 }
 
 }  // namespace flashport::test::hipmodel

@@ -15,6 +15,7 @@
 
 #include "core/problem.h"
 #include "hip/attn_fwd_config.hpp"
+#include "hip/fp8_decode.hpp"
 #include "wave/wave.hpp"
 
 namespace flashport::amd::fwd {
@@ -36,7 +37,10 @@ struct ScoreCtx {
 
 /// `kDropout`: the variant with SPEC's dropout stage (a separate instantiation, so the variants without
 /// it compile to exactly the code they had; the HIP entry picks it with -D FP_DROPOUT=1).
-template <class Elem, int kHeadDim, bool kDropout = false>
+/// `kFp8`: fp8 inputs (e4m3fn, e4m3fnuz or e5m2, p.in_type), dequantised to bf16 while staging tiles
+/// into LDS (fp8_decode.hpp: exact), so Elem is bf16; the output in p.out_type (bf16, f16 or f32).
+/// Also a separate instantiation (-D FP_FP8=1), for the same reason as kDropout.
+template <class Elem, int kHeadDim, bool kDropout = false, bool kFp8 = false>
 struct Kernel {
   static constexpr FwdTile kTile = fwd_tile(kHeadDim);
   static constexpr int kWaves = kTile.waves;
@@ -47,12 +51,13 @@ struct Kernel {
   static constexpr int kVtPitch = fwd_vt_pitch(kHeadDim);
   static constexpr int kSteps = kHeadDim / 16;    // 16-channel steps: k-steps of S^T, m-tiles of O^T
   static constexpr int kKeyTiles = kBlockN / 16;  // 16-key tiles of S^T in one key tile
-  static constexpr int kChunks = kHeadDim / 8;    // 8-element (16-byte) chunks per global row
+  static constexpr int kChunks = kHeadDim / 8;    // 8-element chunks per global row (16 bytes; fp8 8)
   static constexpr int kLdsBytes = fwd_lds_bytes(kHeadDim);
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256 && kBlockM == 16 * kWaves && kBlockN % 16 == 0);
   // apply_dropout: a lane's 4 registers of a 16-key tile are keys j0 + 16t + 4 quad + r, and j0 is a
   // multiple of kBlockN, so they are the 4 keys of one Philox call in word order.
   static_assert(kBlockN % 4 == 0);
+  static_assert(!kFp8 || (Elem::kElemType == 3 && !kDropout), "fp8: the bf16 MFMA path, no dropout variant");
 
   /// 8 elements from global memory: one 16-byte load when the row is aligned, else 8 2-byte loads.
   static FP_DEV u16x8 load8(const u16* src, bool vec) {
@@ -62,18 +67,36 @@ struct Kernel {
     return v;
   }
 
+  /// 8 fp8 codes as bf16: one 8-byte load when the row is aligned, else 8 byte loads.
+  static FP_DEV u16x8 load8_fp8(const unsigned char* src, bool vec, const Fp8Decode& f8) {
+    u16x8 v;
+    if (vec) {
+      const u64 w = *reinterpret_cast<const u64*>(src);
+      for (int e = 0; e < 8; ++e) v[e] = fp8_to_bf16((u32)(w >> (8 * e)) & 0xffu, f8);
+    } else {
+      for (int e = 0; e < 8; ++e) v[e] = fp8_to_bf16(src[e], f8);
+    }
+    return v;
+  }
+
   /// Every lane of the block takes a share of the 8-element chunks of rows [0, kRows) of a (rows,
   /// kHeadDim) tile and hands each to `put(r, col, v)`. `row_offset(r)` is the element offset of row r
   /// in `g_base`, negative for rows to zero-fill (outside the sequence, or a page outside the pool);
   /// columns >= ncols are zero-filled, so padded rows and columns add exact zeros to both products.
+  /// `f8`: the fp8 decode (kFp8 only; the tile then holds bf16).
   template <int kRows, class RowOffset, class Put>
-  static FP_DEV void load_tile(const void* g_base, i64 ncols, bool vec, RowOffset row_offset, Put put) {
+  static FP_DEV void load_tile(const void* g_base, i64 ncols, bool vec, RowOffset row_offset, Put put,
+                               const Fp8Decode& f8) {
     const u16* g = static_cast<const u16*>(g_base);
     for (int c = thread_id(); c < kRows * kChunks; c += kThreads) {
       const int r = c / kChunks, col = (c % kChunks) * 8;
       const i64 off = col < ncols ? row_offset(r) : -1;
       u16x8 v = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (off >= 0) v = load8(g + off + col, vec);
+      if constexpr (kFp8) {
+        if (off >= 0) v = load8_fp8(static_cast<const unsigned char*>(g_base) + off + col, vec, f8);
+      } else {
+        if (off >= 0) v = load8(g + off + col, vec);
+      }
       put(r, col, v);
     }
   }
@@ -189,6 +212,7 @@ struct Kernel {
   static FP_DEV void store_output(const AttnProblem& p, const f32x4 (&acc_o)[kSteps], float fac, float lse,
                                   i64 b, i64 h, i64 i, bool vec, int quad) {
     if (p.lse && quad == 0) p.lse[lse_offset(p, b, h, i)] = lse;
+    if constexpr (kFp8) return store_output_as(p, acc_o, fac, q_offset(p, p.o, b, i, h), vec, quad);
     u16* g_o = static_cast<u16*>(p.o.ptr) + q_offset(p, p.o, b, i, h);
     for (int c = 0; c < kSteps; ++c) {
       const int col = 16 * c + 4 * quad;
@@ -199,6 +223,35 @@ struct Kernel {
         *reinterpret_cast<u16x4*>(g_o + col) = v;
       } else {
         for (int r = 0; r < 4; ++r) g_o[col + r] = v[r];
+      }
+    }
+  }
+
+  /// The fp8 variant's O in p.out_type (uniform): bf16, f16 or f32, the types validation accepts for
+  /// fp8 inputs. `off`: the element offset of the row; f32 rows take 16-byte stores when `vec`.
+  static FP_DEV void store_output_as(const AttnProblem& p, const f32x4 (&acc_o)[kSteps], float fac, i64 off,
+                                     bool vec, int quad) {
+    for (int c = 0; c < kSteps; ++c) {
+      const int col = 16 * c + 4 * quad;
+      if (col >= p.dv) continue;
+      f32x4 o;
+      for (int r = 0; r < 4; ++r) o[r] = acc_o[c][r] * fac;
+      if (p.out_type == kF32) {
+        float* g = static_cast<float*>(p.o.ptr) + off + col;
+        if (vec) {
+          *reinterpret_cast<f32x4*>(g) = o;
+        } else {
+          for (int r = 0; r < 4; ++r) g[r] = o[r];
+        }
+        continue;
+      }
+      u16x4 v;
+      for (int r = 0; r < 4; ++r) v[r] = p.out_type == kF16 ? f16_bits(o[r]) : num::f32_to_bf16(o[r]);
+      u16* g = static_cast<u16*>(p.o.ptr) + off + col;
+      if (vec) {
+        *reinterpret_cast<u16x4*>(g) = v;
+      } else {
+        for (int r = 0; r < 4; ++r) g[r] = v[r];
       }
     }
   }
@@ -237,10 +290,12 @@ struct Kernel {
     ctx.key_lo = kr.lo < 0 ? 0 : kr.lo > seq.k ? seq.k : kr.lo;
     ctx.key_hi = kr.hi < 0 ? 0 : kr.hi > seq.k ? seq.k : kr.hi;
 
+    const Fp8Decode f8 = kFp8 ? fp8_decode(p.in_type) : Fp8Decode{};
+
     // Stage: Q through LDS into registers (B fragments of S^T), once.
     load_tile<kBlockM>(
         p.q.ptr, p.d, prm.vec & kVecQ,
-        [&](int r) { return m0 + r < seq.q ? q_offset(p, p.q, b, m0 + r, h) : (i64)-1; }, rows_into(s_q));
+        [&](int r) { return m0 + r < seq.q ? q_offset(p, p.q, b, m0 + r, h) : (i64)-1; }, rows_into(s_q), f8);
     block_sync();
     u16x4 r_q[kSteps];
     for (int kk = 0; kk < kSteps; ++kk)
@@ -260,8 +315,8 @@ struct Kernel {
       auto key_row = [&](const Operand& op) {
         return [&, op](int r) { return j0 + r < seq.k ? k_offset(p, op, b, j0 + r, hk) : (i64)-1; };
       };
-      load_tile<kBlockN>(p.k.ptr, p.d, prm.vec & kVecK, key_row(p.k), rows_into(s_k));
-      load_tile<kBlockN>(p.v.ptr, p.dv, prm.vec & kVecV, key_row(p.v), transposed_into(s_vt));
+      load_tile<kBlockN>(p.k.ptr, p.d, prm.vec & kVecK, key_row(p.k), rows_into(s_k), f8);
+      load_tile<kBlockN>(p.v.ptr, p.dv, prm.vec & kVecV, key_row(p.v), transposed_into(s_vt), f8);
       block_sync();
       if (wave_has_rows) {
         f32x4 acc_s[kKeyTiles];  // S[row][16t + 4 quad + r]

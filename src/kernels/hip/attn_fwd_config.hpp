@@ -26,6 +26,19 @@ constexpr bool fwd_has_dropout_variant(int bucket) {
   return false;
 }
 
+/// The buckets with an fp8 variant (Kernel<bf16, ..., kFp8 = true>, -D FP_FP8=1; one code object per
+/// arch and bucket serves e4m3fn, e4m3fnuz and e5m2 and every output type): the head dims of the
+/// models served in fp8 in practice (64, 128; 256 for Gemma-class models).
+inline constexpr int kFwdFp8Buckets[] = {64, 128, 256};
+constexpr bool fwd_has_fp8_variant(int bucket) {
+  for (int b : kFwdFp8Buckets)
+    if (b == bucket) return true;
+  return false;
+}
+constexpr bool is_fp8_type(int type) {
+  return type == kE4M3 || type == kE4M3FNUZ || type == kE5M2;
+}
+
 /// One block: `waves` waves of 16 query rows each, key tiles of `block_n` keys.
 struct FwdTile {
   int waves, block_m, block_n;
@@ -55,7 +68,8 @@ constexpr int fwd_lds_bytes(int bucket) {
 static_assert(fwd_lds_bytes(256) <= 65536 && fwd_lds_bytes(128) <= 65536, "CDNA LDS per workgroup");
 
 /// Bits of FwdParams::vec: the operand's rows are 16-byte aligned (pointer and row/head/batch strides
-/// multiples of 8 elements), so 16-byte global loads (8-byte stores for O) may be used.
+/// multiples of 8 elements), so 16-byte global loads (8-byte stores for O; 16-byte for an f32 O) may
+/// be used. FP8 inputs load 8 bytes per chunk, so their pointers need only 8-byte alignment.
 enum VecFlags : int { kVecQ = 1, kVecK = 2, kVecV = 4, kVecO = 8 };
 
 /// Kernel arguments. Grid: x = query blocks of block_m rows (reversed in the kernel so the costliest
@@ -68,12 +82,13 @@ struct FwdParams {
 /// The VecFlags of a problem (host side): an operand qualifies when its pointer is 16-byte aligned and
 /// every stride is a multiple of 8 elements.
 inline int fwd_vec_flags(const AttnProblem& p) {
-  auto aligned = [](const Operand& o) {
-    return (unsigned long long)o.ptr % 16 == 0 && o.row_stride % 8 == 0 && o.head_stride % 8 == 0 &&
+  const unsigned long long in_align = is_fp8_type(p.in_type) ? 8 : 16;
+  auto aligned = [](const Operand& o, unsigned long long align) {
+    return (unsigned long long)o.ptr % align == 0 && o.row_stride % 8 == 0 && o.head_stride % 8 == 0 &&
            o.batch_stride % 8 == 0;
   };
-  return (aligned(p.q) ? kVecQ : 0) | (aligned(p.k) ? kVecK : 0) | (aligned(p.v) ? kVecV : 0) |
-         (aligned(p.o) ? kVecO : 0);
+  return (aligned(p.q, in_align) ? kVecQ : 0) | (aligned(p.k, in_align) ? kVecK : 0) |
+         (aligned(p.v, in_align) ? kVecV : 0) | (aligned(p.o, 16) ? kVecO : 0);
 }
 
 }  // namespace flashport::amd

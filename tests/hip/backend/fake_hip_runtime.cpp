@@ -38,6 +38,7 @@ struct Module {
 struct Function {
   std::string name;
   unsigned lds;  // the kernel descriptor's group_segment_fixed_size
+  bool fp8;      // the code object is an fp8 forward (attn_fwd.hip's attn_fwd_fp8_inputs symbol)
 };
 
 hipError_t fail(hipError_t e, const std::string& why) {
@@ -159,7 +160,8 @@ hipError_t hipModuleGetFunction(hipFunction_t* function, hipModule_t module, con
   if (!kd) return fail(hipErrorNotFound, std::string("no kernel descriptor ") + name + ".kd");
   unsigned lds = 0;
   std::memcpy(&lds, kd, sizeof lds);  // kernel descriptor byte 0: GROUP_SEGMENT_FIXED_SIZE
-  *function = reinterpret_cast<hipFunction_t>(new Function{name, lds});
+  const bool fp8 = find_symbol(m->image, "attn_fwd_fp8_inputs") != nullptr;
+  *function = reinterpret_cast<hipFunction_t>(new Function{name, lds, fp8});
   return hipSuccess;
 }
 
@@ -182,7 +184,13 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
     if (bx != (unsigned)tile.waves * 64 || gx != (unsigned)((p.sq + tile.block_m - 1) / tile.block_m) ||
         gy != (unsigned)p.hq || gz != (unsigned)p.batch)
       return fail(hipErrorInvalidConfiguration, "attn_fwd grid/block do not match the problem");
-    if (p.in_type == kBF16)
+    if (fn->fp8 != amd::is_fp8_type(p.in_type))
+      return fail(hipErrorInvalidImage, std::string("attn_fwd of a ") + (fn->fp8 ? "" : "non-") +
+                                            "fp8 code object launched for in_type " +
+                                            std::to_string(p.in_type));
+    if (fn->fp8)
+      test::hipmodel::launch_fp8(prm, bucket);
+    else if (p.in_type == kBF16)
       run_forward<wave::bf16>(prm, bucket);
     else
       run_forward<wave::f16>(prm, bucket);

@@ -14,6 +14,7 @@
 #include "cpu/test_fast_util.hpp"
 #include "flashport/attention.hpp"
 #include "flashport/error.hpp"
+#include "hip/hip_fp8_inputs.hpp"
 #include "hip/hip_grad_oracle.hpp"
 
 namespace flashport::test {
@@ -111,6 +112,61 @@ TEST(HipBackend, DropoutPicksTheDropoutVariant) {
         }
       },
       Error);
+  EXPECT_EQ(launches("attn_fwd"), before);
+}
+
+/// Out (dtype `out`) and LSE of an fp8 case through flashport::forward on hip:0.
+fastcheck::Forward run_hip_fp8(const Case& c, fp8check::Inputs in, DType out) {
+  on(in.fp8, kHip0);
+  for (HostTensor& ds : in.descale) on(ds, kHip0);
+  fastcheck::Forward f = fp8check::outputs(c, out);
+  on(f.out, kHip0);
+  on(f.lse, kHip0);
+  forward(fp8check::args(c, in.fp8, in.descale, f, Impl::automatic));
+  on(f.out, Device{});
+  on(f.lse, Device{});
+  return f;
+}
+
+/// The message of the Error `fn` throws ("" and a failure when it throws none).
+template <class Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(HipBackend, Fp8ForwardPicksTheFp8Variant) {
+  // The fake refuses an fp8 call on a non-fp8 object (and the reverse) by the object's marker symbol.
+  const std::pair<Case, DType> cases[] = {
+      {dense(DType::e4m3fnuz, 1, 113, 203, 4, 2, 128, 128), DType::bf16},
+      {dense(DType::e4m3, 2, 40, 77, 2, 2, 64, 64), DType::f32},
+      {dense(DType::e5m2, 1, 20, 75, 2, 1, 256, 256), DType::f16},
+  };
+  for (auto [c, out] : cases) {
+    c.causal = out == DType::bf16;
+    SCOPED_TRACE(c.describe() + " out " + dtype_name(out));
+    const fp8check::Inputs in = fp8check::make(c);
+    const int before = launches("attn_fwd");
+    const fastcheck::Forward got = run_hip_fp8(c, in, out);
+    EXPECT_EQ(launches("attn_fwd"), before + 1);
+    fp8check::expect_accurate(got, c, in);
+  }
+}
+
+TEST(HipBackend, Fp8RefusalsAreNamed) {
+  const int before = launches("attn_fwd");
+  Case d96 = dense(DType::e4m3fnuz, 1, 8, 8, 2, 2, 96, 96);  // bucket 96: no fp8 object
+  EXPECT_NE(error_of([&] { run_hip_fp8(d96, fp8check::make(d96), DType::bf16); }).find("kFwdFp8Buckets"),
+            std::string::npos);
+  Case drop = dense(DType::e4m3fnuz, 1, 8, 8, 2, 2, 64, 64);
+  drop.dropout = 0.25;
+  EXPECT_NE(error_of([&] { run_hip_fp8(drop, fp8check::make(drop), DType::bf16); }).find("fp8"),
+            std::string::npos);
   EXPECT_EQ(launches("attn_fwd"), before);
 }
 
