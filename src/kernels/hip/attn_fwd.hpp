@@ -22,8 +22,6 @@ namespace flashport::amd::fwd {
 
 using namespace flashport::wave;
 
-inline constexpr float kLn2 = 0.6931471805599453f;
-
 /// What the score transform of one lane needs: its query row's position, slope and visible keys.
 struct ScoreCtx {
   float scale;       // softmax scale (times fp8 descales)
@@ -273,11 +271,10 @@ struct Kernel {
     const i64 wl = p.window_left, wr = p.window_right;
 
     // Key tiles of the block: the union of its rows' visible ranges. Tiles inside every row's range
-    // (between the last row's lo and the first row's hi) need no mask.
+    // need no mask.
     const sem::KeyRange keys = sem::tile_keys(m0, last + 1, seq.q, seq.k, wl, wr);
     const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
-    const i64 hi_first = sem::visible_keys(m0, seq.q, seq.k, wl, wr).hi;
-    const i64 lo_last = sem::visible_keys(last, seq.q, seq.k, wl, wr).lo;
+    const sem::KeyRange unmasked = sem::keys_seen_by_all(m0, last + 1, seq.q, seq.k, wl, wr);
 
     ScoreCtx ctx;
     ctx.scale = p.scale * descale(p, 0, b, hk) * descale(p, 1, b, hk);
@@ -321,7 +318,7 @@ struct Kernel {
       if (wave_has_rows) {
         f32x4 acc_s[kKeyTiles];  // S[row][16t + 4 quad + r]
         compute_st(acc_s, s_k, r_q, p.d, lane);
-        const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
+        const bool masked = !sem::contains(unmasked, j0, j0 + kBlockN);
         transform_scores(acc_s, p, ctx, j0, masked, quad);
         online_softmax(acc_s, acc_o, m, l);
         if constexpr (kDropout) apply_dropout(acc_s, p, b, h, ctx.row, j0, quad);
@@ -336,7 +333,7 @@ struct Kernel {
     if (ctx.row >= seq.q) return;  // padding rows: past the last barrier and collective
     const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
     const float fac = l > 0.0f ? keep_scale * descale(p, 2, b, hk) / l : 0.0f;
-    const float lse = l > 0.0f ? m * kLn2 + wave::log(l) : sem::kNegInf;
+    const float lse = l > 0.0f ? m * sem::kLn2 + wave::log(l) : sem::kNegInf;
     store_output(p, acc_o, fac, lse, b, h, ctx.row, prm.vec & kVecO, quad);
   }
 };
