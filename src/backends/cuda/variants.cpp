@@ -12,14 +12,18 @@ namespace flashport::cuda {
 
 jit::KernelSpec forward_spec(int arch, int elem_type, int bucket) {
   const FwdTile t = fwd_tile(arch, bucket);
-  return {"cuda/attn_fwd.cu",
-          "attn_fwd",
-          {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
-           {"FP_HEADDIM", std::to_string(bucket)},
-           {"FP_BLOCK_N", std::to_string(t.block_n)},
-           {"FP_WARPS", std::to_string(t.warps)},
-           {"FP_STAGES", std::to_string(t.stages)}},
-          arch};
+  const bool fp8 = is_fp8_elem(elem_type);
+  jit::KernelSpec spec{"cuda/attn_fwd.cu",
+                       "attn_fwd",
+                       {{"FP_DTYPE", elem_type == kBF16 || fp8 ? "bf16" : "f16"},
+                        {"FP_HEADDIM", std::to_string(bucket)},
+                        {"FP_BLOCK_N", std::to_string(t.block_n)},
+                        {"FP_WARPS", std::to_string(t.warps)},
+                        {"FP_STAGES", std::to_string(t.stages)}},
+                       arch};
+  // Only the fp8 variant carries the flag: the 2-byte variants keep their exact spec (and SASS).
+  if (fp8) spec.defines.push_back({"FP_FP8", "1"});
+  return spec;
 }
 
 jit::KernelSpec split_combine_spec(int arch) {

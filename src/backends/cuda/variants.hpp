@@ -8,8 +8,9 @@
 
 namespace flashport::cuda {
 
-/// The forward kernel for ElemType `elem_type` (kF16 / kBF16) and head-dim bucket `bucket` on `arch`;
-/// the tile comes from fwd_tile (tiles.hpp).
+/// The forward kernel for ElemType `elem_type` and head-dim bucket `bucket` on `arch`; the tile comes
+/// from fwd_tile (tiles.hpp). kF16 / kBF16: that dtype. An fp8 type (kE4M3, kE4M3FNUZ, kE5M2): the fp8
+/// variant (FP_DTYPE=bf16, FP_FP8=1), the same spec for all three (the format is read at run time).
 jit::KernelSpec forward_spec(int arch, int elem_type, int bucket);
 /// The split-KV combine kernel (element type is a runtime value).
 jit::KernelSpec split_combine_spec(int arch);
@@ -41,5 +42,18 @@ const jit::Kernel& cached_kernel(jit::KernelSpec (*builder)(Args...), int device
 
 /// The head-dim buckets the forward kernel is compiled for.
 inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
+
+/// The head-dim buckets of the fp8 forward variant: three, to keep the variant count modest. A call
+/// takes the smallest that holds max(d, dv) (fp8_head_dim_bucket): the kernel zero-fills columns
+/// beyond d / dv and skips their k-steps, so a larger bucket is exact, only slower.
+inline constexpr int kFp8HeadDimBuckets[] = {64, 128, 256};
+constexpr int fp8_head_dim_bucket(long long d, long long dv) {
+  const long long m = d > dv ? d : dv;
+  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
+}
+/// ElemType `t` is one of the fp8 formats (kE4M3 = 4, kE4M3FNUZ = 5, kE5M2 = 6).
+constexpr bool is_fp8_elem(int t) {
+  return t >= 4 && t <= 6;
+}
 
 }  // namespace flashport::cuda

@@ -147,10 +147,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   // Tile loaders (every thread takes a share of the 16-byte chunks; rows outside the sequence and
   // columns beyond d / dv are zero-filled so padded rows and columns contribute exact zeros).
   const bool vec_q = prm.vec & kVecQ, vec_k = prm.vec & kVecK, vec_v = prm.vec & kVecV;
+  const TileDecode dec = tile_decode(p);  // fp8: the format's decode; else empty
   auto load_q = [&] {
-    load_tile<kBlockM>(s_q, p.q.ptr, p.d, vec_q, [&](int r) {
-      return rows.m0 + r < packed_len ? q_offset(p, p.q, b, rows.query(r), rows.head(r)) : (i64)-1;
-    });
+    load_tile<kBlockM>(
+        s_q, p.q.ptr, p.d, vec_q,
+        [&](int r) {
+          return rows.m0 + r < packed_len ? q_offset(p, p.q, b, rows.query(r), rows.head(r)) : (i64)-1;
+        },
+        dec);
   };
   // Key rows through the shared addressing helper; without a block table it is affine in the key
   // index, so one base per operand (instead of a full k_offset per row) keeps the loaders light.
@@ -162,13 +166,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   };
   auto load_k = [&](int t) {  // tile index t relative to tile_begin, into buffer t % kStages
     const i64 j0 = (tile_begin + t) * kBlockN;
-    load_tile<kBlockN>(s_k + (t % kStages) * kSmemKV, p.k.ptr, p.d, vec_k,
-                       [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.k, k_base, j0 + r) : (i64)-1; });
+    load_tile<kBlockN>(
+        s_k + (t % kStages) * kSmemKV, p.k.ptr, p.d, vec_k,
+        [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.k, k_base, j0 + r) : (i64)-1; }, dec);
   };
   auto load_v = [&](int t) {
     const i64 j0 = (tile_begin + t) * kBlockN;
-    load_tile<kBlockN>(s_v + (t % kStages) * kSmemKV, p.v.ptr, p.dv, vec_v,
-                       [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.v, v_base, j0 + r) : (i64)-1; });
+    load_tile<kBlockN>(
+        s_v + (t % kStages) * kSmemKV, p.v.ptr, p.dv, vec_v,
+        [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.v, v_base, j0 + r) : (i64)-1; }, dec);
   };
 
   // ldmatrix row addresses of this lane (see common/mma.cuh for the fragment layouts):
@@ -233,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
       const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
       transform_scores(acc_s, p, ctx, j0, masked);
       online_softmax(acc_s, acc_o, st);
-      if (p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
+      if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);  // fp8: refused by the host
     }
 
     // V(t) has landed (pending after it: the pairs after t).

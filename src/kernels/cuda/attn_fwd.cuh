@@ -1,10 +1,18 @@
 // Stages of the sm_80+ forward kernel (attn_fwd.cu): tile loads, QK^T, score transform, online
 // softmax, dropout, PV and the epilogue. Compile-time shape from -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_N,
-// FP_WARPS, FP_STAGES (see src/backends/cuda/tiles.hpp for the table that picks them).
+// FP_WARPS, FP_STAGES (see src/backends/cuda/tiles.hpp for the table that picks them). -D FP_FP8=1
+// (with FP_DTYPE=bf16): the fp8 variant, whose tile loads dequantise fp8 rows to bf16 (fp8_decode.cuh).
 #pragma once
 
 #include "cuda/attn_fwd_params.cuh"
 #include "cuda/common/common.cuh"
+
+#ifndef FP_FP8
+#define FP_FP8 0
+#endif
+#if FP_FP8
+#include "cuda/fp8_decode.cuh"
+#endif
 
 #if !defined(FP_DTYPE) || !defined(FP_HEADDIM) || !defined(FP_BLOCK_N) || !defined(FP_WARPS) || \
     !defined(FP_STAGES)
@@ -27,6 +35,23 @@ constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per warp: S fragment is 
 constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp: O fragment is (16, kHeadDim)
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32");
 static_assert(kBlockN % 16 == 0 && kStages >= 1 && kWarps >= 1, "bad tile");
+/// fp8 inputs (e4m3fn, e4m3fnuz or e5m2: p.in_type), dequantised to bf16 in load_tile (exact), so the
+/// mma path is the bf16 one; the output goes out in p.out_type (bf16, f16 or f32). No dropout: the host
+/// refuses fp8 with dropout, so the variant leaves the Philox code out.
+constexpr bool kFp8 = FP_FP8;
+static_assert(!kFp8 || Elem::kElemType == 3, "the fp8 variant runs the bf16 mma path");
+
+#if FP_FP8
+using TileDecode = Fp8Decode;  // the format's decode constants, from p.in_type
+FP_DEV TileDecode tile_decode(const AttnProblem& p) {
+  return fp8_decode(p.in_type);
+}
+#else
+struct TileDecode {};  // 2-byte inputs are copied as they are
+FP_DEV TileDecode tile_decode(const AttnProblem&) {
+  return {};
+}
+#endif
 
 // Shared memory (elements of 2 bytes): s_q (kBlockM, kPitch), then s_k and s_v, each kStages buffers
 // of (kBlockN, kPitch). Total (kBlockM + 2 kStages kBlockN) * kPitch * 2 bytes; the host computes the
@@ -60,9 +85,13 @@ struct RowMap {
 
 /// Copies rows [0, kRows) of a (rows, kHeadDim) tile into s_tile (pitch kPitch). `row_offset(r)` is
 /// the element offset of row r in `g_base`, negative for rows to zero-fill; columns >= ncols are
-/// zero-filled. `vec`: rows are 16-byte aligned (cp.async); else synchronous 2-byte loads.
+/// zero-filled. `vec`: rows are 16-byte aligned (cp.async); else synchronous 2-byte loads. The fp8
+/// variant: rows of 1-byte codes (offsets are in elements, so in bytes), 8-byte loads when `vec` (the
+/// host's 16-byte base and 8-element strides make every 8-code chunk 8-byte aligned) else byte loads,
+/// decoded with `dec` and stored synchronously (cp.async cannot convert).
 template <int kRows, class RowOffset>
-FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowOffset row_offset) {
+FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowOffset row_offset,
+                      const TileDecode& dec) {
   constexpr int kTotal = kRows * kChunks;
   const u16* g = static_cast<const u16*>(g_base);
   // Rolled on purpose: unrolled, ptxas hoists every chunk's row/column/predicate out of the tile loop
@@ -74,6 +103,24 @@ FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowO
     const int r = c / kChunks, ch = c % kChunks;
     const i64 off = ch * 8 < ncols ? row_offset(r) : -1;
     const bool pred = off >= 0;
+#if FP_FP8
+    U32x4 v{0, 0, 0, 0};
+    if (pred) {
+      const u8* src = static_cast<const u8*>(g_base) + off + ch * 8;
+      u32 lo, hi;
+      if (vec) {
+        const u64 w = *reinterpret_cast<const u64*>(src);
+        lo = (u32)w, hi = (u32)(w >> 32);
+      } else {
+        lo = (u32)src[0] | (u32)src[1] << 8 | (u32)src[2] << 16 | (u32)src[3] << 24;
+        hi = (u32)src[4] | (u32)src[5] << 8 | (u32)src[6] << 16 | (u32)src[7] << 24;
+      }
+      v.x = fp8x2_to_bf16x2(lo, dec), v.y = fp8x2_to_bf16x2(lo >> 16, dec);
+      v.z = fp8x2_to_bf16x2(hi, dec), v.w = fp8x2_to_bf16x2(hi >> 16, dec);
+    }
+    st_shared_16(smem_addr(s_tile + r * kPitch + ch * 8), v);
+    (void)g;
+#else
     const u16* src = pred ? g + off + ch * 8 : g;
     u16* dst = s_tile + r * kPitch + ch * 8;
     if (vec) {
@@ -86,6 +133,7 @@ FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowO
       }
       st_shared_16(smem_addr(dst), v);
     }
+#endif
   }
 }
 

@@ -1,7 +1,15 @@
 // One emulated forward variant; build.sh compiles this file once per (dtype, head-dim bucket) with
-// -D FP_DTYPE ... FP_STAGES plus -Dfwd=... -Dattn_fwd=... renames so the variants link together.
+// -D FP_DTYPE ... FP_STAGES (and FP_FP8=1 for the fp8 variants) plus -Dfwd=... -Dattn_fwd=... renames
+// so the variants link together.
 #include "cuda/attn_fwd.cu"
 #include "emu_kernels.hpp"
+
+// The registry key is kernel_name(spec): the fp8 variants' spec ends with FP_FP8=1.
+#if FP_FP8
+#define FP_EMU_FP8_SUFFIX ",FP_FP8=1"
+#else
+#define FP_EMU_FP8_SUFFIX ""
+#endif
 
 namespace {
 void trampoline(const void* p) {
@@ -9,6 +17,6 @@ void trampoline(const void* p) {
 }
 const flashport::emu::Registrar reg(
     "attn_fwd|FP_DTYPE=" FP_EMU_STR(FP_DTYPE) ",FP_HEADDIM=" FP_EMU_STR(FP_HEADDIM) ",FP_BLOCK_N=" FP_EMU_STR(
-        FP_BLOCK_N) ",FP_WARPS=" FP_EMU_STR(FP_WARPS) ",FP_STAGES=" FP_EMU_STR(FP_STAGES),
+        FP_BLOCK_N) ",FP_WARPS=" FP_EMU_STR(FP_WARPS) ",FP_STAGES=" FP_EMU_STR(FP_STAGES) FP_EMU_FP8_SUFFIX,
     trampoline);
 }  // namespace

@@ -356,6 +356,20 @@ void copy_to_host(void* dst, const void* src, size_t bytes, void*) {
   std::memcpy(dst, src, bytes);
 }
 void stream_synchronize(void*) {}  // launches run to completion before they return
+void device_synchronize(int) {}
+// The device checks' fault record: plain host memory (the emulator's device memory is host memory).
+// The emulator does not run index_check.cu (its atomics and ballots are not emulated), so device checks
+// are off by default below and this record stays clear.
+const MappedMemory& fault_memory(int) {
+  alignas(16) static unsigned char record[kFaultMemoryBytes] = {};
+  static const MappedMemory memory{record, record};
+  return memory;
+}
+namespace {
+// Before the first tuning() read (static initialisation precedes main): FLASHPORT_DEVICE_CHECKS=0
+// unless the caller set it.
+const bool g_device_checks_off = [] { return setenv("FLASHPORT_DEVICE_CHECKS", "0", 0) == 0; }();
+}  // namespace
 std::string device_name(int) {
   return "flashport CUDA emulator (sm_" + std::to_string(emu_arch()) + ")";
 }

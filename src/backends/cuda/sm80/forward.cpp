@@ -82,7 +82,7 @@ struct FwdGeometry {
 FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   FwdGeometry g{};
   g.arch = jit::device_arch(device);
-  g.bucket = head_dim_bucket(p.d, p.dv);
+  g.bucket = is_fp8_elem(p.in_type) ? fp8_head_dim_bucket(p.d, p.dv) : head_dim_bucket(p.d, p.dv);
   g.tile = fwd_tile(g.arch, g.bucket);
   const long long bm = g.tile.block_m, group = p.hq / p.hk;
   // Pack the query heads of a kv head into the block rows when that needs fewer CTAs (short query
@@ -109,6 +109,7 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(forward_spec(arch, type, bucket));
+  for (int bucket : kFp8HeadDimBuckets) specs.push_back(forward_spec(arch, kE4M3, bucket));
   return specs;
 }
 
@@ -127,7 +128,9 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   if (p.hq > limits(geo.arch).max_grid_yz)
     throw Error("q", "more than 65535 heads are not supported on CUDA");
   const int smem = fwd_smem_bytes(geo.tile, geo.bucket);
-  const jit::Kernel& kernel = cached_kernel(forward_spec, device, smem, geo.arch, p.in_type, geo.bucket);
+  // Every fp8 format shares one variant (the decode is picked from p.in_type in the kernel): one key.
+  const int elem = is_fp8_elem(p.in_type) ? (int)kE4M3 : p.in_type;
+  const jit::Kernel& kernel = cached_kernel(forward_spec, device, smem, geo.arch, elem, geo.bucket);
 
   FwdParams prm{};
   prm.p = p;

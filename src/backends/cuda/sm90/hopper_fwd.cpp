@@ -338,6 +338,7 @@ Shape chosen_shape(const AttnProblem& p, int device) {
 
 std::string unsupported(const AttnProblem& p, int arch) {
   if (arch != 90) return "the Hopper kernel needs compute capability 9.0, got " + std::to_string(arch);
+  if (p.in_type >= kE4M3 && p.in_type <= kE5M2) return "fp8 inputs run on the portable kernel's fp8 variant";
   if (p.in_type != kF16 && p.in_type != kBF16) return "the Hopper kernel takes fp16/bf16 inputs";
   if (p.out_type != p.in_type) return "the Hopper kernel writes out in the input dtype";
   if (p.d != p.dv) return "the Hopper kernel needs d == dv";

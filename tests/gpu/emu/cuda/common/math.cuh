@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/semantics.h"
 #include "cuda/common/types.cuh"
 
 namespace flashport::emu {
@@ -11,8 +12,10 @@ unsigned shfl_xor_bits(unsigned v, int mask);  // value of lane ^ mask (all 32 l
 
 namespace flashport::cuda {
 
-inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr float kLn2 = 0.6931471805599453f;
+// The constants of core/semantics.h, as the real math.cuh takes them (defined once since 4e78e90).
+using sem::kLn2;
+using sem::kLog2e;
+using sem::kNegInf;
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
 inline float fast_exp2(float x) {
