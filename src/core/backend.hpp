@@ -27,6 +27,36 @@ struct KvCacheProblem {
   int num_splits;
 };
 
+/// The dtype rules the GPU backends share: fp16/bf16 inputs with an output of the same dtype, or fp8
+/// inputs (forward only: their kernels decode fp8 to bf16 while loading) with a bf16/fp16/fp32
+/// output. `where` ("CUDA", "AMD") goes into the reason; empty when the dtypes are served.
+inline std::string gpu_dtype_unsupported(const AttnProblem& p, bool backward, const char* where) {
+  const auto name = [](int t) { return std::string(dtype_name(static_cast<DType>(t))); };
+  const bool fp8 = is_fp8_elem(p.in_type);
+  if (fp8 && backward) return "backward is not defined for fp8 inputs";
+  if (!fp8 && p.in_type != kF16 && p.in_type != kBF16)
+    return std::string("inputs must be fp16, bf16 or fp8 (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2) on ") +
+           where + ", got " + name(p.in_type);
+  if (fp8 && p.out_type != kBF16 && p.out_type != kF16 && p.out_type != kF32)
+    return std::string("out of fp8 inputs must be bf16, fp16 or fp32 on ") + where + ", got " +
+           name(p.out_type);
+  if (!fp8 && p.out_type != p.in_type)
+    return "out must have the input dtype " + name(p.in_type) + ", got " + name(p.out_type);
+  return {};
+}
+
+/// The GPU kv-cache kernels move 2-byte elements: an fp8 cache is read by the forward, never appended
+/// to or rotated. `backend` ("cuda", "hip") and `where` ("CUDA", "AMD") go into the error.
+inline void refuse_fp8_cache_update(const KvCacheProblem& kp, const char* backend, const char* where) {
+  if (!is_fp8_elem(kp.attn.in_type)) return;
+  if (kp.k_new.ptr)
+    throw Error("k_new",
+                std::string(backend) + " backend: appending to an fp8 KV cache is not supported on " + where);
+  if (kp.rotary_dim > 0)
+    throw Error("rotary_cos", std::string(backend) +
+                                  " backend: rotary embedding of fp8 inputs is not supported on " + where);
+}
+
 /// The KV-cache kernels' arguments (CUDA kvcache_append.cu, CDNA kvcache_append.hpp) of a kv-cache call;
 /// q_rot stays null (the launcher's scratch for rotate_q).
 inline KvAppendParams append_params(const KvCacheProblem& kp) {

@@ -9,6 +9,10 @@ namespace flashport {
 
 /// Element type codes; equal to the values of flashport::DType.
 enum ElemType : int { kF64 = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kE4M3 = 4, kE4M3FNUZ = 5, kE5M2 = 6 };
+/// Element type `t` is one of the fp8 formats.
+FP_HD constexpr bool is_fp8_elem(int t) {
+  return t == kE4M3 || t == kE4M3FNUZ || t == kE5M2;
+}
 
 /// One attention operand laid out as (batch, token, head, channel). Strides in elements.
 /// Varlen: `batch_stride` is unused, rows start at cu_seqlens[b]. Paged: `batch_stride` is the

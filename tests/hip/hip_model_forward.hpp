@@ -64,7 +64,7 @@ inline void launch_fp8(const amd::FwdParams& prm, int bucket) {
 inline void forward(const AttnProblem& p, bool vec = true) {
   const amd::FwdParams prm{p, vec ? amd::fwd_vec_flags(p) : 0};
   const int bucket = amd::fwd_head_dim_bucket(p.d, p.dv);
-  if (amd::is_fp8_type(p.in_type))
+  if (is_fp8_elem(p.in_type))
     launch_fp8(prm, bucket);
   else if (p.in_type == kBF16)
     launch_elem<wave::bf16>(prm, bucket);

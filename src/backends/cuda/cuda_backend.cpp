@@ -19,10 +19,6 @@
 namespace flashport::cuda {
 namespace {
 
-std::string type_name(int t) {
-  return dtype_name(static_cast<DType>(t));
-}
-
 class CudaBackend final : public core::Backend {
  public:
   const char* name() const override { return "cuda"; }
@@ -32,15 +28,8 @@ class CudaBackend final : public core::Backend {
       return "the reference and baseline implementations are CPU only";
     // fp8 (e4m3fn, e4m3fnuz, e5m2): forward only, through the portable kernel's fp8 variant (every
     // format decoded exactly to bf16 while loading tiles; the Hopper kernels decline fp8).
+    if (std::string why = core::gpu_dtype_unsupported(p, backward, "CUDA"); !why.empty()) return why;
     const bool fp8 = is_fp8_elem(p.in_type);
-    if (fp8 && backward) return "backward is not defined for fp8 inputs";
-    if (!fp8 && p.in_type != kF16 && p.in_type != kBF16)
-      return "inputs must be fp16, bf16 or fp8 (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2) on CUDA, got " +
-             type_name(p.in_type);
-    if (fp8 && p.out_type != kBF16 && p.out_type != kF16 && p.out_type != kF32)
-      return "out of fp8 inputs must be bf16, fp16 or fp32 on CUDA, got " + type_name(p.out_type);
-    if (!fp8 && p.out_type != p.in_type)
-      return "out must have the input dtype " + type_name(p.in_type) + ", got " + type_name(p.out_type);
     if (fp8 && p.dropout_p > 0.0f)
       return "dropout with fp8 inputs is not supported on CUDA (the fp8 variant has no dropout)";
     if (p.s_dmask) return "s_dmask (attention probabilities) is produced by the CPU reference only";
@@ -90,11 +79,7 @@ class CudaBackend final : public core::Backend {
     launch_backward(p);
   }
   void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override {
-    // kv_append and rotate_q move 2-byte elements; an fp8 cache is read by the forward only.
-    if (is_fp8_elem(kp.attn.in_type) && kp.k_new.ptr)
-      throw Error("k_new", "cuda backend: appending to an fp8 KV cache is not supported on CUDA");
-    if (is_fp8_elem(kp.attn.in_type) && kp.rotary_dim > 0)
-      throw Error("rotary_cos", "cuda backend: rotary embedding of fp8 inputs is not supported on CUDA");
+    core::refuse_fp8_cache_update(kp, "cuda", "CUDA");
     raise_device_fault(kp.attn.device);
     check_indices_async(kp.attn, kCallKvCache);
     launch_forward_kvcache(kp);

@@ -51,9 +51,5 @@ constexpr int fp8_head_dim_bucket(long long d, long long dv) {
   const long long m = d > dv ? d : dv;
   return m <= 64 ? 64 : m <= 128 ? 128 : 256;
 }
-/// ElemType `t` is one of the fp8 formats (kE4M3 = 4, kE4M3FNUZ = 5, kE5M2 = 6).
-constexpr bool is_fp8_elem(int t) {
-  return t >= 4 && t <= 6;
-}
 
 }  // namespace flashport::cuda

@@ -18,15 +18,11 @@
 namespace flashport::amd {
 namespace {
 
-std::string type_name(int t) {
-  return dtype_name(static_cast<DType>(t));
-}
-
 /// "gfx942/attn_fwd_dropout_bf16_d128.co", "gfx942/attn_fwd_fp8_d128.co" (every fp8 format and output
 /// type): the naming of cmake/hip_kernels.cmake.
 std::string forward_object(const std::string& arch, const AttnProblem& p) {
   const int bucket = fwd_head_dim_bucket(p.d, p.dv);
-  if (is_fp8_type(p.in_type)) return arch + "/attn_fwd_fp8_d" + std::to_string(bucket) + ".co";
+  if (is_fp8_elem(p.in_type)) return arch + "/attn_fwd_fp8_d" + std::to_string(bucket) + ".co";
   return arch + "/attn_fwd_" + (p.dropout_p > 0.0f ? "dropout_" : "") +
          (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
 }
@@ -58,15 +54,8 @@ class HipBackend final : public core::Backend {
       return "the reference and baseline implementations are CPU only";
     if (backward && p.block_table) return "backward through paged K/V is not supported on AMD";
     if (backward && (p.kv_batch_idx || p.leftpad_k)) return "backward through a KV cache is not supported";
-    const bool fp8 = is_fp8_type(p.in_type);
-    if (fp8 && backward) return "backward is not defined for fp8 inputs";
-    if (!fp8 && p.in_type != kF16 && p.in_type != kBF16)
-      return "inputs must be fp16, bf16 or fp8 (float8_e4m3fnuz, float8_e4m3fn, float8_e5m2) on AMD, got " +
-             type_name(p.in_type);
-    if (fp8 && p.out_type != kBF16 && p.out_type != kF16 && p.out_type != kF32)
-      return "out of fp8 inputs must be bf16, fp16 or fp32 on AMD, got " + type_name(p.out_type);
-    if (!fp8 && p.out_type != p.in_type)
-      return "out must have the input dtype " + type_name(p.in_type) + ", got " + type_name(p.out_type);
+    if (std::string why = core::gpu_dtype_unsupported(p, backward, "AMD"); !why.empty()) return why;
+    const bool fp8 = is_fp8_elem(p.in_type);
     if (p.s_dmask) return "s_dmask (attention probabilities) is produced by the CPU reference only";
     if (p.d % 8 != 0 || p.dv % 8 != 0)
       return "head dim must be a multiple of 8 on AMD, got d = " + std::to_string(p.d) +
@@ -133,11 +122,7 @@ class HipBackend final : public core::Backend {
   /// test_hip_kvcache.cpp's sequence, the CUDA launcher's too.
   void forward_kvcache(const core::KvCacheProblem& kp, Impl impl) const override {
     const AttnProblem& a = kp.attn;
-    // kv_append and rotate_q move 2-byte elements; an fp8 cache is read by the forward only.
-    if (is_fp8_type(a.in_type) && kp.k_new.ptr)
-      throw Error("k_new", "hip backend: appending to an fp8 KV cache is not supported on AMD");
-    if (is_fp8_type(a.in_type) && kp.rotary_dim > 0)
-      throw Error("rotary_cos", "hip backend: rotary embedding of fp8 inputs is not supported on AMD");
+    core::refuse_fp8_cache_update(kp, "hip", "AMD");
     KvAppendParams prm = core::append_params(kp);
     const std::string object = arch_of(a.device).code_object + "/kvcache_append.co";
     if (kp.k_new.ptr && kp.s_new > 0 && a.batch > 0) {

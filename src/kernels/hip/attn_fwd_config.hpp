@@ -35,9 +35,6 @@ constexpr bool fwd_has_fp8_variant(int bucket) {
     if (b == bucket) return true;
   return false;
 }
-constexpr bool is_fp8_type(int type) {
-  return type == kE4M3 || type == kE4M3FNUZ || type == kE5M2;
-}
 
 /// One block: `waves` waves of 16 query rows each, key tiles of `block_n` keys.
 struct FwdTile {
@@ -82,7 +79,7 @@ struct FwdParams {
 /// The VecFlags of a problem (host side): an operand qualifies when its pointer is 16-byte aligned and
 /// every stride is a multiple of 8 elements.
 inline int fwd_vec_flags(const AttnProblem& p) {
-  const unsigned long long in_align = is_fp8_type(p.in_type) ? 8 : 16;
+  const unsigned long long in_align = is_fp8_elem(p.in_type) ? 8 : 16;
   auto aligned = [](const Operand& o, unsigned long long align) {
     return (unsigned long long)o.ptr % align == 0 && o.row_stride % 8 == 0 && o.head_stride % 8 == 0 &&
            o.batch_stride % 8 == 0;

@@ -184,7 +184,7 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
     if (bx != (unsigned)tile.waves * 64 || gx != (unsigned)((p.sq + tile.block_m - 1) / tile.block_m) ||
         gy != (unsigned)p.hq || gz != (unsigned)p.batch)
       return fail(hipErrorInvalidConfiguration, "attn_fwd grid/block do not match the problem");
-    if (fn->fp8 != amd::is_fp8_type(p.in_type))
+    if (fn->fp8 != is_fp8_elem(p.in_type))
       return fail(hipErrorInvalidImage, std::string("attn_fwd of a ") + (fn->fp8 ? "" : "non-") +
                                             "fp8 code object launched for in_type " +
                                             std::to_string(p.in_type));
