@@ -179,9 +179,9 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0, int 
     }
   }
   // No per-element mask when every row sees every key of the block (visible ranges grow with i).
-  const bool full = c.n0 + kBN <= len_k &&
-                    sem::visible_keys(m0 + kBM - 1, len_q, len_k, p.window_left, p.window_right).lo <= c.n0 &&
-                    sem::visible_keys(m0, len_q, len_k, p.window_left, p.window_right).hi >= c.n0 + kBN;
+  const bool full = c.n0 + kBN <= len_k && sem::contains(sem::keys_seen_by_all(m0, m0 + kBM, len_q, len_k,
+                                                                               p.window_left, p.window_right),
+                                                         c.n0, c.n0 + kBN);
 
   float acc_s[kMtS][kNtS][4], acc_dp[kMtS][kNtS][4];
   zero(acc_s);

@@ -115,7 +115,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const sem::KeyRange keys =
       sem::tile_keys(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
   const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
-  const i64 hi_first = sem::visible_keys(first_row, seq.len_q, seq.len_k, p.window_left, p.window_right).hi;
   i64 tile_begin = tiles.begin, tile_end = tiles.end;
   if (prm.num_splits > 1) {
     const i64 per = ceil_div(tile_end - tile_begin, prm.num_splits);
@@ -213,7 +212,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
 
   // Warps whose 16 rows are all padding (short or decode blocks) only help load K/V: warp-uniform skip.
   const bool warp_has_rows = rows.m0 + 16 * warp < packed_len;
-  const i64 lo_last = sem::visible_keys(last_row, seq.len_q, seq.len_k, p.window_left, p.window_right).lo;
+  const sem::KeyRange unmasked =
+      sem::keys_seen_by_all(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
   for (int t = 0; t < n_tiles; ++t) {
     const int buf = t % kStages;
     const i64 j0 = (tile_begin + t) * kBlockN;
@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
 
     if (warp_has_rows) {
       compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
-      const bool masked = !(j0 >= lo_last && j0 + kBlockN <= hi_first);
+      const bool masked = !sem::contains(unmasked, j0, j0 + kBlockN);
       transform_scores(acc_s, p, ctx, j0, masked);
       online_softmax(acc_s, acc_o, st);
       if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);  // fp8: refused by the host

@@ -110,16 +110,17 @@ FP_DEV ThreadRows thread_rows(const AttnProblem& p, const Block& blk) {
 }
 
 /// A key tile [j0, j0 + BLOCK_N) needs no mask for consumer c's 64 rows iff lo_max <= j0 and
-/// j0 + BLOCK_N <= hi_min (monotone ranges: the last row bounds lo, the first row bounds hi; hi is
-/// clamped to sk, so a tile reaching past the sequence is always masked).
+/// j0 + BLOCK_N <= hi_min: it lies inside the keys all of them see (sem::keys_seen_by_all), held in
+/// 32 bits here.
 struct MaskBounds {
   int lo_max, hi_min;
 };
 
 FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk) {
   const int first = blk.m0 + 64 * (((int)threadIdx.x - 128) >> 7), last = first + 63;
-  return {(int)sem::visible_keys(last, blk.sq, blk.sk, p.window_left, p.window_right).lo,
-          (int)sem::visible_keys(first, blk.sq, blk.sk, p.window_left, p.window_right).hi};
+  const sem::KeyRange all =
+      sem::keys_seen_by_all(first, last + 1, blk.sq, blk.sk, p.window_left, p.window_right);
+  return {(int)all.lo, (int)all.hi};
 }
 
 // ---------------------------------------------------------------------------------------------
