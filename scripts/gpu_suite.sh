@@ -11,10 +11,20 @@
 # more-than-2^31-elements test.
 # GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
+# CONCURRENT=1 runs the gpu and portable steps in the background beside python, fuzz and sanitize (a
+# correctness call: the GPU is shared, so take no timings from it).
+# Logs go to $LOGS; at exit they, the benchmarks' JSON lines and the docs they rewrite are packed into
+# $OUT/logs.tgz (the device tool returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/flashport-out}
-mkdir -p "$OUT"
+DEST=${OUT:-/tmp/flashport-out}
+OUT=${LOGS:-/tmp/flashport-logs}
+mkdir -p "$OUT" "$DEST"
+pack() {
+  cp docs/PERF.md docs/*.png "$OUT/" 2>/dev/null
+  tar czf "$DEST/logs.tgz" -C "$OUT" . 2>/dev/null
+}
+trap pack EXIT
 STEPS=${STEPS:-build,jit,gpu,portable,python,sanitize,bench}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}
@@ -33,11 +43,18 @@ if has build; then
   ninja -C build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -m 30 -A5 error "$OUT/build.log"; exit 1; }
   echo "built"
 fi
+if has prebuild; then
+  # Every kernel variant of this GPU compiled once, in parallel, into the cache every later step shares (the
+  # fuzzer's worker processes would otherwise each compile what they meet first).
+  step "prebuild every kernel variant for this GPU"
+  build-gpu/src/jit/flashport-prebuild -j "$(nproc)" 2>&1 | tail -2
+fi
 if has jit; then
   step "jit suite (variants compile for sm_80 and sm_90a)"
   (cd build-gpu && ctest -L jit --output-on-failure -j 8 >"$OUT/jit.log" 2>&1) || status=1
   tail -5 "$OUT/jit.log"
 fi
+gpu_steps() {
 if has gpu; then
   step "gpu suite"
   if [[ -n "${GPU_FILTER:-}" ]]; then
@@ -55,6 +72,15 @@ if has portable; then
     >"$OUT/gpu_portable_bwd.log" 2>&1 || status=1
   grep -E "PASSED|FAILED|Failure" "$OUT/gpu_portable_bwd.log" | head -20
 fi
+return $status
+}
+gpu_pid=
+if [[ -n "${CONCURRENT:-}" ]]; then
+  gpu_steps >"$OUT/gpu_steps.txt" 2>&1 &
+  gpu_pid=$!
+else
+  gpu_steps
+fi
 py_pid=
 if has python; then
   step "python suite on the GPU${PY_BACKGROUND:+ (in the background)}"
@@ -66,12 +92,6 @@ if has python; then
     python3 -m pytest -q -x tests/python >"$OUT/pytest.log" 2>&1 || status=1
     tail -15 "$OUT/pytest.log"
   fi
-fi
-if has prebuild; then
-  # Every kernel variant of this GPU compiled once, in parallel, into the cache the later steps share (the
-  # fuzzer's worker processes would otherwise each compile what they meet first).
-  step "prebuild every kernel variant for this GPU"
-  build-gpu/src/jit/flashport-prebuild -j "$(nproc)" 2>&1 | tail -2
 fi
 fuzz_pid=
 if has fuzz; then
@@ -102,6 +122,10 @@ if has sanitize; then
     echo "$tool exit $rc ($(grep -c 'OK \]' "$OUT/sanitize_$tool.log") tests passed)"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$OUT/sanitize_$tool.log" | tail -4
   done
+fi
+if [[ -n "$gpu_pid" ]]; then
+  wait $gpu_pid || status=1
+  cat "$OUT/gpu_steps.txt"
 fi
 if [[ -n "$py_pid" ]]; then
   wait $py_pid || status=1
