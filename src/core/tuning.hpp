@@ -54,7 +54,7 @@ struct Tuning {
   Knob<std::string> cuda_forward{"FLASHPORT_CUDA_FORWARD"};    // "" (automatic), "portable", "hopper"
   Knob<std::string> cuda_backward{"FLASHPORT_CUDA_BACKWARD"};  // same
   Knob<std::vector<HopperTileSetting>> hopper_tile{"FLASHPORT_HOPPER_TILE"};
-  Knob<int> hopper_persistent{"FLASHPORT_HOPPER_PERSISTENT"};  // 0, 1, 2
+  Knob<int> hopper_persistent{"FLASHPORT_HOPPER_PERSISTENT", -1};  // 0, 1, 2; -1: the launch rule
   Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
   Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset

@@ -125,11 +125,33 @@ bool shape_from_env(int d) {
   return false;
 }
 
-/// FLASHPORT_HOPPER_PERSISTENT=1|2 selects the persistent kernel (2: with O staged apart from Q where it
-/// fits, d <= 128) for every head dim but 256, whose persistent build spills 8 bytes (a per-block counter,
-/// outside the key loop). 0 otherwise.
-int persistent_for(int d) {
-  return d == 256 ? 0 : core::tuning().hopper_persistent.get();
+/// The launch rule measured on the H200 (bf16, batch x seqlen = 16k, heads x d = 2048; docs/HOPPER_NOTES.md,
+/// "Launch rule by sequence length"): short keys favour a narrower key tile at d 64 (block_n 128 up to
+/// 2k keys: +5 to +14% over 192), and query blocks of equal work favour the persistent grid with O
+/// staged apart (mode 2: the next block's Q load and the epilogue overlap; +4 to +34% non-causal up to
+/// 2k at d 64, +1 to +19% at d 128 up to 8k). Causal blocks differ in work and the persistent grid
+/// assigns them round-robin, without a longest-first queue: 6 to 10% slower, so causal, windowed and
+/// varlen problems keep one CTA per block.
+constexpr long long kShortKeys = 2048;
+
+bool short_keys(const AttnProblem& p) {
+  return p.sk <= kShortKeys;
+}
+
+/// FLASHPORT_HOPPER_PERSISTENT=0|1|2 forces the persistent mode (never at d 256, whose persistent
+/// build spills 8 bytes: a per-block counter, outside the key loop); unset, the launch rule above.
+int persistent_for(const AttnProblem& p) {
+  const int d = (int)p.d;
+  if (d == 256) return 0;
+  if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
+  const bool equal_blocks = p.window_left < 0 && p.window_right < 0 && !p.cu_seqlens_q && !p.seqused_k;
+  return equal_blocks && (d == 128 || (d == 64 && short_keys(p))) ? 2 : 0;
+}
+
+/// The rule's tile for `p` when neither FLASHPORT_HOPPER_TILE nor autotuning chose one.
+Shape rule_shape(const AttnProblem& p) {
+  if (p.d == 64 && short_keys(p)) return {{kBlockM, 128, 2}, 0};
+  return {tile_for((int)p.d), 0};
 }
 
 jit::KernelSpec make_spec(int elem_type, int d, Shape shape) {
@@ -187,7 +209,7 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   const Tile tile = shape.tile;
   const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
   const long long blocks = m_blocks * p.hq * p.batch;
-  shape.persistent = blocks < (1LL << 30) ? persistent_for(d) : 0;  // the kernel counts blocks in int
+  shape.persistent = blocks < (1LL << 30) ? persistent_for(p) : 0;  // the kernel counts blocks in int
   Launch l;
   l.smem = smem_bytes(d, tile, separate_o(d, shape));
   std::string error;
@@ -247,7 +269,7 @@ std::optional<Shape> parse_shape_value(int d, const std::string& value) {
 std::string tune_key(const AttnProblem& p) {
   std::string key = "hopper_fwd d=" + std::to_string(p.d) + " causal=" + (p.window_right == 0 ? "1" : "0") +
                     " dtype=" + (p.in_type == kBF16 ? "bf16" : "f16");
-  if (const int mode = persistent_for((int)p.d)) key += " persistent=" + std::to_string(mode);
+  if (const int mode = persistent_for(p)) key += " persistent=" + std::to_string(mode);
   return key;
 }
 
@@ -311,11 +333,12 @@ Shape tuned_shape(const AttnProblem& p, int device) {
   return *best;
 }
 
-/// The shape forward() launches for `p`: FLASHPORT_HOPPER_TILE's or the table's, or with
+/// The shape forward() launches for `p`: FLASHPORT_HOPPER_TILE's, the launch rule's, or with
 /// FLASHPORT_AUTOTUNE=1 the tuned one, resolved once per (device, bucket) in this process.
 Shape chosen_shape(const AttnProblem& p, int device) {
   const int d = (int)p.d;
-  if (!autotune::enabled() || shape_from_env(d)) return shape_for(d);
+  if (shape_from_env(d)) return shape_for(d);
+  if (!autotune::enabled()) return rule_shape(p);
   static std::mutex mutex;  // held while tuning, too: concurrent timings would disturb each other
   static std::map<std::pair<int, std::string>, Shape> resolved;
   std::lock_guard lock(mutex);
@@ -398,6 +421,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
     for (int d : kHeadDims)
       if (separate_o_fits(d, tile_for(d))) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 2}));
     for (const Alternative& a : kAlternatives) specs.push_back(make_spec(elem_type, a.d, a.shape));
+    specs.push_back(make_spec(elem_type, 64, {{kBlockM, 128, 2}, 0, 2}));  // the rule's short-key d 64 shape
   }
   return specs;
 }
