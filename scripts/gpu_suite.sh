@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge
+# memory,fuzz,huge,fa3
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -11,6 +11,10 @@
 # more-than-2^31-elements test.
 # GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
+# `fa3` builds FA3 (flash-attention's hopper/, the same-run peer) in the background from the first step on,
+# from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
+# copied from the workspace's shared/peers), and at the end times it beside flashport (FA3_SEQS, FA3_DIMS
+# narrow the grid); overhead_bench then imports it too.
 # CONCURRENT=1 runs the gpu and portable steps in the background beside python, fuzz and sanitize (a
 # correctness call: the GPU is shared, so take no timings from it).
 # Logs go to $LOGS; at exit they, the benchmarks' JSON lines and the docs they rewrite are packed into
@@ -31,6 +35,14 @@ export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}
 export PYTHONUNBUFFERED=1
 status=0
 step() { echo; echo "=== $1 ($(date +%T))"; }
+
+if has fa3; then
+  if [[ -f .peers/build_fa3.sh && -d .peers/fa3/hopper ]]; then
+    bash .peers/build_fa3.sh .peers/fa3
+  else
+    echo "fa3: .peers/build_fa3.sh or .peers/fa3/hopper missing (carry .peers)"
+  fi
+fi
 
 step "machine"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
@@ -145,8 +157,14 @@ if has ncu; then
   step "ncu counters of the Hopper forward"
   OUT="$OUT/ncu" bash scripts/ncu_hopper_fwd.sh 2>&1 | tail -30
 fi
+fa3_ready() {  # waits up to FA3_WAIT seconds for the background build
+  local waited=0
+  while [[ ! -f /tmp/fa3_done && ! -f /tmp/fa3_failed && $waited -lt ${FA3_WAIT:-300} ]]; do sleep 5; waited=$((waited + 5)); done
+  [[ -f /tmp/fa3_done ]]
+}
 if has overhead; then
   step "per-call overhead: C++ host time, then through Python vs SDPA"
+  if has fa3 && fa3_ready; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   build-gpu/bench/host_overhead_bench 2>&1 | tee "$OUT/host_overhead.log"
   python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
   python3 bench/overhead_bench.py --perf-md --out "$OUT/overhead.jsonl" 2>&1 | tee "$OUT/overhead.log" || status=1
@@ -175,5 +193,15 @@ fi
 if has bench; then
   step "benchmark"
   python3 bench/gpu_bench.py --out "$OUT/bench_gpu.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
+fi
+if has fa3; then
+  step "FA3 same-run peer: flashport vs FA3 vs cuDNN vs FA2"
+  if fa3_ready; then
+    python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+    OUT="$OUT" SEQS="${FA3_SEQS:-512,1024,2048,4096,8192,16384}" DIMS="${FA3_DIMS:-64,128,256}" \
+      python3 .peers/fa3_bench.py 2>&1 | tee "$OUT/fa3_bench.log" || status=1
+  else
+    echo "FA3 did not build in time:"; tail -20 /tmp/fa3_build.log 2>/dev/null
+  fi
 fi
 exit $status
