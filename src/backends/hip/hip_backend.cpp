@@ -27,6 +27,16 @@ std::string forward_object(const std::string& arch, const AttnProblem& p) {
          (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
 }
 
+/// The kernels a call launches, for cached_kernel's integer keys.
+enum class Site : unsigned { forward, bwd_dot, bwd_main, bwd_convert, kv_append, rotate_q };
+
+/// cached_kernel's key of `site` for `p` at head-dim bucket `bucket` (< 512): what selects the code
+/// object (fp8, dropout, dtype, bucket) and the entry (the site).
+unsigned variant_key(Site site, const AttnProblem& p, int bucket) {
+  return (unsigned)site << 24 | (unsigned)is_fp8_elem(p.in_type) << 20 |
+         (unsigned)(p.dropout_p > 0.0f) << 19 | (unsigned)(p.in_type == kBF16) << 18 | (unsigned)bucket;
+}
+
 /// Deterministic backward: dQ slices at most (each block adds key tiles x, x + slices, ... into its own
 /// slice): enough blocks with hk x batch of them, against slices x the accumulator's memory.
 constexpr int kDeterministicSlices = 8;
@@ -84,12 +94,14 @@ class HipBackend final : public core::Backend {
 
   void forward(const AttnProblem& p, Impl) const override {
     if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;  // no query: nothing to write
-    const FwdTile tile = fwd_tile(fwd_head_dim_bucket(p.d, p.dv));
+    const int bucket = fwd_head_dim_bucket(p.d, p.dv);
+    const FwdTile tile = fwd_tile(bucket);
     const FwdParams prm{p, fwd_vec_flags(p)};
     const Launch l{{blocks_of(p.sq, tile.block_m), (unsigned)p.hq, (unsigned)p.batch},
                    (unsigned)(tile.waves * 64),
                    &prm};
-    launch(p.device, kernel(p.device, forward_object(arch_of(p.device).code_object, p), "attn_fwd"), l,
+    const auto object = [&] { return forward_object(arch_of(p.device).code_object, p); };
+    launch(p.device, cached_kernel(p.device, variant_key(Site::forward, p, bucket), object, "attn_fwd"), l,
            p.stream);
   }
 
@@ -103,17 +115,23 @@ class HipBackend final : public core::Backend {
     const long long d_padded = (d_floats + 63) / 64 * 64;  // 256-byte aligned dQ accumulator
     float* ws = static_cast<float*>(alloc_async(p.device, (size_t)(d_padded + dq_floats) * 4, p.stream));
     const BwdParams prm{p, ws, ws + d_padded, slices, bwd_vec_flags(p)};
-    const std::string object = arch_of(p.device).code_object + "/attn_bwd_" +
-                               (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
+    const auto object = [&] {
+      return arch_of(p.device).code_object + "/attn_bwd_" + (p.in_type == kBF16 ? "bf16" : "f16") + "_d" +
+             std::to_string(bucket) + ".co";
+    };
+    const auto bwd_kernel = [&](Site site, const char* entry) {
+      return cached_kernel(p.device, variant_key(site, p, bucket), object, entry);
+    };
     const unsigned rows = blocks_of(p.sq, kBwdRowsPerBlock);
     const long long tiles = bwd_key_tiles(p, bucket);
     const Launch row_launch{{rows, (unsigned)p.hq, (unsigned)p.batch}, (unsigned)kBwdRowThreads, &prm};
     const Launch key_launch{{(unsigned)(p.deterministic ? slices : tiles), (unsigned)p.hk, (unsigned)p.batch},
                             (unsigned)(bwd_tile(bucket).waves * 64),
                             &prm};
-    if (rows > 0) launch(p.device, kernel(p.device, object, "attn_bwd_dot_do_o"), row_launch, p.stream);
-    if (tiles > 0) launch(p.device, kernel(p.device, object, "attn_bwd"), key_launch, p.stream);
-    if (rows > 0) launch(p.device, kernel(p.device, object, "attn_bwd_convert_dq"), row_launch, p.stream);
+    if (rows > 0) launch(p.device, bwd_kernel(Site::bwd_dot, "attn_bwd_dot_do_o"), row_launch, p.stream);
+    if (tiles > 0) launch(p.device, bwd_kernel(Site::bwd_main, "attn_bwd"), key_launch, p.stream);
+    if (rows > 0)
+      launch(p.device, bwd_kernel(Site::bwd_convert, "attn_bwd_convert_dq"), row_launch, p.stream);
     free_async(p.device, ws, p.stream);
   }
 
@@ -124,10 +142,11 @@ class HipBackend final : public core::Backend {
     const AttnProblem& a = kp.attn;
     core::refuse_fp8_cache_update(kp, "hip", "AMD");
     KvAppendParams prm = core::append_params(kp);
-    const std::string object = arch_of(a.device).code_object + "/kvcache_append.co";
+    const auto object = [&] { return arch_of(a.device).code_object + "/kvcache_append.co"; };
     if (kp.k_new.ptr && kp.s_new > 0 && a.batch > 0) {
       const Launch l{{blocks_of(a.batch * kp.s_new * a.hk, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
-      launch(a.device, kernel(a.device, object, "kv_append"), l, a.stream);
+      launch(a.device, cached_kernel(a.device, variant_key(Site::kv_append, a, 0), object, "kv_append"), l,
+             a.stream);
     }
     if (kp.rotary_dim <= 0 || !kp.cache_seqlens) return forward(a, impl);
     const long long q_rows = a.batch * a.sq * a.hq;
@@ -135,7 +154,8 @@ class HipBackend final : public core::Backend {
     prm.q_rot = alloc_async(a.device, (size_t)(q_rows * a.d) * 2, a.stream);  // fp16 / bf16
     try {
       const Launch l{{blocks_of(q_rows, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
-      launch(a.device, kernel(a.device, object, "rotate_q"), l, a.stream);
+      launch(a.device, cached_kernel(a.device, variant_key(Site::rotate_q, a, 0), object, "rotate_q"), l,
+             a.stream);
       AttnProblem rotated = a;
       rotated.q = {prm.q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
       forward(rotated, impl);

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -156,6 +157,29 @@ KernelHandle kernel(int device, const std::string& object, const char* entry) {
   check(runtime().module_function(&fn, module, entry), "hipModuleGetFunction(" + object + ", " + entry + ")");
   loaded.emplace(std::make_pair(device, key_name), fn);
   return fn;
+}
+
+namespace {
+std::mutex g_cached_mu;
+std::unordered_map<unsigned long long, KernelHandle>& cached_handles() {
+  static std::unordered_map<unsigned long long, KernelHandle> handles;
+  return handles;
+}
+unsigned long long cache_key(int device, unsigned key) {
+  return (unsigned long long)(unsigned)device << 32 | key;
+}
+}  // namespace
+
+KernelHandle find_cached(int device, unsigned key) {
+  std::lock_guard<std::mutex> lock(g_cached_mu);
+  const auto it = cached_handles().find(cache_key(device, key));
+  return it == cached_handles().end() ? nullptr : it->second;
+}
+
+KernelHandle store_cached(int device, unsigned key, KernelHandle k) {
+  std::lock_guard<std::mutex> lock(g_cached_mu);
+  cached_handles().emplace(cache_key(device, key), k);
+  return k;
 }
 
 void* alloc_async(int device, size_t bytes, void* stream) {

@@ -34,6 +34,22 @@ const std::string& device_arch_name(int device);
 /// has no such code object or the runtime refuses it.
 KernelHandle kernel(int device, const std::string& object, const char* entry);
 
+/// kernel(device, object(), entry) cached under an integer `key` that names the variant (the caller's
+/// encoding; `object` and `entry` must be the same for a key): after the first call a lookup by
+/// (device, key) with no string work, as the CUDA backend's per-spec cache does.
+template <class ObjectName>
+KernelHandle cached_kernel(int device, unsigned key, const ObjectName& object, const char* entry);
+
+/// The cache behind cached_kernel: the handle of (device, key), or null when not yet loaded.
+KernelHandle find_cached(int device, unsigned key);
+KernelHandle store_cached(int device, unsigned key, KernelHandle k);
+
+template <class ObjectName>
+KernelHandle cached_kernel(int device, unsigned key, const ObjectName& object, const char* entry) {
+  if (KernelHandle k = find_cached(device, key)) return k;
+  return store_cached(device, key, kernel(device, object(), entry));
+}
+
 /// Stream-ordered device memory (hipMallocAsync / hipFreeAsync): usable by work queued on `stream`
 /// after the call, returned to the pool once that work is done. Coarse-grained device memory, which
 /// the backward's fp32 atomics need.
