@@ -155,6 +155,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="overhead_bench.jsonl", help="JSON lines, one per (row, impl)")
     parser.add_argument("--perf-md", action="store_true", help="rewrite this script's section of docs/PERF.md")
+    parser.add_argument("--rows", default="", help="time only the rows whose name contains this (e.g. torch.compile)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -164,6 +165,8 @@ def main():
           f"{', '.join(peers) or 'none importable'}", flush=True)
     results = []
     for name, impls in rows_for(device, dtype, peers):
+        if args.rows not in name:
+            continue
         times = {}
         for impl, fn in impls.items():
             try:
