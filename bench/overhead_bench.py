@@ -3,7 +3,7 @@ PyTorch SDPA (flash, cuDNN) and FA3 / flash-attn when importable, in one process
 
 Small problems are host-bound, so the time per call is what the Python and C++ layers cost around the
 kernel. Each row: `--warmup` calls, then `--calls` back-to-back calls between two synchronisations, wall
-time / calls (median of `--repeats` such runs). `--perf-md` rewrites this script's section of docs/PERF.md.
+time / calls (median, or with `--stat min` minimum, of `--repeats` such runs). `--perf-md` rewrites this script's section of docs/PERF.md.
 On a machine without CUDA it times the CPU path, the dense rows with tiny shapes (s 4, 2 heads, so that
 they are host-bound there too), for comparing revisions there.
 """
@@ -38,7 +38,7 @@ def peer_modules():
     return found
 
 
-def wall_us(fn, device, warmup, calls, repeats):
+def wall_us(fn, device, warmup, calls, repeats, stat=statistics.median):
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(warmup):
         fn()
@@ -50,7 +50,7 @@ def wall_us(fn, device, warmup, calls, repeats):
             fn()
         sync()
         runs.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(runs)
+    return stat(runs)
 
 
 def dense_inputs(device, dtype, grad, b=1, s=128, h=16, d=64):
@@ -155,6 +155,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="overhead_bench.jsonl", help="JSON lines, one per (row, impl)")
     parser.add_argument("--perf-md", action="store_true", help="rewrite this script's section of docs/PERF.md")
+    parser.add_argument("--rows", default="", help="time only the rows whose name contains this (e.g. torch.compile)")
+    parser.add_argument("--stat", choices=("median", "min"), default="median",
+                        help="of the repeats; min is steadier on a loaded machine (shared CPU cores)")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -164,10 +167,13 @@ def main():
           f"{', '.join(peers) or 'none importable'}", flush=True)
     results = []
     for name, impls in rows_for(device, dtype, peers):
+        if args.rows not in name:
+            continue
         times = {}
         for impl, fn in impls.items():
             try:
-                times[impl] = wall_us(fn, device, args.warmup, args.calls, args.repeats)
+                times[impl] = wall_us(fn, device, args.warmup, args.calls, args.repeats,
+                                      min if args.stat == "min" else statistics.median)
             except Exception as e:  # a peer without this feature or backend on this GPU
                 print(f"  {name}: {impl} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         ratio = ratio_to_sdpa(times)
@@ -213,7 +219,7 @@ def write_perf_md(table, dev, args):
     block = (f"### Per-call overhead (small calls through Python)\n\n{dev}, torch {torch.__version__}, commit "
              f"{os.environ.get('FLASHPORT_COMMIT', 'n/a')}. Command: `python3 bench/overhead_bench.py --perf-md`. "
              f"Wall time per call in microseconds ({args.calls} back-to-back calls between two synchronisations, "
-             f"median of {args.repeats}): b 1, s 128, 16 heads, d 64, causal, bf16 unless the row says "
+             f"{args.stat} of {args.repeats}): b 1, s 128, 16 heads, d 64, causal, bf16 unless the row says "
              "otherwise.\n\n" + table)
     old = open("docs/PERF.md").read() if os.path.exists("docs/PERF.md") else ""
     text = splice_perf_md(old, block, BEGIN, END)

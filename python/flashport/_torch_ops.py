@@ -1,4 +1,5 @@
-"""torch ops over flashport._C (flashport::fwd, fwd_impl, bwd, fwd_kvcache, merge_states, fwd_fp8).
+"""torch ops over flashport._C (flashport::fwd, fwd_impl, bwd, fwd_dense, bwd_dense, fwd_kvcache, merge_states,
+fwd_fp8).
 
 Each op has a fake (meta) implementation, so torch.compile(fullgraph=True) traces through it; fwd and
 fwd_fp8 have autograd formulas that call flashport's backward (for fwd: the autograd.Function _Attention,
@@ -166,6 +167,37 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, *args):
     return tuple(t.new_empty(t.shape) for t in (q, k, v))
 
 
+def run_fwd_dense(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
+    """flashport::fwd_dense's implementation: run_fwd's (out, softmax_lse) for a plain dense call (no
+    optional tensor, max_seqlen 0, no dropout, no probabilities, the default output dtype)."""
+    out, lse, _ = _forward(q, k, v, None, None, None, None, None, None, None, None, None, 0, 0, softmax_scale, causal,
+                           window_left, window_right, softcap, 0.0, False, False, None)
+    return out, lse
+
+
+def _fwd_dense_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap):
+    out, lse, _ = _fwd_fake(q, k, v, None, None, None, None, None, None, None, None, None, 0, 0, softmax_scale, causal,
+                            window_left, window_right, softcap, 0.0, False, False, None)
+    return out, lse
+
+
+def run_bwd_dense(dout, q, k, v, out, softmax_lse, softmax_scale, causal, window_left, window_right, softcap,
+                  deterministic):
+    """flashport::bwd_dense's implementation: run_bwd for the backward of a run_fwd_dense call."""
+    return run_bwd(dout, q, k, v, out, softmax_lse, None, None, None, None, None, None, 0, 0, softmax_scale, causal,
+                   window_left, window_right, softcap, 0.0, deterministic)
+
+
+def _dense(q: Tensor, rest) -> bool:
+    """Whether flashport::fwd's inputs (q, then rest: those after v) are a plain dense call, which
+    fwd_dense / bwd_dense compute with 8 and 12 inputs where fwd_impl / bwd box 23 and 21 (a compiled
+    graph pays per boxed argument on every run). Only read while tracing, so the comparisons of possibly
+    symbolic scalars are trace-time guards."""
+    return (rest[0] is None and rest[1] is None and rest[2] is None and rest[3] is None and rest[4] is None
+            and rest[5] is None and rest[6] is None and rest[7] is None and rest[8] is None and rest[19] is None
+            and not rest[18] and rest[9] == 0 and rest[10] == 0 and rest[16] == 0.0 and q.dtype not in _FP8_DTYPES)
+
+
 def _save(ctx, q, k, v, rest, out, lse):
     """flashport::fwd's autograd context: the tensors backward reads (saved, so in-place changes to them
     are caught; the optional ones only when one is given, as saving costs per tensor), the scalars it
@@ -190,12 +222,14 @@ def _grads(ctx, dout):
                          "high-precision inputs and differentiate through the dequantised values")
     if dout is None:  # no gradient reached out (grads are not materialised)
         return None, None, None
-    saved = ctx.saved_tensors
-    op = run_bwd if _direct(dout) else bwd
+    saved, p = ctx.saved_tensors, ctx.params
+    direct = _direct(dout)
     if len(saved) == 5:
         q, k, v, out, lse = saved
-        return op(dout, q, k, v, out, lse, None, None, None, None, None, None, *ctx.params)
-    return op(dout, *saved, *ctx.params)
+        if not direct and p[0] == 0 and p[1] == 0 and p[7] == 0.0:  # _dense's call (see _save's params)
+            return bwd_dense(dout, q, k, v, out, lse, p[2], p[3], p[4], p[5], p[6], p[8])
+        return (run_bwd if direct else bwd)(dout, q, k, v, out, lse, None, None, None, None, None, None, *p)
+    return (run_bwd if direct else bwd)(dout, *saved, *p)
 
 
 def _direct(x: Tensor) -> bool:
@@ -207,12 +241,20 @@ def _direct(x: Tensor) -> bool:
 class _Attention(torch.autograd.Function):
     """flashport::fwd with its autograd formula. Eager calls apply it to plain tensors (run_fwd and
     run_bwd directly, no dispatcher); the registered op flashport::fwd applies it while tracing, over
-    the ops flashport::fwd_impl and flashport::bwd. Takes (q, k, v, the other inputs as one tuple):
-    apply() costs per argument, and only q, k, v have gradients."""
+    the ops flashport::fwd_dense and bwd_dense for a plain dense call (_dense), else flashport::fwd_impl
+    and flashport::bwd. Takes (q, k, v, the other inputs as one tuple): apply() costs per argument, and
+    only q, k, v have gradients."""
 
     @staticmethod
     def forward(ctx, q, k, v, rest):
-        out, lse, s_dmask = output = (run_fwd if _direct(q) else fwd_impl)(q, k, v, *rest)
+        if _direct(q):
+            out, lse, s_dmask = output = run_fwd(q, k, v, *rest)
+        elif _dense(q, rest):
+            out, lse = fwd_dense(q, k, v, rest[11], rest[12], rest[13], rest[14], rest[15])
+            s_dmask = lse.new_empty((0,))  # run_fwd's placeholder
+            output = out, lse, s_dmask
+        else:
+            out, lse, s_dmask = output = fwd_impl(q, k, v, *rest)
         _save(ctx, q, k, v, rest, out, lse)
         ctx.mark_non_differentiable(lse, s_dmask)
         return output
@@ -293,6 +335,11 @@ def _fwd_composite(*inputs):
 # - flashport::fwd_impl and flashport::bwd are what compiled graphs call: run_fwd / run_bwd as their
 #   CPU and CUDA kernels, a fake implementation, and no Python autograd kernel (the dispatcher's own
 #   fallback passes them through; their gradients are _Attention's business).
+# - flashport::fwd_dense and flashport::bwd_dense are the same for a plain dense call, the common one:
+#   the dispatcher boxes every argument into the Python kernel and back on every run (about 0.35 us
+#   each on the CPU), and for that call 15 of fwd_impl's 23 are None or zero. Their kernels are
+#   run_fwd's and run_bwd's bodies with those constants; the S_dmask placeholder moves into the graph,
+#   which drops it when unused.
 _lib = torch.library.Library("flashport", "FRAGMENT")
 _PT2 = (torch.Tag.pt2_compliant_tag,)
 _FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, Tensor? seqused_k, "
@@ -308,15 +355,26 @@ _lib.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor s
             "Tensor? alibi_slopes, Tensor? rng_state, SymInt max_seqlen_q, SymInt max_seqlen_k, "
             "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, "
             "float dropout_p, bool deterministic) -> (Tensor, Tensor, Tensor)", tags=_PT2)
+_lib.define("fwd_dense(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, SymInt window_left, "
+            "SymInt window_right, float softcap) -> (Tensor, Tensor)", tags=_PT2)
+_lib.define("bwd_dense(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+            "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, "
+            "bool deterministic) -> (Tensor, Tensor, Tensor)", tags=_PT2)
 _lib.impl("fwd", _fwd_composite, "CompositeImplicitAutograd")
 for _key in ("CPU", "CUDA"):
     _lib.impl("fwd_impl", run_fwd, _key)
     _lib.impl("bwd", run_bwd, _key)
+    _lib.impl("fwd_dense", run_fwd_dense, _key)
+    _lib.impl("bwd_dense", run_bwd_dense, _key)
 torch.library.register_fake("flashport::fwd_impl", _fwd_fake, lib=_lib)
 torch.library.register_fake("flashport::bwd", _bwd_fake, lib=_lib)
+torch.library.register_fake("flashport::fwd_dense", _fwd_dense_fake, lib=_lib)
+torch.library.register_fake("flashport::bwd_dense", _bwd_fake, lib=_lib)
 fwd = torch.ops.flashport.fwd.default
 fwd_impl = torch.ops.flashport.fwd_impl.default
 bwd = torch.ops.flashport.bwd.default
+fwd_dense = torch.ops.flashport.fwd_dense.default
+bwd_dense = torch.ops.flashport.bwd_dense.default
 
 
 # ---------------------------------------------------------------------------------------------

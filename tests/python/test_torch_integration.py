@@ -51,6 +51,75 @@ def test_opcheck_fwd_impl_bwd_kvcache_merge(device):
     torch.library.opcheck(_torch_ops.merge_states, (out, lse, out.clone(), lse - 1.0))
 
 
+def test_opcheck_dense_ops(device):
+    """flashport::fwd_dense / bwd_dense, the slim ops compiled graphs call for a plain dense call."""
+    q, k, v = (torch.randn(2, 7, 2, 16, dtype=work_dtype(device), device=device) for _ in range(3))
+    torch.library.opcheck(_torch_ops.fwd_dense, (q, k, v, 0.25, True, 3, 0, 5.0))
+    out, lse = _torch_ops.fwd_dense(q, k, v, 0.25, True, 3, 0, 5.0)
+    torch.library.opcheck(_torch_ops.bwd_dense, (torch.randn_like(out), q, k, v, out, lse, 0.25, True, 3, 0, 5.0, True))
+    # flashport::fwd's dense call (max_seqlen 0: what flash_attn_func passes) decomposes into them.
+    q.requires_grad_()
+    args = fwd_args(q, k, v)
+    torch.library.opcheck(_torch_ops.fwd, args[:12] + (0, 0) + args[14:])
+
+
+def _graph_ops(fn, q, k, v):
+    """The flashport ops the compiled forward and backward graphs of fn(q, k, v) call, fn's output there
+    and its gradients for q, k, v (random output gradient; the backward graph is compiled on first use)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen = set()
+
+    def record(gm, example_inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if str(n.target).startswith("flashport."))
+        return make_boxed_func(gm.forward)
+
+    compiled = torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    out = compiled(q, k, v)
+    return seen, out, torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_compiled_dense_call_uses_slim_ops(device, deterministic):
+    """A compiled plain dense call runs flashport::fwd_dense and bwd_dense (8 and 12 boxed arguments
+    instead of fwd_impl's 23 and bwd's 21), and they give what the general ops give, bit for bit."""
+    q, k, v = (torch.randn(2, 9, 4, 32, dtype=work_dtype(device), device=device, requires_grad=True) for _ in range(3))
+    k2, v2 = k[:, :, :2].detach().requires_grad_(), v[:, :, :2].detach().requires_grad_()  # GQA 4/2
+
+    def dense(q, k, v):
+        return flashport.flash_attn_func(q, k, v, causal=True, window_size=(5, 0), softcap=7.0,
+                                         deterministic=deterministic)
+
+    torch.manual_seed(1)
+    seen, out, grads = _graph_ops(dense, q, k2, v2)
+    torch.manual_seed(1)
+    dout = torch.randn_like(out)
+    assert seen == {"flashport.fwd_dense.default", "flashport.bwd_dense.default"}
+    args = (q, k2, v2, None, None, None, None, None, None, None, None, None, 0, 0, 32**-0.5, True, 5, 0, 7.0, 0.0,
+            deterministic, False, None)
+    with torch.no_grad():
+        want_out, want_lse, _ = _torch_ops.fwd_impl(*args)
+        want = _torch_ops.bwd(dout, q, k2, v2, want_out, want_lse, None, None, None, None, None, None, *args[12:21])
+        got_out, got_lse = _torch_ops.fwd_dense(q, k2, v2, 32**-0.5, True, 5, 0, 7.0)
+    assert torch.equal(out, want_out) and torch.equal(got_out, want_out) and torch.equal(got_lse, want_lse)
+    for got, ref in zip(grads, want):
+        assert torch.equal(got, ref)
+
+    # Anything else keeps the general ops: varlen, alibi.
+    flat = lambda t: t.reshape(-1, t.shape[2], t.shape[3])
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32, device=device)
+    varlen = lambda q, k, v: flashport.flash_attn_varlen_func(flat(q), flat(k), flat(v), cu, cu, 9, 9)
+    assert _graph_ops(varlen, q, k, v)[0] == {"flashport.fwd_impl.default", "flashport.bwd.default"}
+    slopes = torch.rand(4, dtype=torch.float32, device=device)
+    alibi = lambda q, k, v: flashport.flash_attn_func(q, k, v, alibi_slopes=slopes)
+    assert _graph_ops(alibi, q, k, v)[0] == {"flashport.fwd_impl.default", "flashport.bwd.default"}
+    # The probabilities are a forward output only: the backward is the plain dense one.
+    probs = lambda q, k, v: flashport.flash_attn_func(q, k, v, return_attn_probs=True)[0]
+    fwd_op = "flashport.fwd_impl.default" if device == "cpu" else "flashport.fwd_dense.default"
+    assert _graph_ops(probs, q, k, v)[0] == {fwd_op, "flashport.bwd_dense.default"}
+
+
 def test_ops_on_meta_tensors():
     """The registered ops give shapes on meta tensors (their fake kernels), as custom ops do."""
     q = torch.randn(2, 7, 2, 16, device="meta", requires_grad=True)
