@@ -118,10 +118,11 @@ if has fuzz; then
 fi
 if has sanitize; then
   # Every kernel family on small shapes: the portable and Hopper forward and backward (*Small*), split-KV
-  # combine, kv-cache append/rotary (GpuKvCacheSmall), merge_states, paged decode.
+  # combine, kv-cache append/rotary (GpuKvCacheSmall), merge_states, paged decode, the fp8 forward (its
+  # tiles are decoded and stored synchronously, not by cp.async).
   # The three tools run at once (each is one CPU thread driving the GPU); SANITIZE_FILTER_<tool> narrows one.
   step "compute-sanitizer (memcheck, racecheck, synccheck) over every kernel family, small shapes"
-  all_small='*Small*:GpuMergeStates*:GpuForwardPaged.DecodeWithSplits'
+  all_small='*Small*:GpuMergeStates*:GpuForwardPaged.DecodeWithSplits:GpuForwardFp8.*'
   declare -A san_pid
   for tool in memcheck racecheck synccheck; do
     var="SANITIZE_FILTER_$tool"
