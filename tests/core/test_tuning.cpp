@@ -52,7 +52,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.cuda_forward.get(), "");
     EXPECT_EQ(t.cuda_backward.get(), "");
     EXPECT_TRUE(t.hopper_tile.get().empty());
-    EXPECT_EQ(t.hopper_persistent.get(), 0);
+    EXPECT_EQ(t.hopper_persistent.get(), -1);  // unset: the Hopper launch rule decides
     EXPECT_FALSE(t.autotune.get());
     EXPECT_EQ(t.bwd_tile.get().warps, 0);
     EXPECT_EQ(t.bwd_pipe.get(), -1);
