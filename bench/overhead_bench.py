@@ -3,7 +3,8 @@ PyTorch SDPA (flash, cuDNN) and FA3 / flash-attn when importable, in one process
 
 Small problems are host-bound, so the time per call is what the Python and C++ layers cost around the
 kernel. Each row: `--warmup` calls, then `--calls` back-to-back calls between two synchronisations, wall
-time / calls (median, or with `--stat min` minimum, of `--repeats` such runs). `--perf-md` rewrites this script's section of docs/PERF.md.
+time / calls (median, or with `--stat min` minimum, of `--repeats` such runs). `--perf-md` rewrites this
+script's section of docs/PERF.md.
 On a machine without CUDA it times the CPU path, the dense rows with tiny shapes (s 4, 2 heads, so that
 they are host-bound there too), for comparing revisions there.
 """

@@ -142,17 +142,7 @@ TEST(GpuForwardFp8, ArbitraryDescalesPeakedScores) {
     fp8check::Inputs in = fp8check::make(c);
     for (HostTensor& ds : in.descale)
       for (int64_t n = 0; n < ds.numel(); ++n) ds.set(n, (float)pick(rng()));
-    const HostTensor* codes[3] = {&in.fp8.q, &in.fp8.k, &in.fp8.v};
-    HostTensor* deq[3] = {&in.deq.q, &in.deq.k, &in.deq.v};
-    for (int w = 0; w < 3; ++w) {
-      const TensorView& tv = codes[w]->tv;  // (b, s, h, d)
-      const int64_t ch = tv.shape[3], heads = tv.shape[2], rows = tv.shape[1];
-      for (int64_t n = 0; n < deq[w]->numel(); ++n) {
-        const int64_t t = n / (heads * ch), h = (n / ch) % heads;
-        const int64_t hk = w == 0 ? h / (c.hq / c.hk) : h;
-        deq[w]->set(n, codes[w]->get(n) * in.descale[w].get(t / rows * c.hk + hk));  // rounded to bf16
-      }
-    }
+    fp8check::dequantize(c, in, false);  // rounded to bf16
     SCOPED_TRACE("trial " + std::to_string(trial));
     const Fp8Result got = run_cuda_fp8(c, in, DType::bf16);
     EXPECT_EQ(got.out_nan, 0) << "output elements unwritten";
