@@ -19,6 +19,28 @@ FP_DEV int aux_row(int k) {
   return ((int)blockIdx.x * kAuxWarps + warp_id()) * kAuxRowsPerWarp + k;
 }
 
+/// The 16-byte path's split of a warp over rows: a row of `width` channels is d/8 chunks, spread over 8,
+/// 16 or 32 lanes (the chunk count rounded up), so a warp takes 32 / lanes rows per pass. One lane per
+/// chunk keeps all 32 lanes loading at d 64 and d 128, where a whole warp per row left 24 or 16 idle
+/// and the kernel ran at a fraction of the bandwidth.
+struct VecLanes {
+  int lanes, rows_per_pass;
+  FP_DEV explicit VecLanes(int width)
+      : lanes(width <= 64    ? 8
+              : width <= 128 ? 16
+                             : 32),
+        rows_per_pass(32 / lanes) {}
+  /// This lane's row within pass `pass` (0 .. kAuxRowsPerWarp / rows_per_pass - 1) and chunk start.
+  FP_DEV int row_k(int pass) const { return pass * rows_per_pass + lane_id() / lanes; }
+  FP_DEV int chunk0() const { return (lane_id() % lanes) * 8; }
+  FP_DEV int passes() const { return kAuxRowsPerWarp / rows_per_pass; }
+  /// Sum over the lanes sharing this lane's row (every lane of the warp must call it).
+  FP_DEV float group_sum(float v) const {
+    for (int m = lanes / 2; m > 0; m >>= 1) v += shfl_xor(v, m);
+    return v;
+  }
+};
+
 /// Sum of the products of the 8 elements in a and b (16 bytes each).
 FP_DEV float dot8(const U32x4& a, const U32x4& b) {
   const u32 ra[4] = {a.x, a.y, a.z, a.w}, rb[4] = {b.x, b.y, b.z, b.w};
@@ -47,17 +69,30 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dot_do_o(const __grid
   const Seq seq = sequence(p, b);
   const bool varlen = p.cu_seqlens_q != nullptr;
   const i64 d_row0 = lse_row0(p, seq, b, h);
+  auto row_ptr = [&](const Operand& t, int i) {
+    return static_cast<const u16*>(t.ptr) + row_offset(t, varlen, b, seq.q_start, i, h);
+  };
+  if (prm.vec) {
+    const VecLanes vl(p.dv);
+    for (int pass = 0; pass < vl.passes(); ++pass) {
+      const int i = aux_row(vl.row_k(pass));
+      float acc = 0.0f;
+      if (i < seq.len_q) {  // no early exit: the group sum below needs every lane
+        const u16 *o = row_ptr(p.o, i), *dout = row_ptr(p.dout, i);
+        for (int c = vl.chunk0(); c < p.dv; c += vl.lanes * 8)
+          acc += dot8(ld_global_16(o + c), ld_global_16(dout + c));
+      }
+      acc = vl.group_sum(acc);
+      if (i < seq.len_q && vl.chunk0() == 0) prm.dsum[d_row0 + i] = acc;
+    }
+    return;
+  }
   for (int k = 0; k < kAuxRowsPerWarp; ++k) {
     const int i = aux_row(k);
     if (i >= seq.len_q) break;
-    const u16* o = static_cast<const u16*>(p.o.ptr) + row_offset(p.o, varlen, b, seq.q_start, i, h);
-    const u16* dout = static_cast<const u16*>(p.dout.ptr) + row_offset(p.dout, varlen, b, seq.q_start, i, h);
+    const u16 *o = row_ptr(p.o, i), *dout = row_ptr(p.dout, i);
     float acc = 0.0f;
-    if (prm.vec) {
-      for (int c = lane * 8; c < p.dv; c += 32 * 8) acc += dot8(ld_global_16(o + c), ld_global_16(dout + c));
-    } else {
-      for (int c = lane; c < p.dv; c += 32) acc = fmaf(Elem::to_float(o[c]), Elem::to_float(dout[c]), acc);
-    }
+    for (int c = lane; c < p.dv; c += 32) acc = fmaf(Elem::to_float(o[c]), Elem::to_float(dout[c]), acc);
     acc = warp_sum(acc);
     if (lane == 0) prm.dsum[d_row0 + i] = acc;
   }
@@ -75,15 +110,19 @@ extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_convert(const __gr
   const bool tiled = prm.accum_tiled != 0;
   const float* head_accum =
       prm.dq_accum + ((i64)h * prm.rows_total + accum_row0(p, seq, b, tiled)) * prm.accum_ld;
-  for (int k = 0; k < kAuxRowsPerWarp; ++k) {
-    const int i = aux_row(k);
+  const VecLanes vl(p.d);
+  // 16-byte path: pass over rows as VecLanes splits them (no shuffles, so lanes past the end just stop);
+  // the scalar path: one warp per row, kAuxRowsPerWarp rows.
+  const int passes = prm.vec ? vl.passes() : kAuxRowsPerWarp;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int i = aux_row(prm.vec ? vl.row_k(pass) : pass);
     if (i >= seq.len_q) break;
     // Row i's columns c.. at acc + at(c) (16-byte aligned for c % 8 == 0: accum_ld % 32 == 0).
     const float* acc = head_accum + (i64)(tiled ? i & ~63 : i) * prm.accum_ld;
     auto at = [&](int c) { return tiled ? accum_tile_offset(i & 63, c, prm.accum_tiled) : c; };
     u16* dq = static_cast<u16*>(p.grad_q.ptr) + row_offset(p.grad_q, varlen, b, seq.q_start, i, h);
     if (prm.vec) {
-      for (int c = lane * 8; c < p.d; c += 32 * 8) {
+      for (int c = vl.chunk0(); c < p.d; c += vl.lanes * 8) {
         float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int sl = 0; sl < prm.num_slices; ++sl) {
           const U32x4 lo = ld_global_16(acc + sl * slice_stride + at(c)),
