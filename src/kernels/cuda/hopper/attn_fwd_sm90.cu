@@ -17,10 +17,10 @@
 
 namespace flashport::cuda::hopper {
 
-/// Persistent CTAs: one per SM, each taking query blocks blockIdx.x, + gridDim.x, ... in launch
-/// order (sequence, head, query block from the last); the K/V ring, the Q buffer and the ping-pong
-/// turn carry over from one block to the next, so the next block's first loads overlap this one's
-/// last GEMMs and no CTA launch or tail wave separates them.
+/// Persistent CTAs: one per SM, each taking one query block per round of the schedule (tile_block,
+/// round_tile); the K/V ring, the Q buffer and the ping-pong turn carry over from one block to the
+/// next, so the next block's first loads overlap this one's last GEMMs and no CTA launch or tail wave
+/// separates them.
 constexpr bool kPersistent = FP_PERSISTENT != 0;
 /// FP_PERSISTENT=2: O is staged in its own buffer where it fits, so the consumers release Q as soon
 /// as their last Q K^T is done and the next block's Q loads during the last P V and the epilogue.
@@ -356,14 +356,39 @@ FP_DEV int ld_volatile_shared(const int& x) {
   return v;
 }
 
-/// Query block `t` of a persistent CTA's schedule, in the non-persistent grid's launch order
-/// (sequence, head, query block from the last: causal blocks with the most keys first, and CTAs
-/// running together share a head's K/V in L2). False when the block lies past its sequence's end.
+/// Query block `t` of a persistent schedule. Causal (keys up to the diagonal, no left window): all
+/// sequences' and heads' blocks ordered by their key count, largest first (block mb of every head, then
+/// mb - 1, ...), so each round of gridDim.x tiles is of near-equal work and the lightest blocks fill the
+/// tail. Otherwise (equal work per block) the non-persistent grid's launch order: sequence, head, query
+/// block from the last, so CTAs running together share a head's K/V in L2. False when the block lies
+/// past its sequence's end.
 FP_DEV bool tile_block(const AttnProblem& p, const SharedStorage& s, int t, Block& blk) {
   const int m_blocks = ld_volatile_shared(s.m_blocks);
-  const int bh = t / m_blocks;
-  const int mb = m_blocks - 1 - (t - bh * m_blocks);
+  const bool triangular = p.window_right == 0 && p.window_left < 0;
+  int bh, mb;
+  if (triangular) {
+    const int heads = (int)(p.hq * p.batch);
+    mb = m_blocks - 1 - t / heads;
+    bh = t - (m_blocks - 1 - mb) * heads;
+  } else {
+    bh = t / m_blocks;
+    mb = m_blocks - 1 - (t - bh * m_blocks);
+  }
   return make_block(p, blk, mb, bh % (int)p.hq, bh / (int)p.hq);
+}
+
+/// This CTA's tile in round `r` of the persistent schedule (rounds of gridDim.x tiles), dealt snake-wise:
+/// forward in even rounds, backward in odd ones, so the CTA that took a round's heaviest block takes the
+/// next round's lightest. -1 past the last tile.
+FP_DEV int round_tile(const SharedStorage& s, int r) {
+  const int g = (int)gridDim.x, x = (int)blockIdx.x;
+  const int t = r * g + ((r & 1) ? g - 1 - x : x);
+  return t < ld_volatile_shared(s.tiles) ? t : -1;
+}
+
+/// Rounds of the persistent schedule.
+FP_DEV int rounds(const SharedStorage& s) {
+  return (ld_volatile_shared(s.tiles) + (int)gridDim.x - 1) / (int)gridDim.x;
 }
 
 }  // namespace flashport::cuda::hopper
@@ -408,8 +433,9 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 
 #if !FP_PERSISTENT
       produce(prm, s, blk, tma_q, tma_k, tma_v, ring, q_count);
 #else
-      for (int t = (int)blockIdx.x; t < ld_volatile_shared(s.tiles); t += (int)gridDim.x) {
-        if (tile_block(p, s, t, blk) && blk.n_max > blk.n_min)
+      for (int r = 0; r < rounds(s); ++r) {
+        const int t = round_tile(s, r);
+        if (t >= 0 && tile_block(p, s, t, blk) && blk.n_max > blk.n_min)
           produce(prm, s, blk, tma_q, tma_k, tma_v, ring, q_count);
       }
 #endif
@@ -420,8 +446,9 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 
 #if !FP_PERSISTENT
     consume(p, s, blk, warpgroup - 1, ring, q_count);
 #else
-    for (int t = (int)blockIdx.x; t < ld_volatile_shared(s.tiles); t += (int)gridDim.x) {
-      if (!tile_block(p, s, t, blk)) continue;
+    for (int r = 0; r < rounds(s); ++r) {
+      const int t = round_tile(s, r);
+      if (t < 0 || !tile_block(p, s, t, blk)) continue;
       if (blk.n_max <= blk.n_min) {
         store_empty(p, blk, thread_index() - 128, 256);
         continue;
