@@ -2,7 +2,8 @@
 """Decode benchmark (shared/BENCH.md): one new query token per sequence against a KV cache, d 128, GQA 32/8
 and 64/8, dense and paged (pages of 16 and 256), batch x context over the grid; GB/s of K/V bytes read
 against the copy ceiling of the same run. Peers: PyTorch SDPA (cuDNN, flash) on the dense cache with
-enable_gqa, where they run; there is no paged peer here (reported missing).
+enable_gqa, where they run, and FA3's flash_attn_with_kvcache (dense and paged) when flash_attn_interface
+imports (../shared/peers: FA3_DECODE=1 builds its decode kernels).
 
     python3 bench/gpu_decode_bench.py [--perf-md]   # also rewrites its section of docs/PERF.md + a PNG
 """
@@ -19,6 +20,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_bench import ceilings, splice_perf_md, style_panel, time_ms  # noqa: E402
 
 import flashport  # noqa: E402
+
+try:  # FA3 (flash-attention's hopper/), built beside flashport for a same-run comparison
+    import flash_attn_interface as fa3
+except ImportError:
+    fa3 = None
 
 D = 128
 HEADS = [(32, 8), (64, 8)]
@@ -119,6 +125,24 @@ def main():
             except Exception as e:  # a peer that cannot run this shape is reported missing
                 print(f"  peer {name} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
                 peers[name] = None
+        if fa3 is not None:  # checked against flashport's output on the first set, then timed
+            def fa3_call():
+                q, k, v, table = sets[turn[0] % n_sets]
+                turn[0] += 1
+                return fa3.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table)
+
+            try:
+                q0, k0, v0, t0 = sets[0]
+                fa3_err = (fa3.flash_attn_with_kvcache(q0, k0, v0, cache_seqlens=seqlens, page_table=t0).float()
+                           - out.float()).abs().max().item()
+                if fa3_err < 2e-2:
+                    peers["fa3"] = time_ms(fa3_call)
+                else:
+                    print(f"  peer fa3 differs from flashport by {fa3_err:.2e}: not reported", flush=True)
+                    peers["fa3"] = None
+            except Exception as e:
+                print(f"  peer fa3 unavailable: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
+                peers["fa3"] = None
         row = dict(backend="cuda", mode="decode", dtype="bf16", d=D, hq=hq, hk=hk, batch=b, context=ctx,
                    layout=layout, ms=ms, gbs=kv_bytes / ms / 1e6, ceiling_gbs=copy_gbs, max_err=err,
                    pass_=err < 2e-2, device=dev,
@@ -142,14 +166,18 @@ def write_perf_md(rows, dev, copy_gbs):
     lines = [f"### Decode\n\n{dev}, torch {torch.__version__}, commit {os.environ.get('FLASHPORT_COMMIT', 'n/a')}. "
              f"Command: `python3 bench/gpu_decode_bench.py --perf-md`. One query token per sequence, bf16, d 128, "
              f"every sequence at the full context; GB/s = K and V bytes read / median time; copy ceiling "
-             f"{copy_gbs:.0f} GB/s in the same run. Peers: PyTorch SDPA on the dense cache (enable_gqa).", "",
-             "| heads q/kv | layout | batch | context | flashport GB/s | % copy | cuDNN | FA2 | pass |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"{copy_gbs:.0f} GB/s in the same run. Peers: PyTorch SDPA on the dense cache (enable_gqa); FA3's "
+             f"flash_attn_with_kvcache where built (`-`: not run).", "",
+             "| heads q/kv | layout | batch | context | flashport GB/s | % copy | cuDNN | FA2 | FA3 | "
+             "flashport / best peer | pass |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x: f"{x:.0f}" if x else "-"
     for r in rows:
+        best = max([g for g in r["peer_gbs"].values() if g] or [0])
+        ratio = f"{r['gbs'] / best:.2f}x" if best else "-"
         lines.append(f"| {r['hq']}/{r['hk']} | {r['layout']} | {r['batch']} | {r['context']} | {r['gbs']:.0f} | "
                      f"{r['gbs'] / copy_gbs:.0%} | {fmt(r['peer_gbs'].get('cudnn'))} | {fmt(r['peer_gbs'].get('fa2'))} "
-                     f"| {'yes' if r['pass'] else 'NO'} |")
+                     f"| {fmt(r['peer_gbs'].get('fa3'))} | {ratio} | {'yes' if r['pass'] else 'NO'} |")
     block = "\n".join(lines) + "\n\n![decode GB/s vs context](perf_decode.png)"
     old = open("docs/PERF.md").read() if os.path.exists("docs/PERF.md") else ""
     text = splice_perf_md(old, block, BEGIN, END)

@@ -37,6 +37,33 @@ TEST(GpuForwardSmall, SplitKv) {
   expect_forward_accurate(dense(DType::bf16, 1, 1, 300, 2, 1, 64));  // heuristic: several splits
 }
 
+/// The decode variant (FP_DECODE: query rows, GQA heads packed in, <= 16; warps split the keys and
+/// merge at the end): warps with no key tile, the 2-warp d 256 shape, rows without keys, masks, every
+/// score feature, splits, varlen and a paged cache.
+TEST(GpuForwardSmall, DecodeVariant) {
+  FP_SKIP_WITHOUT_GPU();
+  expect_forward_accurate(dense(DType::bf16, 1, 2, 203, 7, 1, 40));  // GQA 7:1, 14 rows, d padded
+  expect_forward_accurate(with(dense(DType::f16, 2, 16, 113, 3, 3, 64), kCausal));  // 16 rows, MHA
+  expect_forward_accurate(with(dense(DType::bf16, 1, 3, 2, 4, 1, 128), kCausal));   // sq > sk: empty rows
+  expect_forward_accurate(dense(DType::bf16, 1, 1, 40, 2, 1, 64));  // 2 key tiles: warps 2, 3 idle
+  expect_forward_accurate(dense(DType::bf16, 1, 1, 1000, 4, 2, 256));  // 2 warps, splits
+  Case f = dense(DType::bf16, 2, 1, 500, 8, 2, 128);
+  f.wl = 100, f.softcap = 4.0, f.alibi = 2, f.dropout = 0.2, f.q_stddev = 3.0;
+  expect_forward_accurate(f);
+  Case v;
+  v.layout = Layout::varlen;
+  v.hq = 8, v.hk = 1, v.d = 128, v.dv = 128;
+  v.q_lens = {1, 0, 2};
+  v.k_lens = {300, 5, 0};
+  expect_forward_accurate(v);
+  Case p = dense(DType::f16, 2, 1, 0, 4, 1, 96);
+  p.layout = Layout::paged;
+  p.page = 7;
+  p.k_lens = {150, 64};
+  p.used_k = p.k_lens;
+  expect_forward_accurate(with(p, kCausal));
+}
+
 /// Index tensors in device memory are not validated by the core (it cannot read them): the kernels
 /// must treat bad entries as empty sequences / zero keys instead of reading or writing out of bounds.
 /// Outputs are unspecified where indices are bad; here every output row still gets written.

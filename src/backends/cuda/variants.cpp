@@ -10,8 +10,10 @@
 
 namespace flashport::cuda {
 
-jit::KernelSpec forward_spec(int arch, int elem_type, int bucket) {
-  const FwdTile t = fwd_tile(arch, bucket);
+namespace {
+
+/// The attn_fwd spec of tile `t` (row-split or decode variant).
+jit::KernelSpec forward_spec_for(int arch, int elem_type, int bucket, const FwdTile& t) {
   const bool fp8 = is_fp8_elem(elem_type);
   jit::KernelSpec spec{"cuda/attn_fwd.cu",
                        "attn_fwd",
@@ -23,7 +25,18 @@ jit::KernelSpec forward_spec(int arch, int elem_type, int bucket) {
                        arch};
   // Only the fp8 variant carries the flag: the 2-byte variants keep their exact spec (and SASS).
   if (fp8) spec.defines.push_back({"FP_FP8", "1"});
+  if (t.decode) spec.defines.push_back({"FP_DECODE", "1"});
   return spec;
+}
+
+}  // namespace
+
+jit::KernelSpec forward_spec(int arch, int elem_type, int bucket) {
+  return forward_spec_for(arch, elem_type, bucket, fwd_tile(arch, bucket));
+}
+
+jit::KernelSpec decode_spec(int arch, int elem_type, int bucket) {
+  return forward_spec_for(arch, elem_type, bucket, decode_tile(arch, bucket));
 }
 
 jit::KernelSpec split_combine_spec(int arch) {

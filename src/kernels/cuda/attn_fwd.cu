@@ -93,9 +93,9 @@ using namespace flashport::cuda::fwd;
 /// heads when packing GQA), z = batch * num_splits. Block: kThreads. Dynamic smem: kSmemBytes.
 extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_constant__ FwdParams prm) {
   const AttnProblem& p = prm.p;
-  u16* s_q = dynamic_smem<u16>();      // (kBlockM, kPitch)
-  u16* s_k = s_q + kSmemQ;             // kStages x (kBlockN, kPitch)
-  u16* s_v = s_k + kStages * kSmemKV;  // kStages x (kBlockN, kPitch)
+  u16* s_q = dynamic_smem<u16>();                 // (kBlockM, kPitch)
+  u16* s_k = s_q + kSmemQ;                        // kKvRings x kStages x (kBlockN, kPitch)
+  u16* s_v = s_k + kKvRings * kStages * kSmemKV;  // kKvRings x kStages x (kBlockN, kPitch)
 
   const i64 m_block = (i64)gridDim.x - 1 - block_x();
   const i64 b = prm.batch_offset + block_z() / prm.num_splits;
@@ -125,6 +125,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const int n_tiles = (int)(tile_end - tile_begin);
 
   const int warp = warp_id(), lane = lane_id();
+  const int warp_row0 = kDecode ? 0 : 16 * warp;  // this warp's first block row
   const float dsc_qk = descale(p, 0, b, hk) * descale(p, 1, b, hk);
   ScoreCtx ctx;
   ctx.scale = p.scale * dsc_qk;
@@ -133,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   ctx.len_q = (int)seq.len_q, ctx.len_k = (int)seq.len_k;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int local = 16 * warp + (lane >> 2) + 8 * r;
+    const int local = warp_row0 + (lane >> 2) + 8 * r;
     ctx.row[r] = (int)rows.query(local);
     ctx.head[r] = (int)rows.head(local);
     ctx.slope[r] = alibi_slope(p, b, ctx.head[r]);
@@ -180,9 +181,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   //  Q (A operand, x4): matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of the warp's 16 rows.
   //  K (B operand, x4): keys 0-7 / 8-15 of an n16 pair x k-halves: {b0, b1} of n-tile 2np, 2np+1.
   //  V (B operand, x4.trans): keys 0-7 / 8-15 x channels 0-7 / 8-15: {b0, b1} of two n8 tiles.
-  const u32 q_lane = smem_addr(s_q + (16 * warp + (lane & 15)) * kPitch + (lane >> 4) * 8);
-  const u32 k_lane0 = smem_addr(s_k + ((lane & 7) + ((lane >> 4) << 3)) * kPitch + ((lane >> 3) & 1) * 8);
-  const u32 v_lane0 = smem_addr(s_v + ((lane & 7) + (((lane >> 3) & 1) << 3)) * kPitch + (lane >> 4) * 8);
+  //  The decode variant reads K/V from this warp's own ring.
+  u16* const s_k_ring = s_k + (kDecode ? warp * kStages * kSmemKV : 0);
+  u16* const s_v_ring = s_v + (kDecode ? warp * kStages * kSmemKV : 0);
+  const u32 q_lane = smem_addr(s_q + (warp_row0 + (lane & 15)) * kPitch + (lane >> 4) * 8);
+  const u32 k_lane0 =
+      smem_addr(s_k_ring + ((lane & 7) + ((lane >> 4) << 3)) * kPitch + ((lane >> 3) & 1) * 8);
+  const u32 v_lane0 =
+      smem_addr(s_v_ring + ((lane & 7) + (((lane >> 3) & 1) << 3)) * kPitch + (lane >> 4) * 8);
 
   float acc_o[kDTiles][4];  // (16, kHeadDim) per warp
 #pragma unroll
@@ -190,75 +196,149 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   RowState st{{kNegInf, kNegInf}, {0.0f, 0.0f}};
   float acc_s[kNTiles][4];  // (16, kBlockN) per warp
 
-  // Pipeline. cp.async groups, in commit order: [Q + K0] [V0] [K1] [V1] ... With kStages >= 2 the
-  // prologue has pairs 0 .. kStages-2 in flight and iteration t prefetches pair t + kStages - 1 into
-  // the buffer of pair t - 1 (free: everyone passed this iteration's first barrier). With kStages == 1
-  // V(t) is issued after the first barrier (everyone finished PV(t-1)) and K(t+1) after the second
-  // (everyone finished QK(t)). Empty groups are committed so the wait counts stay uniform.
-  load_q();
-  if (n_tiles > 0) load_k(0);
-  cp_async_commit();
-  if constexpr (kStages >= 2) {
-    if (n_tiles > 0) load_v(0);
-    cp_async_commit();
-#pragma unroll
-    for (int s = 1; s + 1 < kStages; ++s) {
-      if (s < n_tiles) load_k(s);
-      cp_async_commit();
-      if (s < n_tiles) load_v(s);
-      cp_async_commit();
-    }
-  }
-
-  // Warps whose 16 rows are all padding (short or decode blocks) only help load K/V: warp-uniform skip.
-  const bool warp_has_rows = rows.m0 + 16 * warp < packed_len;
   const sem::KeyRange unmasked =
       sem::keys_seen_by_all(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
-  for (int t = 0; t < n_tiles; ++t) {
-    const int buf = t % kStages;
-    const i64 j0 = (tile_begin + t) * kBlockN;
-    // K(t) has landed (pending groups after it: V(t) and the later pairs).
-    if constexpr (kStages >= 2)
-      cp_async_wait<2 * kStages - 3>();
-    else
-      cp_async_wait<0>();
-    __syncthreads();
-    if constexpr (kStages >= 2) {
-      const int nxt = t + kStages - 1;
-      if (nxt < n_tiles) load_k(nxt);
+  if constexpr (kDecode) {
+    // This warp's key tiles are k = 0, 1, ... -> tile warp + k * kWarps, in ring buffer k % kStages;
+    // lanes copy them alone, so only __syncwarp orders the ring. cp.async groups: [Q] (the whole
+    // CTA's), then per warp [K0] [V0] [K1] [V1] ..., kStages - 1 pairs ahead as in the shared pipeline.
+    const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
+    auto j0_of = [&](int k) { return (tile_begin + warp + (i64)k * kWarps) * kBlockN; };
+    auto load_ring = [&](u16* ring, const Operand& t, i64 base, i64 ncols, bool vec, int k) {
+      const i64 j0 = j0_of(k);
+      load_tile<kBlockN, 32>(
+          ring + (k % kStages) * kSmemKV, t.ptr, ncols, vec,
+          [&](int r) { return j0 + r < seq.len_k ? kv_offset(t, base, j0 + r) : (i64)-1; }, dec, lane);
+    };
+    auto load_pair = [&](int k) {
+      if (k < my_tiles) load_ring(s_k_ring, p.k, k_base, p.d, vec_k, k);
       cp_async_commit();
-      if (nxt < n_tiles) load_v(nxt);
+      if (k < my_tiles) load_ring(s_v_ring, p.v, v_base, p.dv, vec_v, k);
       cp_async_commit();
-    } else {
-      load_v(t);
-      cp_async_commit();
-    }
-
-    if (warp_has_rows) {
+    };
+    load_q();
+    cp_async_commit();
+    for (int k = 0; k + 1 < kStages; ++k) load_pair(k);
+    cp_async_wait<2 * (kStages - 1)>();  // this thread's share of Q has landed,
+    __syncthreads();                     // and everyone's
+    for (int k = 0; k < my_tiles; ++k) {
+      const int buf = k % kStages;
+      const i64 j0 = j0_of(k);
+      cp_async_wait<2 * kStages - 3>();  // K(k) has landed
+      __syncwarp();
+      load_pair(k + kStages - 1);  // into the buffer of k - 1, whose PV this warp has finished
       compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
-      const bool masked = !sem::contains(unmasked, j0, j0 + kBlockN);
-      transform_scores(acc_s, p, ctx, j0, masked);
+      transform_scores(acc_s, p, ctx, j0, !sem::contains(unmasked, j0, j0 + kBlockN));
       online_softmax(acc_s, acc_o, st);
-      if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);  // fp8: refused by the host
+      if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
+      cp_async_wait<2 * (kStages - 1)>();  // V(k) has landed
+      __syncwarp();
+      compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
+    }
+    // Merge: warps 1.. leave (m, l, O) in the K/V memory (fragment order, lane-minor: no bank
+    // conflicts) and warp 0 folds them into its own, rescaled to the common max, then finishes alone.
+    constexpr int kMergeFloats = (4 + 4 * kDTiles) * 32;
+    static_assert(!kDecode || kMergeFloats * kWarps * 4 <= 2 * kKvRings * kStages * kSmemKV * 2,
+                  "merge scratch");
+    float* s_merge = reinterpret_cast<float*>(s_k);
+    cp_async_wait_all();
+    __syncthreads();  // every ring has been read for the last time
+    if (warp > 0) {
+      float* mine = s_merge + warp * kMergeFloats + lane;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mine[32 * r] = st.m[r], mine[32 * (2 + r)] = st.l[r];
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[32 * (4 + 4 * dt + e)] = acc_o[dt][e];
+    }
+    __syncthreads();
+    if (warp > 0) return;  // no barrier follows
+    for (int w = 1; w < kWarps; ++w) {
+      const float* theirs = s_merge + w * kMergeFloats + lane;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_w = theirs[32 * r], mx = fmaxf(st.m[r], m_w);
+        const float ref = mx == kNegInf ? 0.0f : mx;  // both empty: 2^(-inf - 0) = 0, no NaN
+        const float a = fast_exp2(st.m[r] - ref), c = fast_exp2(m_w - ref);
+        st.m[r] = mx;
+        st.l[r] = st.l[r] * a + theirs[32 * (2 + r)] * c;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e)
+            acc_o[dt][e] = acc_o[dt][e] * a + theirs[32 * (4 + 4 * dt + e)] * c;
+      }
+    }
+  } else {
+    // Pipeline. cp.async groups, in commit order: [Q + K0] [V0] [K1] [V1] ... With kStages >= 2 the
+    // prologue has pairs 0 .. kStages-2 in flight and iteration t prefetches pair t + kStages - 1 into
+    // the buffer of pair t - 1 (free: everyone passed this iteration's first barrier). With kStages == 1
+    // V(t) is issued after the first barrier (everyone finished PV(t-1)) and K(t+1) after the second
+    // (everyone finished QK(t)). Empty groups are committed so the wait counts stay uniform.
+    load_q();
+    if (n_tiles > 0) load_k(0);
+    cp_async_commit();
+    if constexpr (kStages >= 2) {
+      if (n_tiles > 0) load_v(0);
+      cp_async_commit();
+#pragma unroll
+      for (int s = 1; s + 1 < kStages; ++s) {
+        if (s < n_tiles) load_k(s);
+        cp_async_commit();
+        if (s < n_tiles) load_v(s);
+        cp_async_commit();
+      }
     }
 
-    // V(t) has landed (pending after it: the pairs after t).
-    if constexpr (kStages >= 2)
-      cp_async_wait<2 * (kStages - 1)>();
-    else
-      cp_async_wait<0>();
-    __syncthreads();
-    if constexpr (kStages == 1) {
-      if (t + 1 < n_tiles) load_k(t + 1);
-      cp_async_commit();
+    // Warps whose 16 rows are all padding (short or decode blocks) only help load K/V: warp-uniform skip.
+    const bool warp_has_rows = rows.m0 + 16 * warp < packed_len;
+    for (int t = 0; t < n_tiles; ++t) {
+      const int buf = t % kStages;
+      const i64 j0 = (tile_begin + t) * kBlockN;
+      // K(t) has landed (pending groups after it: V(t) and the later pairs).
+      if constexpr (kStages >= 2)
+        cp_async_wait<2 * kStages - 3>();
+      else
+        cp_async_wait<0>();
+      __syncthreads();
+      if constexpr (kStages >= 2) {
+        const int nxt = t + kStages - 1;
+        if (nxt < n_tiles) load_k(nxt);
+        cp_async_commit();
+        if (nxt < n_tiles) load_v(nxt);
+        cp_async_commit();
+      } else {
+        load_v(t);
+        cp_async_commit();
+      }
+
+      if (warp_has_rows) {
+        compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
+        const bool masked = !sem::contains(unmasked, j0, j0 + kBlockN);
+        transform_scores(acc_s, p, ctx, j0, masked);
+        online_softmax(acc_s, acc_o, st);
+        if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);  // fp8: refused by the host
+      }
+
+      // V(t) has landed (pending after it: the pairs after t).
+      if constexpr (kStages >= 2)
+        cp_async_wait<2 * (kStages - 1)>();
+      else
+        cp_async_wait<0>();
+      __syncthreads();
+      if constexpr (kStages == 1) {
+        if (t + 1 < n_tiles) load_k(t + 1);
+        cp_async_commit();
+      }
+      if (warp_has_rows) compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
     }
-    if (warp_has_rows) compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
+    cp_async_wait_all();
+    __syncthreads();  // s_q is reused for the output below; no cp.async may still target it
   }
 
   // Finalize: O / l (times the dropout rescale and the fp8 V descale); LSE = ln(2^m * l). A row
   // with no visible key has l = 0: O = 0 (acc_o is 0) and LSE = -inf.
-  cp_async_wait_all();
-  __syncthreads();  // s_q is reused for the output below; no cp.async may still target it
   const float out_scale = (p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f) * descale(p, 2, b, hk);
   float fac[2], lse[2];
 #pragma unroll
@@ -267,5 +347,5 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     fac[r] = l > 0.0f ? out_scale / l : 0.0f;
     lse[r] = l > 0.0f ? st.m[r] * kLn2 + logf(l) : kNegInf;
   }
-  store_output(prm, acc_o, fac, lse, s_q + 16 * warp * kPitch, b, rows, 16 * warp, packed_len, split);
+  store_output(prm, acc_o, fac, lse, s_q + warp_row0 * kPitch, b, rows, warp_row0, packed_len, split);
 }

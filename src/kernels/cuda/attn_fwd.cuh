@@ -10,6 +10,9 @@
 #ifndef FP_FP8
 #define FP_FP8 0
 #endif
+#ifndef FP_DECODE
+#define FP_DECODE 0
+#endif
 #if FP_FP8
 #include "cuda/fp8_decode.cuh"
 #endif
@@ -24,7 +27,14 @@ namespace flashport::cuda::fwd {
 using Elem = FP_DTYPE;
 constexpr int kHeadDim = FP_HEADDIM;  // bucket: the real d and dv are <= kHeadDim, multiples of 8
 constexpr int kWarps = FP_WARPS;
-constexpr int kBlockM = 16 * kWarps;  // warp w owns query rows [16w, 16w + 16) of the block
+/// FP_DECODE=1: the decode variant. Every warp holds the same 16 block rows (a few queries, or the
+/// packed GQA heads of one query) and takes its own key tiles (w, w + kWarps, ...) through its own
+/// cp.async ring, so a block with one row fragment keeps all warps streaming K/V; the warps' partial
+/// softmax states merge once at the end. Otherwise warp w owns rows [16w, 16w + 16) and all warps
+/// share every key tile.
+constexpr bool kDecode = FP_DECODE;
+constexpr int kBlockM = kDecode ? 16 : 16 * kWarps;
+constexpr int kKvRings = kDecode ? kWarps : 1;  // K/V buffer sets: one per warp, or one shared
 constexpr int kBlockN = FP_BLOCK_N;
 constexpr int kStages = FP_STAGES;  // 1: single K/V buffers, loads interleaved with compute (FA2)
 constexpr int kThreads = 32 * kWarps;
@@ -35,6 +45,7 @@ constexpr int kNTiles = kBlockN / 8;   // n8 tiles of S per warp: S fragment is 
 constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp: O fragment is (16, kHeadDim)
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32");
 static_assert(kBlockN % 16 == 0 && kStages >= 1 && kWarps >= 1, "bad tile");
+static_assert(!kDecode || kStages >= 2, "the decode variant's per-warp ring is double-buffered at least");
 /// fp8 inputs (e4m3fn, e4m3fnuz or e5m2: p.in_type), dequantised to bf16 in load_tile (exact), so the
 /// mma path is the bf16 one; the output goes out in p.out_type (bf16, f16 or f32). No dropout: the host
 /// refuses fp8 with dropout, so the variant leaves the Philox code out.
@@ -53,12 +64,12 @@ FP_DEV TileDecode tile_decode(const AttnProblem&) {
 }
 #endif
 
-// Shared memory (elements of 2 bytes): s_q (kBlockM, kPitch), then s_k and s_v, each kStages buffers
-// of (kBlockN, kPitch). Total (kBlockM + 2 kStages kBlockN) * kPitch * 2 bytes; the host computes the
-// same figure in tiles.hpp (fwd_smem_bytes) and passes it as the dynamic size.
+// Shared memory (elements of 2 bytes): s_q (kBlockM, kPitch), then s_k and s_v, each kKvRings x kStages
+// buffers of (kBlockN, kPitch). Total (kBlockM + 2 kKvRings kStages kBlockN) * kPitch * 2 bytes; the
+// host computes the same figure in tiles.hpp (fwd_smem_bytes) and passes it as the dynamic size.
 constexpr int kSmemQ = kBlockM * kPitch;
 constexpr int kSmemKV = kBlockN * kPitch;
-constexpr int kSmemBytes = (kSmemQ + 2 * kStages * kSmemKV) * 2;
+constexpr int kSmemBytes = (kSmemQ + 2 * kKvRings * kStages * kSmemKV) * 2;
 
 /// Lengths of one sequence, with device-resident indices guarded (problem.h's guarded_lengths): an
 /// index that would address outside its tensor turns the sequence into an empty one instead (nothing
@@ -89,17 +100,19 @@ struct RowMap {
 /// variant: rows of 1-byte codes (offsets are in elements, so in bytes), 8-byte loads when `vec` (the
 /// host's 16-byte base and 8-element strides make every 8-code chunk 8-byte aligned) else byte loads,
 /// decoded with `dec` and stored synchronously (cp.async cannot convert).
-template <int kRows, class RowOffset>
+/// `kLoaders` threads share the copy, `loader` (0 .. kLoaders - 1) being this one: the whole CTA, or one
+/// warp's lanes for the decode variant's per-warp rings.
+template <int kRows, int kLoaders = kThreads, class RowOffset>
 FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowOffset row_offset,
-                      const TileDecode& dec) {
+                      const TileDecode& dec, int loader = (int)threadIdx.x) {
   constexpr int kTotal = kRows * kChunks;
   const u16* g = static_cast<const u16*>(g_base);
   // Rolled on purpose: unrolled, ptxas hoists every chunk's row/column/predicate out of the tile loop
   // and keeps them live next to the accumulators (spills at d >= 224).
 #pragma unroll 1
-  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-    const int c = it * kThreads + (int)threadIdx.x;
-    if (kTotal % kThreads != 0 && c >= kTotal) break;
+  for (int it = 0; it < (kTotal + kLoaders - 1) / kLoaders; ++it) {
+    const int c = it * kLoaders + loader;
+    if (kTotal % kLoaders != 0 && c >= kTotal) break;
     const int r = c / kChunks, ch = c % kChunks;
     const i64 off = ch * 8 < ncols ? row_offset(r) : -1;
     const bool pred = off >= 0;

@@ -1,14 +1,20 @@
 // One emulated forward variant; build.sh compiles this file once per (dtype, head-dim bucket) with
-// -D FP_DTYPE ... FP_STAGES (and FP_FP8=1 for the fp8 variants) plus -Dfwd=... -Dattn_fwd=... renames
-// so the variants link together.
+// -D FP_DTYPE ... FP_STAGES (and FP_FP8=1 for the fp8 variants, FP_DECODE=1 for the decode ones) plus
+// -Dfwd=... -Dattn_fwd=... renames so the variants link together.
 #include "cuda/attn_fwd.cu"
 #include "emu_kernels.hpp"
 
-// The registry key is kernel_name(spec): the fp8 variants' spec ends with FP_FP8=1.
+// The registry key is kernel_name(spec): the fp8 variants' spec has FP_FP8=1, the decode variants'
+// FP_DECODE=1 after it.
 #if FP_FP8
 #define FP_EMU_FP8_SUFFIX ",FP_FP8=1"
 #else
 #define FP_EMU_FP8_SUFFIX ""
+#endif
+#if FP_DECODE
+#define FP_EMU_DECODE_SUFFIX ",FP_DECODE=1"
+#else
+#define FP_EMU_DECODE_SUFFIX ""
 #endif
 
 namespace {
@@ -17,6 +23,7 @@ void trampoline(const void* p) {
 }
 const flashport::emu::Registrar reg(
     "attn_fwd|FP_DTYPE=" FP_EMU_STR(FP_DTYPE) ",FP_HEADDIM=" FP_EMU_STR(FP_HEADDIM) ",FP_BLOCK_N=" FP_EMU_STR(
-        FP_BLOCK_N) ",FP_WARPS=" FP_EMU_STR(FP_WARPS) ",FP_STAGES=" FP_EMU_STR(FP_STAGES) FP_EMU_FP8_SUFFIX,
+        FP_BLOCK_N) ",FP_WARPS=" FP_EMU_STR(FP_WARPS) ",FP_STAGES=" FP_EMU_STR(FP_STAGES)
+        FP_EMU_FP8_SUFFIX FP_EMU_DECODE_SUFFIX,
     trampoline);
 }  // namespace

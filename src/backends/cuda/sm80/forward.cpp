@@ -83,8 +83,13 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   FwdGeometry g{};
   g.arch = jit::device_arch(device);
   g.bucket = is_fp8_elem(p.in_type) ? fp8_head_dim_bucket(p.d, p.dv) : head_dim_bucket(p.d, p.dv);
-  g.tile = fwd_tile(g.arch, g.bucket);
-  const long long bm = g.tile.block_m, group = p.hq / p.hk;
+  const long long group = p.hq / p.hk;
+  // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
+  // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
+  // but one warp idle and stream K/V at a fraction of the copy rate.
+  const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16;
+  g.tile = decode ? decode_tile(g.arch, g.bucket) : fwd_tile(g.arch, g.bucket);
+  const long long bm = g.tile.block_m;
   // Pack the query heads of a kv head into the block rows when that needs fewer CTAs (short query
   // lengths: decode): each kv head's K/V is then read once instead of `group` times.
   const long long blocks_plain = group * ((p.sq + bm - 1) / bm), blocks_packed = (p.sq * group + bm - 1) / bm;
@@ -94,9 +99,14 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   g.splits = 1;
   if (num_splits == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return g;
   const long long key_tiles = (p.sk + g.tile.block_n - 1) / g.tile.block_n;
-  long long splits = num_splits > 1 ? num_splits
-                                    : heuristic_splits(g.m_blocks * g.heads * p.batch,
-                                                       jit::device_sm_count(device), key_tiles);
+  // The decode variant: a split's unit of work is a round of one tile per warp, and CTAs small enough
+  // to share an SM count as that many slots per SM.
+  const int slots =
+      jit::device_sm_count(device) *
+      (decode ? std::max(1, limits(g.arch).smem_per_block / fwd_smem_bytes(g.tile, g.bucket)) : 1);
+  const long long rounds = decode ? (key_tiles + g.tile.warps - 1) / g.tile.warps : key_tiles;
+  long long splits =
+      num_splits > 1 ? num_splits : heuristic_splits(g.m_blocks * g.heads * p.batch, slots, rounds);
   splits = std::min<long long>({splits, (long long)kMaxSplits, key_tiles});
   if (p.batch * splits > limits(g.arch).max_grid_yz) splits = 1;
   g.splits = (int)std::max<long long>(splits, 1);
@@ -110,6 +120,9 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(forward_spec(arch, type, bucket));
   for (int bucket : kFp8HeadDimBuckets) specs.push_back(forward_spec(arch, kE4M3, bucket));
+  for (int type : {kF16, kBF16})
+    for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket));
+  for (int bucket : kFp8HeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket));
   return specs;
 }
 
@@ -130,7 +143,8 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   const int smem = fwd_smem_bytes(geo.tile, geo.bucket);
   // Every fp8 format shares one variant (the decode is picked from p.in_type in the kernel): one key.
   const int elem = is_fp8_elem(p.in_type) ? (int)kE4M3 : p.in_type;
-  const jit::Kernel& kernel = cached_kernel(forward_spec, device, smem, geo.arch, elem, geo.bucket);
+  const jit::Kernel& kernel =
+      cached_kernel(geo.tile.decode ? decode_spec : forward_spec, device, smem, geo.arch, elem, geo.bucket);
 
   FwdParams prm{};
   prm.p = p;

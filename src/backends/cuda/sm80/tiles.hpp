@@ -8,8 +8,11 @@ namespace flashport::cuda {
 
 /// One forward kernel shape. block_m = 16 * warps (each warp owns 16 query rows). stages = number of
 /// K and V shared-memory buffers (1: loads interleaved with compute in single buffers, as FA2).
+/// decode: the FP_DECODE variant (attn_fwd.cuh): block_m = 16 rows shared by all warps, each warp with
+/// its own `stages` K/V buffers of block_n keys.
 struct FwdTile {
   int block_m, block_n, warps, stages;
+  bool decode = false;
 };
 
 /// The head-dim bucket a problem compiles for: max(d, dv) rounded up to a multiple of 32 (<= 256).
@@ -22,7 +25,7 @@ constexpr int head_dim_bucket(long long d, long long dv) {
 /// (bucket + 8) 2-byte elements (the pad staggers ldmatrix rows across banks). Must equal kSmemBytes
 /// in src/kernels/cuda/attn_fwd.cuh.
 constexpr int fwd_smem_bytes(const FwdTile& t, int bucket) {
-  return (t.block_m + 2 * t.stages * t.block_n) * (bucket + 8) * 2;
+  return (t.block_m + 2 * (t.decode ? t.warps : 1) * t.stages * t.block_n) * (bucket + 8) * 2;
 }
 
 /// Register budget: 8-warp CTAs, <= 255 registers per thread; ptxas (NVRTC, sm_80 and sm_90a) reports
@@ -48,6 +51,17 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
                 {128, 32, 8, 1});  // 77 KB / 89 KB
   return pick({128, 32, 8, 2},     // 135 KB; O 128 + S 16 registers
               {64, 32, 4, 1});     // 68 KB: 128 query rows would need 101 KB
+}
+
+/// The decode variant's shape: 16 rows, a 32-key tile per warp, double-buffered per warp. Four warps
+/// (up to d 128: 143 KB at d 128, 76 KB at d 64, so one or two CTAs per SM with four or eight K/V
+/// streams) keep about 64 KB of K/V in flight per SM, what the H200's copy rate needs at its latency;
+/// two past d 128 (143 KB at d 256), four where that does not fit (99 KB parts: d <= 96 only).
+constexpr FwdTile decode_tile(int arch, int bucket) {
+  const FwdTile four{16, 32, 4, 2, true}, two{16, 32, 2, 2, true};
+  if (bucket <= 128 && fwd_smem_bytes(four, bucket) <= limits(arch).smem_per_block) return four;
+  if (fwd_smem_bytes(two, bucket) <= limits(arch).smem_per_block) return two;
+  return {16, 32, 1, 2, true};
 }
 
 }  // namespace flashport::cuda
