@@ -129,10 +129,17 @@ bool shape_from_env(int d) {
 /// "Launch rule by sequence length"): short keys favour a narrower key tile at d 64 (block_n 128 up to
 /// 2k keys: +5 to +14% over 192), and query blocks of equal work favour the persistent grid with O
 /// staged apart (mode 2: the next block's Q load and the epilogue overlap; +4 to +34% non-causal up to
-/// 2k at d 64, +1 to +19% at d 128 up to 8k). Causal blocks differ in work and the persistent grid
-/// assigns them round-robin, without a longest-first queue: 6 to 10% slower, so causal, windowed and
-/// varlen problems keep one CTA per block.
+/// 2k at d 64, +1 to +19% at d 128 up to 8k). Causal blocks differ in work: the persistent schedule
+/// deals them heaviest first (attn_fwd_sm90.cu, tile_block), which wins only where blocks are few and
+/// short (2026-12-02, same grid: d 64 causal 512 / 1k +15% / +5%, d 128 causal 512 +6%; 2k and longer
+/// 3-8% slower, the launch order's L2 sharing lost), so causal takes mode 2 up to kShortCausal[d]
+/// queries; windowed and varlen problems keep one CTA per block.
 constexpr long long kShortKeys = 2048;
+
+/// The longest causal query length that takes the persistent grid, by head dim (0: never).
+long long short_causal(int d) {
+  return d == 64 ? 1024 : d == 128 ? 512 : 0;
+}
 
 bool short_keys(const AttnProblem& p) {
   return p.sk <= kShortKeys;
@@ -144,7 +151,11 @@ int persistent_for(const AttnProblem& p) {
   const int d = (int)p.d;
   if (d == 256) return 0;
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
-  const bool equal_blocks = p.window_left < 0 && p.window_right < 0 && !p.cu_seqlens_q && !p.seqused_k;
+  const bool dense = !p.cu_seqlens_q && !p.seqused_k;
+  const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
+  const bool short_causal_blocks =
+      dense && p.window_left < 0 && p.window_right == 0 && p.sq <= short_causal(d);
+  if (short_causal_blocks) return 2;
   return equal_blocks && (d == 128 || (d == 64 && short_keys(p))) ? 2 : 0;
 }
 
