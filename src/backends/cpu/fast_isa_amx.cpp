@@ -8,6 +8,11 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,amx-tile,amx-bf16,avx2,fma,f16c,bmi2")
+// GCC 12's unpack and conversion intrinsics pass an undefined register as their (unused) merge source,
+// which -Wmaybe-uninitialized reports wherever they inline.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace flashport::cpu::fast::amx {
 
@@ -23,6 +28,7 @@ namespace flashport::cpu::fast::amx {
 
 }  // namespace flashport::cpu::fast::amx
 
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 namespace flashport::cpu::fast {
