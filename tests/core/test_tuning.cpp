@@ -46,6 +46,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_BWD_PIPE", ""},
                                     {"FLASHPORT_BWD_STAGES", ""},
                                     {"FLASHPORT_BWD_GENERAL", ""},
+                                    {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
                                     {"FLASHPORT_NVRTC_PATH", ""}}}) {
     const Tuning t = parse(env);
@@ -58,6 +59,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
+    EXPECT_TRUE(t.decode_variant.get());
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_EQ(t.nvrtc_path.get(), "");
   }

@@ -204,11 +204,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     // CTA's), then per warp [K0] [V0] [K1] [V1] ..., kStages - 1 pairs ahead as in the shared pipeline.
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
     auto j0_of = [&](int k) { return (tile_begin + warp + (i64)k * kWarps) * kBlockN; };
+    // Lane r addresses key row j0 + r once (a paged cache's table read among them, all 32 at once) and
+    // the copy loop takes each row's offset by shuffle, instead of a dependent table read per chunk.
+    static_assert(!kDecode || kBlockN == 32, "one key row per lane");
     auto load_ring = [&](u16* ring, const Operand& t, i64 base, i64 ncols, bool vec, int k) {
-      const i64 j0 = j0_of(k);
+      const i64 j = j0_of(k) + lane;
+      const i64 my_off = j < seq.len_k ? kv_offset(t, base, j) : (i64)-1;
       load_tile<kBlockN, 32>(
-          ring + (k % kStages) * kSmemKV, t.ptr, ncols, vec,
-          [&](int r) { return j0 + r < seq.len_k ? kv_offset(t, base, j0 + r) : (i64)-1; }, dec, lane);
+          ring + (k % kStages) * kSmemKV, t.ptr, ncols, vec, [&](int r) { return shfl_i64(my_off, r); }, dec,
+          lane);
     };
     auto load_pair = [&](int k) {
       if (k < my_tiles) load_ring(s_k_ring, p.k, k_base, p.d, vec_k, k);

@@ -114,8 +114,9 @@ FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowO
     const int c = it * kLoaders + loader;
     if (kTotal % kLoaders != 0 && c >= kTotal) break;
     const int r = c / kChunks, ch = c % kChunks;
-    const i64 off = ch * 8 < ncols ? row_offset(r) : -1;
-    const bool pred = off >= 0;
+    // row_offset is called by every loader thread alike (the decode rings' shuffles it in need them all).
+    const i64 off = row_offset(r);
+    const bool pred = off >= 0 && ch * 8 < ncols;
 #if FP_FP8
     U32x4 v{0, 0, 0, 0};
     if (pred) {

@@ -153,6 +153,12 @@ unsigned shfl_xor_bits(unsigned v, int mask) {
   return out;
 }
 
+long long shfl_i64(long long v, int src) {
+  long long out = 0;
+  collective(v, [&](const unsigned char(*s)[64]) { out = slot<long long>(s, src); });
+  return out;
+}
+
 void mma_16816(bool bf16, float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   struct In {
     unsigned a[4], b[2];

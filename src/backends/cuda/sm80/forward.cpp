@@ -8,6 +8,7 @@
 #include "backends/cuda/arch.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
+#include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "jit/jit.hpp"
 #include "kernels/cuda/attn_fwd_params.cuh"
@@ -87,7 +88,7 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
   // but one warp idle and stream K/V at a fraction of the copy rate.
-  const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16;
+  const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16 && core::tuning().decode_variant.get();
   g.tile = decode ? decode_tile(g.arch, g.bucket) : fwd_tile(g.arch, g.bucket);
   const long long bm = g.tile.block_m;
   // Pack the query heads of a kv head into the block rows when that needs fewer CTAs (short query

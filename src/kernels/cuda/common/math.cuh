@@ -32,6 +32,10 @@ FP_DEV float shfl_xor(float v, int mask) {
 FP_DEV u32 shfl_xor(u32 v, int mask) {
   return __shfl_xor_sync(kFullMask, v, mask);
 }
+/// Value of `v` held by lane `src` (every lane of the warp takes part).
+FP_DEV i64 shfl_i64(i64 v, int src) {
+  return __shfl_sync(kFullMask, v, src);
+}
 
 /// Max / sum over the four lanes of a quad (lanes 4g..4g+3: the threads sharing an mma row).
 FP_DEV float quad_max(float v) {

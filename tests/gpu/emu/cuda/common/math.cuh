@@ -8,7 +8,8 @@
 
 namespace flashport::emu {
 unsigned shfl_xor_bits(unsigned v, int mask);  // value of lane ^ mask (all 32 lanes take part)
-}
+long long shfl_i64(long long v, int src);      // value of lane src (all 32 lanes take part)
+}  // namespace flashport::emu
 
 namespace flashport::cuda {
 
@@ -29,6 +30,9 @@ inline float shfl_xor(float v, int mask) {
 }
 inline u32 shfl_xor(u32 v, int mask) {
   return emu::shfl_xor_bits(v, mask);
+}
+inline i64 shfl_i64(i64 v, int src) {
+  return emu::shfl_i64(v, src);
 }
 inline float quad_max(float v) {
   v = std::fmax(v, shfl_xor(v, 1));
