@@ -218,10 +218,14 @@ inline void amx_load_queries(const AttnProblem& p, long long b, long long h, lon
 }
 
 /// 2^x for x <= ~8 (softmax arguments): the fast_simd.hpp exp2_neg polynomial, with VSCALEFPS adding
-/// the integer part. -inf and x < -160 give exactly 0 (2^-160 underflows); NaN stays NaN (MAXPS
-/// returns its second operand when one is NaN).
+/// the integer part. x < -125 and -inf give exactly 0 through the zeroing mask, never through an
+/// underflow: a denormal or underflowing result costs a microcode assist per element (masked scores
+/// are -inf on every diagonal tile). NaN stays NaN (unordered compares keep the lane, MAXPS returns
+/// its second operand when one is NaN).
 FAST_INLINE __m512 exp2_vec(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-160.0f), x);
+  const __m512 lowest = _mm512_set1_ps(-125.0f);
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, lowest, _CMP_NLT_UQ);
+  x = _mm512_max_ps(lowest, x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
   __m512 poly = _mm512_set1_ps(1.546973654e-4f);
@@ -231,7 +235,7 @@ FAST_INLINE __m512 exp2_vec(__m512 x) {
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(2.402265072e-1f));
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(6.931471825e-1f));
   poly = _mm512_fmadd_ps(poly, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(poly, n);
+  return _mm512_maskz_scalef_ps(keep, poly, n);
 }
 
 inline constexpr int kVecs = kBlockQ / 16;  // zmm registers per score row
