@@ -25,6 +25,20 @@ TEST(FastForward, HeadDims) {
   expect_accurate(with(dense(DType::bf16, 1, 90, 70, 2, 1, 40, 128), kCausal));
 }
 
+TEST(FastForward, Bf16KeyStepsAndRescales) {
+  // bf16 runs on AMX where the CPU has it (fast_amx.hpp): 128-key steps that start on whole 32-key
+  // blocks (windows whose first key is mid-block get the rest masked), head dims that are not whole
+  // 32-channel tile rows, dv != d, a last step shorter than a block. Peaked scores (q_stddev 4) raise
+  // the running max past the rescale slack after the first steps, so O^T's rescale runs.
+  for (const Features& f : kWindowMasks)
+    expect_accurate(with(dense(DType::bf16, 2, 150, 333, 4, 2, 80, 48), f));
+  for (const Features& f : {kPlain, kCausal, kWindow}) {
+    Case c = with(dense(DType::bf16, 1, 200, 419, 2, 1, 128, 128), f);
+    c.q_stddev = 4.0;
+    expect_accurate(c);
+  }
+}
+
 TEST(FastForward, FullyMaskedRowsAreZeroWithNegInfLse) {
   // sq > sk with a causal mask: the first sq - sk rows see no key.
   Case c = with(dense(DType::f32, 1, 150, 40, 2, 1, 64, 64), kCausal);
