@@ -59,7 +59,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
-    EXPECT_TRUE(t.decode_variant.get());
+    EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_EQ(t.nvrtc_path.get(), "");
   }
@@ -98,6 +98,10 @@ TEST(Tuning, SmallIntegers) {
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_PERSISTENT", std::to_string(v)}}).hopper_persistent.get(), v);
   for (int v : {0, 1, 2, 3}) EXPECT_EQ(parse({{"FLASHPORT_BWD_PIPE", std::to_string(v)}}).bwd_pipe.get(), v);
   for (int v : {1, 2}) EXPECT_EQ(parse({{"FLASHPORT_BWD_STAGES", std::to_string(v)}}).bwd_stages.get(), v);
+  for (int v : {0, 1, 2, 3})
+    EXPECT_EQ(parse({{"FLASHPORT_DECODE", std::to_string(v)}}).decode_variant.get(), v);
+  for (const char* bad : {"4", "-1", "on"})
+    expect_rejected(parse({{"FLASHPORT_DECODE", bad}}).decode_variant, "FLASHPORT_DECODE", bad);
   for (const char* bad : {"3", "-1", "x", "1 ", "+1"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_PERSISTENT", bad}}).hopper_persistent,
                     "FLASHPORT_HOPPER_PERSISTENT", bad);

@@ -201,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   if constexpr (kDecode) {
     // This warp's key tiles are k = 0, 1, ... -> tile warp + k * kWarps, in ring buffer k % kStages;
     // lanes copy them alone, so only __syncwarp orders the ring. cp.async groups: [Q] (the whole
-    // CTA's), then per warp [K0] [V0] [K1] [V1] ..., kStages - 1 pairs ahead as in the shared pipeline.
+    // CTA's), then per warp [K0] [V0] [K1] [V1] ...
     const int my_tiles = n_tiles > warp ? (n_tiles - warp + kWarps - 1) / kWarps : 0;
     auto j0_of = [&](int k) { return (tile_begin + warp + (i64)k * kWarps) * kBlockN; };
     // Lane r addresses key row j0 + r once (a paged cache's table read among them, all 32 at once) and
@@ -228,14 +228,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     for (int k = 0; k < my_tiles; ++k) {
       const int buf = k % kStages;
       const i64 j0 = j0_of(k);
-      cp_async_wait<2 * kStages - 3>();  // K(k) has landed
+      // The next pair is issued before waiting for this one, so kStages pairs are in flight during
+      // the wait (a streaming warp's bytes in flight are what its bandwidth is made of).
+      __syncwarp();                      // every lane is done with buffer (k - 1) % kStages (PV(k - 1)),
+      load_pair(k + kStages - 1);        // which takes pair k + kStages - 1
+      cp_async_wait<2 * kStages - 1>();  // K(k) has landed (after it: V(k), pairs k + 1 .. k + kStages - 1)
       __syncwarp();
-      load_pair(k + kStages - 1);  // into the buffer of k - 1, whose PV this warp has finished
       compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
       transform_scores(acc_s, p, ctx, j0, !sem::contains(unmasked, j0, j0 + kBlockN));
       online_softmax(acc_s, acc_o, st);
       if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
-      cp_async_wait<2 * (kStages - 1)>();  // V(k) has landed
+      cp_async_wait<2 * kStages - 2>();  // V(k) has landed
       __syncwarp();
       compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
     }

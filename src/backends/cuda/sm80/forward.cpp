@@ -78,6 +78,7 @@ struct FwdGeometry {
   long long m_blocks;  // grid x
   long long heads;     // grid y: query heads, or kv heads when packing
   int splits;
+  int decode_stages;  // the decode variant's forced stage count (FLASHPORT_DECODE=2|3), else 0
 };
 
 FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
@@ -88,8 +89,10 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
   // but one warp idle and stream K/V at a fraction of the copy rate.
-  const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16 && core::tuning().decode_variant.get();
-  g.tile = decode ? decode_tile(g.arch, g.bucket) : fwd_tile(g.arch, g.bucket);
+  const int decode_mode = core::tuning().decode_variant.get();  // 0 off, 1 default, 2 / 3 stages
+  const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16 && decode_mode > 0;
+  g.decode_stages = decode_mode >= 2 ? decode_mode : 0;
+  g.tile = decode ? decode_tile(g.arch, g.bucket, g.decode_stages) : fwd_tile(g.arch, g.bucket);
   const long long bm = g.tile.block_m;
   // Pack the query heads of a kv head into the block rows when that needs fewer CTAs (short query
   // lengths: decode): each kv head's K/V is then read once instead of `group` times.
@@ -122,8 +125,8 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
     for (int bucket : kHeadDimBuckets) specs.push_back(forward_spec(arch, type, bucket));
   for (int bucket : kFp8HeadDimBuckets) specs.push_back(forward_spec(arch, kE4M3, bucket));
   for (int type : {kF16, kBF16})
-    for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket));
-  for (int bucket : kFp8HeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket));
+    for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket, 0));
+  for (int bucket : kFp8HeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
   return specs;
 }
 
@@ -145,7 +148,9 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   // Every fp8 format shares one variant (the decode is picked from p.in_type in the kernel): one key.
   const int elem = is_fp8_elem(p.in_type) ? (int)kE4M3 : p.in_type;
   const jit::Kernel& kernel =
-      cached_kernel(geo.tile.decode ? decode_spec : forward_spec, device, smem, geo.arch, elem, geo.bucket);
+      geo.tile.decode
+          ? cached_kernel(decode_spec, device, smem, geo.arch, elem, geo.bucket, geo.decode_stages)
+          : cached_kernel(forward_spec, device, smem, geo.arch, elem, geo.bucket);
 
   FwdParams prm{};
   prm.p = p;

@@ -53,14 +53,17 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
               {64, 32, 4, 1});     // 68 KB: 128 query rows would need 101 KB
 }
 
-/// The decode variant's shape: 16 rows, a 32-key tile per warp, double-buffered per warp. Four warps
-/// (up to d 128: 143 KB at d 128, 76 KB at d 64, so one or two CTAs per SM with four or eight K/V
-/// streams) keep about 64 KB of K/V in flight per SM, what the H200's copy rate needs at its latency;
-/// two past d 128 (143 KB at d 256), four where that does not fit (99 KB parts: d <= 96 only).
-constexpr FwdTile decode_tile(int arch, int bucket) {
-  const FwdTile four{16, 32, 4, 2, true}, two{16, 32, 2, 2, true};
-  if (bucket <= 128 && fwd_smem_bytes(four, bucket) <= limits(arch).smem_per_block) return four;
-  if (fwd_smem_bytes(two, bucket) <= limits(arch).smem_per_block) return two;
+/// The decode variant's shape: 16 rows, a 32-key tile per warp and `stages` K/V buffers per warp (0:
+/// the default, the deepest of 3 and 2 that fits). Four warps up to d 128, two past it, fewer where the
+/// arch's shared memory does not hold them. Each warp keeps `stages` tiles in flight (it issues the next
+/// before waiting): 16 KB each at d 128, so three stages put 192 KB per SM in flight (213 KB of shared
+/// memory, one CTA per SM on sm_90; sm_80's 163 KB takes two stages).
+constexpr FwdTile decode_tile(int arch, int bucket, int stages = 0) {
+  for (int warps : {bucket <= 128 ? 4 : 2, 2, 1})
+    for (int s : {3, 2}) {
+      const FwdTile t{16, 32, warps, s, true};
+      if ((stages == 0 || stages == s) && fwd_smem_bytes(t, bucket) <= limits(arch).smem_per_block) return t;
+    }
   return {16, 32, 1, 2, true};
 }
 
