@@ -44,17 +44,20 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
     // aligned base); loads issued regardless of the weight and unrolled, so several splits' loads are
     // in flight at once instead of one dependent load per split and channel.
     for (i64 c = 4 * lane; c < p.dv; c += 128) {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
 #pragma unroll 4
       for (int s = 0; s < splits; ++s) {
         const U32x4 o = ld_global_16(prm.o_partial + (s * split_stride + row) * p.dv + c);
         const float w = s_w[warp][s];
-        const float x[4] = {u32_as_float(o.x), u32_as_float(o.y), u32_as_float(o.z), u32_as_float(o.w)};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] += w > 0.0f ? w * x[e] : 0.0f;  // w = 0: skipped (no NaN)
+        if (w > 0.0f) {  // w = 0: skipped (no NaN); a select, the load above is unconditional
+          a0 += w * u32_as_float(o.x), a1 += w * u32_as_float(o.y);
+          a2 += w * u32_as_float(o.z), a3 += w * u32_as_float(o.w);
+        }
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) store_as(p.o.ptr, p.out_type, o_off + c + e, acc[e] * inv);
+      store_as(p.o.ptr, p.out_type, o_off + c, a0 * inv);
+      store_as(p.o.ptr, p.out_type, o_off + c + 1, a1 * inv);
+      store_as(p.o.ptr, p.out_type, o_off + c + 2, a2 * inv);
+      store_as(p.o.ptr, p.out_type, o_off + c + 3, a3 * inv);
     }
   } else {
     for (i64 c = lane; c < p.dv; c += 32) {
