@@ -18,8 +18,9 @@ void launch_bucket(const amd::FwdParams& prm) {
     throw std::runtime_error("no dropout variant for head-dim bucket " + std::to_string(kBucket));
   using K = amd::fwd::Kernel<Elem, kBucket, kDropout, kFp8>;
   const AttnProblem& p = prm.p;
-  const wave::model::Dim3 grid{(unsigned)((p.sq + K::kBlockM - 1) / K::kBlockM), (unsigned)p.hq,
-                               (unsigned)p.batch};
+  const long long group = prm.pack_gqa;  // the grid of FwdParams' comment, for the packing it asks
+  const wave::model::Dim3 grid{(unsigned)((p.sq * group + K::kBlockM - 1) / K::kBlockM),
+                               (unsigned)(group > 1 ? p.hk : p.hq), (unsigned)p.batch};
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   wave::model::launch(grid, K::kThreads, K::kLdsBytes, [&](unsigned char* lds) { K::run(prm, lds); });
 }
@@ -60,10 +61,12 @@ inline void launch_fp8(const amd::FwdParams& prm, int bucket) {
 }
 
 /// The forward of `p` (fp16, bf16 or fp8, d and dv multiples of 8) on the model; `vec` false forces the
-/// element-wise load/store path.
-inline void forward(const AttnProblem& p, bool vec = true) {
-  const amd::FwdParams prm{p, vec ? amd::fwd_vec_flags(p) : 0};
+/// element-wise load/store path; `pack_gqa` 0 takes the backend's rule (amd::fwd_pack_gqa), 1 or
+/// hq / hk forces it.
+inline void forward(const AttnProblem& p, bool vec = true, int pack_gqa = 0) {
   const int bucket = amd::fwd_head_dim_bucket(p.d, p.dv);
+  const int rule = bucket > 0 ? amd::fwd_pack_gqa(p, amd::fwd_tile(bucket).block_m) : 1;
+  const amd::FwdParams prm{p, vec ? amd::fwd_vec_flags(p) : 0, pack_gqa > 0 ? pack_gqa : rule};
   if (is_fp8_elem(p.in_type))
     launch_fp8(prm, bucket);
   else if (p.in_type == kBF16)

@@ -41,6 +41,39 @@ TEST(HipModelForward, Gqa7To1) {
   check(c);
 }
 
+/// GQA packing (FwdParams::pack_gqa): the group's query heads interleaved in a block's rows, forced on
+/// and off: decode (1 query), a block boundary inside a query's heads (5 x 7 rows; 33 x 7 over four
+/// 64-row blocks), causal with more queries than keys, a window, per-head ALiBi slopes and softcap,
+/// dropout (its counter takes each row's own head), varlen and a paged cache.
+TEST(HipModelForward, GqaPacking) {
+  for (int pack : {1, 4}) {
+    check(dense(DType::bf16, 2, 1, 300, 8, 2, 128, 128), true, pack);
+    Case c = dense(DType::f16, 1, 3, 2, 8, 2, 64, 64);
+    c.causal = true;
+    check(c, true, pack);
+  }
+  for (int pack : {1, 7}) {
+    check(dense(DType::bf16, 1, 5, 70, 7, 1, 64, 64), true, pack);
+    Case c = dense(DType::bf16, 2, 33, 90, 7, 1, 64, 64);
+    c.alibi = 2, c.softcap = 5.0, c.q_stddev = 3.0, c.wl = 20, c.wr = 0;
+    check(c, true, pack);
+    c.softcap = 0.0, c.alibi = 0, c.wl = -1, c.wr = -1, c.q_stddev = 1.0, c.dropout = 0.25;
+    check(c, true, pack);
+  }
+  Case v;
+  v.layout = Layout::varlen;
+  v.hq = 6, v.hk = 2, v.d = 64, v.dv = 64;
+  v.q_lens = {1, 0, 3};
+  v.k_lens = {40, 7, 0};
+  check(v, true, 3);
+  Case pg = dense(DType::bf16, 2, 2, 0, 4, 1, 128, 128);
+  pg.layout = Layout::paged;
+  pg.page = 16;
+  pg.k_lens = {100, 33};
+  pg.used_k = pg.k_lens;
+  check(pg, true, 4);
+}
+
 TEST(HipModelForward, PaddedHeadDims) {
   check(dense(DType::bf16, 1, 40, 50, 2, 2, 72, 72));    // bucket 96
   check(dense(DType::f16, 1, 40, 50, 1, 1, 40, 40));     // bucket 64

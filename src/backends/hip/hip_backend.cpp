@@ -96,10 +96,9 @@ class HipBackend final : public core::Backend {
     if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;  // no query: nothing to write
     const int bucket = fwd_head_dim_bucket(p.d, p.dv);
     const FwdTile tile = fwd_tile(bucket);
-    const FwdParams prm{p, fwd_vec_flags(p)};
-    const Launch l{{blocks_of(p.sq, tile.block_m), (unsigned)p.hq, (unsigned)p.batch},
-                   (unsigned)(tile.waves * 64),
-                   &prm};
+    const FwdParams prm{p, fwd_vec_flags(p), fwd_pack_gqa(p, tile.block_m)};
+    const FwdGrid grid = fwd_grid(p, tile.block_m);
+    const Launch l{{grid.x, grid.y, grid.z}, (unsigned)(tile.waves * 64), &prm};
     const auto object = [&] { return forward_object(arch_of(p.device).code_object, p); };
     launch(p.device, cached_kernel(p.device, variant_key(Site::forward, p, bucket), object, "attn_fwd"), l,
            p.stream);

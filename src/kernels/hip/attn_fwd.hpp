@@ -260,28 +260,35 @@ struct Kernel {
     u16* s_k = s_q;                          // (kBlockN, kPitch), in the key loop
     u16* s_vt = s_q + kBlockN * kPitch;      // (kHeadDim, kVtPitch): V transposed, in the key loop
 
-    const i64 b = block_z(), h = block_y();
+    // Block rows are packed rows pr = m0 + r: query pr / group of head `head_of(pr)` (group 1: the
+    // grid's head, queries m0 ..; group > 1: grid y is the kv head and its group's query heads
+    // interleave, so a decode block holds every head that reads this K/V).
+    const i64 b = block_z(), group = prm.pack_gqa;
     const i64 m0 = ((i64)grid_x() - 1 - block_x()) * kBlockM;
     const SeqLens seq = guarded_lengths(p, b);
-    if (m0 >= seq.q) return;  // the whole block, before any barrier
-    const i64 hk = kv_head(p, h);
+    const i64 packed_len = seq.q * group;
+    if (m0 >= packed_len) return;  // the whole block, before any barrier
+    const i64 hk = group > 1 ? (i64)block_y() : kv_head(p, block_y());
+    auto head_of = [&](i64 pr) { return group > 1 ? hk * group + pr % group : (i64)block_y(); };
     const int lane = lane_id(), wave = wave_id(), quad = lane >> 4;
     const int row = 16 * wave + (lane & 15);  // this lane's block row
-    const i64 last = (m0 + kBlockM < seq.q ? m0 + kBlockM : seq.q) - 1;
+    const i64 first = m0 / group,
+              last = ((m0 + kBlockM < packed_len ? m0 + kBlockM : packed_len) - 1) / group;
     const i64 wl = p.window_left, wr = p.window_right;
+    const i64 h = head_of(m0 + row);  // this lane's query head
 
     // Key tiles of the block: the union of its rows' visible ranges. Tiles inside every row's range
     // need no mask.
-    const sem::KeyRange keys = sem::tile_keys(m0, last + 1, seq.q, seq.k, wl, wr);
+    const sem::KeyRange keys = sem::tile_keys(first, last + 1, seq.q, seq.k, wl, wr);
     const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
-    const sem::KeyRange unmasked = sem::keys_seen_by_all(m0, last + 1, seq.q, seq.k, wl, wr);
+    const sem::KeyRange unmasked = sem::keys_seen_by_all(first, last + 1, seq.q, seq.k, wl, wr);
 
     ScoreCtx ctx;
     ctx.scale = p.scale * descale(p, 0, b, hk) * descale(p, 1, b, hk);
     ctx.scale_log2 = ctx.scale * sem::kLog2e;
     ctx.plain = p.softcap <= 0.0f && !p.alibi;
     ctx.len_q = seq.q, ctx.len_k = seq.k;
-    ctx.row = m0 + row;
+    ctx.row = (m0 + row) / group;
     ctx.slope = alibi_slope(p, b, h);
     const sem::KeyRange kr = sem::visible_keys(ctx.row, seq.q, seq.k, wl, wr);
     ctx.key_lo = kr.lo < 0 ? 0 : kr.lo > seq.k ? seq.k : kr.lo;
@@ -292,7 +299,10 @@ struct Kernel {
     // Stage: Q through LDS into registers (B fragments of S^T), once.
     load_tile<kBlockM>(
         p.q.ptr, p.d, prm.vec & kVecQ,
-        [&](int r) { return m0 + r < seq.q ? q_offset(p, p.q, b, m0 + r, h) : (i64)-1; }, rows_into(s_q), f8);
+        [&](int r) {
+          return m0 + r < packed_len ? q_offset(p, p.q, b, (m0 + r) / group, head_of(m0 + r)) : (i64)-1;
+        },
+        rows_into(s_q), f8);
     block_sync();
     u16x4 r_q[kSteps];
     for (int kk = 0; kk < kSteps; ++kk)
@@ -303,7 +313,7 @@ struct Kernel {
     for (int c = 0; c < kSteps; ++c) acc_o[c] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
     float m = sem::kNegInf, l = 0.0f;
     // Waves whose 16 rows are all padding only help load: a wave-uniform skip of the math.
-    const bool wave_has_rows = m0 + 16 * wave < seq.q;
+    const bool wave_has_rows = m0 + 16 * wave < packed_len;
 
     for (i64 t = tiles.begin; t < tiles.end; ++t) {
       const i64 j0 = t * kBlockN;
@@ -330,7 +340,7 @@ struct Kernel {
     // Finalize: O / l (times the dropout rescale 1 / (1 - p) and the fp8 V descale); LSE = ln(2^m * l).
     // A row with no visible key has l = 0: O = 0 (acc_o is 0) and LSE = -inf.
     l = sum_over<16, 32>(l);
-    if (ctx.row >= seq.q) return;  // padding rows: past the last barrier and collective
+    if (m0 + row >= packed_len) return;  // padding rows: past the last barrier and collective
     const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
     const float fac = l > 0.0f ? keep_scale * descale(p, 2, b, hk) / l : 0.0f;
     const float lse = l > 0.0f ? m * sem::kLn2 + wave::log(l) : sem::kNegInf;

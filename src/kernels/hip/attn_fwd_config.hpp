@@ -70,11 +70,34 @@ static_assert(fwd_lds_bytes(256) <= 65536 && fwd_lds_bytes(128) <= 65536, "CDNA 
 enum VecFlags : int { kVecQ = 1, kVecK = 2, kVecV = 4, kVecO = 8 };
 
 /// Kernel arguments. Grid: x = query blocks of block_m rows (reversed in the kernel so the costliest
-/// causal blocks start first), y = query heads, z = batch. Block: waves * 64 lanes.
+/// causal blocks start first), y = query heads (kv heads when packing GQA), z = batch. Block: waves * 64
+/// lanes.
 struct FwdParams {
   AttnProblem p;
-  int vec;  // VecFlags
+  int vec;       // VecFlags
+  int pack_gqa;  // 1, or hq / hk: block row r is query (m0 + r) / group of head kv_head * group + (m0 + r) %
+                 // group
 };
+
+/// GQA packing (the CUDA portable kernel's rule): the query heads of one kv head share a block's rows
+/// when that needs fewer blocks (short query lengths: decode), so each kv head's K/V is read once per
+/// block instead of once per query head. 1 when it does not pay.
+constexpr int fwd_pack_gqa(const AttnProblem& p, int block_m) {
+  const long long group = p.hk > 0 ? p.hq / p.hk : 1;
+  const long long plain = group * ((p.sq + block_m - 1) / block_m),
+                  packed = (p.sq * group + block_m - 1) / block_m;
+  return group > 1 && packed < plain ? (int)group : 1;
+}
+
+/// The launch grid of the forward for `p` (x, y, z as FwdParams says).
+struct FwdGrid {
+  unsigned x, y, z;
+};
+constexpr FwdGrid fwd_grid(const AttnProblem& p, int block_m) {
+  const int pack = fwd_pack_gqa(p, block_m);
+  return {(unsigned)((p.sq * pack + block_m - 1) / block_m), (unsigned)(pack > 1 ? p.hk : p.hq),
+          (unsigned)p.batch};
+}
 
 /// The VecFlags of a problem (host side): an operand qualifies when its pointer is 16-byte aligned and
 /// every stride is a multiple of 8 elements.

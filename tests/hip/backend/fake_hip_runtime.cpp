@@ -181,8 +181,15 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
                                             " LDS bytes, the problem's " + "bucket d" +
                                             std::to_string(bucket) + " needs " +
                                             std::to_string(amd::fwd_lds_bytes(bucket)));
-    if (bx != (unsigned)tile.waves * 64 || gx != (unsigned)((p.sq + tile.block_m - 1) / tile.block_m) ||
-        gy != (unsigned)p.hq || gz != (unsigned)p.batch)
+    // The grid a GPU would run: one block per block_m packed rows (the queries of every head in a kv
+    // head's group when the kernel packs GQA, FwdParams::pack_gqa), so it must agree with pack_gqa.
+    const long long group = prm.pack_gqa;
+    if (group < 1 || (group > 1 && group != p.hq / p.hk))
+      return fail(hipErrorInvalidValue, "attn_fwd pack_gqa " + std::to_string(group) + " for " +
+                                            std::to_string(p.hq) + "/" + std::to_string(p.hk) + " heads");
+    if (bx != (unsigned)tile.waves * 64 ||
+        gx != (unsigned)((p.sq * group + tile.block_m - 1) / tile.block_m) ||
+        gy != (unsigned)(group > 1 ? p.hk : p.hq) || gz != (unsigned)p.batch)
       return fail(hipErrorInvalidConfiguration, "attn_fwd grid/block do not match the problem");
     if (fn->fp8 != is_fp8_elem(p.in_type))
       return fail(hipErrorInvalidImage, std::string("attn_fwd of a ") + (fn->fp8 ? "" : "non-") +
