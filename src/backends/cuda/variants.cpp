@@ -35,8 +35,8 @@ jit::KernelSpec forward_spec(int arch, int elem_type, int bucket) {
   return forward_spec_for(arch, elem_type, bucket, fwd_tile(arch, bucket));
 }
 
-jit::KernelSpec decode_spec(int arch, int elem_type, int bucket, int stages) {
-  return forward_spec_for(arch, elem_type, bucket, decode_tile(arch, bucket, stages));
+jit::KernelSpec decode_spec(int arch, int elem_type, int bucket, int mode) {
+  return forward_spec_for(arch, elem_type, bucket, decode_tile(arch, bucket, mode));
 }
 
 jit::KernelSpec split_combine_spec(int arch) {

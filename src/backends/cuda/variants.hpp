@@ -12,9 +12,9 @@ namespace flashport::cuda {
 /// from fwd_tile (tiles.hpp). kF16 / kBF16: that dtype. An fp8 type (kE4M3, kE4M3FNUZ, kE5M2): the fp8
 /// variant (FP_DTYPE=bf16, FP_FP8=1), the same spec for all three (the format is read at run time).
 jit::KernelSpec forward_spec(int arch, int elem_type, int bucket);
-/// Its decode variant (FP_DECODE=1, the tile of decode_tile; `stages` 0: the default): calls whose
-/// query rows, GQA heads packed in, fit one 16-row fragment.
-jit::KernelSpec decode_spec(int arch, int elem_type, int bucket, int stages);
+/// Its decode variant (FP_DECODE=1, the tile of decode_tile for `mode`, FLASHPORT_DECODE's shape
+/// choice; 0: the default): calls whose query rows, GQA heads packed in, fit one 16-row fragment.
+jit::KernelSpec decode_spec(int arch, int elem_type, int bucket, int mode);
 /// The split-KV combine kernel (element type is a runtime value).
 jit::KernelSpec split_combine_spec(int arch);
 /// kv-cache append and q rotation kernels (runtime element type).

@@ -78,7 +78,7 @@ struct FwdGeometry {
   long long m_blocks;  // grid x
   long long heads;     // grid y: query heads, or kv heads when packing
   int splits;
-  int decode_stages;  // the decode variant's forced stage count (FLASHPORT_DECODE=2|3), else 0
+  int decode_mode;  // FLASHPORT_DECODE's shape choice for the decode variant (decode_tile), 0: default
 };
 
 FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
@@ -89,10 +89,10 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
   // but one warp idle and stream K/V at a fraction of the copy rate.
-  const int decode_mode = core::tuning().decode_variant.get();  // 0 off, 1 default, 2 / 3 stages
+  const int decode_mode = core::tuning().decode_variant.get();  // 0 off, 1 default, 2..4 shapes
   const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16 && decode_mode > 0;
-  g.decode_stages = decode_mode >= 2 ? decode_mode : 0;
-  g.tile = decode ? decode_tile(g.arch, g.bucket, g.decode_stages) : fwd_tile(g.arch, g.bucket);
+  g.decode_mode = decode_mode >= 2 ? decode_mode : 0;
+  g.tile = decode ? decode_tile(g.arch, g.bucket, g.decode_mode) : fwd_tile(g.arch, g.bucket);
   const long long bm = g.tile.block_m;
   // Pack the query heads of a kv head into the block rows when that needs fewer CTAs (short query
   // lengths: decode): each kv head's K/V is then read once instead of `group` times.
@@ -127,6 +127,11 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket, 0));
   for (int bucket : kFp8HeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
+  // FLASHPORT_DECODE=4's eight-warp shape, where it differs from the default (d <= 128): compiled by
+  // CI's variant check like the rest, so choosing it cannot meet a kernel that does not build.
+  for (int type : {kF16, kBF16})
+    for (int bucket : kHeadDimBuckets)
+      if (decode_tile(arch, bucket, 4).warps == 8) specs.push_back(decode_spec(arch, type, bucket, 4));
   return specs;
 }
 
@@ -148,9 +153,8 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   // Every fp8 format shares one variant (the decode is picked from p.in_type in the kernel): one key.
   const int elem = is_fp8_elem(p.in_type) ? (int)kE4M3 : p.in_type;
   const jit::Kernel& kernel =
-      geo.tile.decode
-          ? cached_kernel(decode_spec, device, smem, geo.arch, elem, geo.bucket, geo.decode_stages)
-          : cached_kernel(forward_spec, device, smem, geo.arch, elem, geo.bucket);
+      geo.tile.decode ? cached_kernel(decode_spec, device, smem, geo.arch, elem, geo.bucket, geo.decode_mode)
+                      : cached_kernel(forward_spec, device, smem, geo.arch, elem, geo.bucket);
 
   FwdParams prm{};
   prm.p = p;

@@ -53,12 +53,19 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
               {64, 32, 4, 1});     // 68 KB: 128 query rows would need 101 KB
 }
 
-/// The decode variant's shape: 16 rows, a 32-key tile per warp and `stages` K/V buffers per warp (0:
-/// the default, the deepest of 3 and 2 that fits). Four warps up to d 128, two past it, fewer where the
-/// arch's shared memory does not hold them. Each warp keeps `stages` tiles in flight (it issues the next
-/// before waiting): 16 KB each at d 128, so three stages put 192 KB per SM in flight (213 KB of shared
-/// memory, one CTA per SM on sm_90; sm_80's 163 KB takes two stages).
-constexpr FwdTile decode_tile(int arch, int bucket, int stages = 0) {
+/// The decode variant's shape for `mode` (FLASHPORT_DECODE): 0 or 1 the default, 16 rows, a 32-key tile
+/// per warp and the deepest of 3 and 2 K/V buffers per warp that fits; four warps up to d 128, two past
+/// it, fewer where the arch's shared memory does not hold them (three stages: 213 KB at d 128, one CTA
+/// per SM on sm_90; sm_80's 163 KB takes two). 2 or 3: that stage count. 4: eight warps of 16-key tiles,
+/// two stages (143 KB at d 128), two warps per scheduler instead of one: the candidate for the decode
+/// plateau (docs/PERF.md, "Decode": per-warp issue, not bytes in flight, limits it).
+constexpr FwdTile decode_tile(int arch, int bucket, int mode = 0) {
+  if (mode == 4) {
+    const FwdTile eight{16, 16, 8, 2, true};
+    if (bucket <= 128 && fwd_smem_bytes(eight, bucket) <= limits(arch).smem_per_block) return eight;
+    mode = 0;
+  }
+  const int stages = mode == 2 || mode == 3 ? mode : 0;
   for (int warps : {bucket <= 128 ? 4 : 2, 2, 1})
     for (int s : {3, 2}) {
       const FwdTile t{16, 32, warps, s, true};
