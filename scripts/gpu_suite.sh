@@ -2,13 +2,15 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3
+# memory,fuzz,huge,fa3,decode
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
 # peak-memory benchmark; `prebuild` compiles every kernel variant into the cache; `fuzz` the differential
 # GPU fuzzer (FUZZ_SECONDS, FUZZ_WORKERS; beside the sanitizer when both run); `huge` the
-# more-than-2^31-elements test.
+# more-than-2^31-elements test. `decode` times the decode grid (gpu_decode_bench.py --perf-md; FA3 as a peer
+# when /tmp/fa3 holds an FA3_DECODE=1 build) after a quick pass per FLASHPORT_DECODE shape (DECODE_MODES,
+# default 0 1 2 4: row-split kernel, default, two stages, eight warps).
 # GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
 # `fa3` builds FA3 (flash-attention's hopper/, the same-run peer) in the background from the first step on,
@@ -190,6 +192,16 @@ if has memory; then
   step "peak memory of forward + backward vs sequence length"
   python3 bench/memory_bench.py --out "$OUT/memory.jsonl" 2>&1 | tail -20 || status=1
   cp docs/perf_memory.png "$OUT/" 2>/dev/null
+fi
+if has decode; then
+  step "decode: quick pass per FLASHPORT_DECODE shape, then the grid"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  if [[ -f /tmp/fa3_done ]]; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
+  for mode in ${DECODE_MODES:-0 1 2 4}; do
+    echo "--- FLASHPORT_DECODE=$mode"
+    FLASHPORT_DECODE=$mode python3 bench/gpu_decode_bench.py --quick --out "$OUT/decode_mode$mode.jsonl" 2>&1 | grep -E "^\[" || status=1
+  done
+  python3 bench/gpu_decode_bench.py --perf-md --out "$OUT/decode.jsonl" 2>&1 | tee "$OUT/decode.log" | grep -E "^\[" || status=1
 fi
 if has bench; then
   step "benchmark"
