@@ -82,6 +82,16 @@ inline Case varlen(Case c, std::vector<int64_t> q_lens, std::vector<int64_t> k_l
   return c;
 }
 
+/// `c` over a paged cache of `page`-token pages holding `k_lens` keys per sequence, all of them used
+/// (seqused_k = k_lens); the queries stay as `c` has them.
+inline Case paged(Case c, int64_t page, std::vector<int64_t> k_lens) {
+  c.layout = Layout::paged;
+  c.page = page;
+  c.k_lens = std::move(k_lens);
+  c.used_k = c.k_lens;
+  return c;
+}
+
 // --- score features ---------------------------------------------------------------------------------
 
 /// Masks and score transforms applied to a case by with().

@@ -18,18 +18,8 @@ TEST(GpuForwardSmall, DenseMasksAndFeatures) {
 
 TEST(GpuForwardSmall, VarlenAndPaged) {
   FP_SKIP_WITHOUT_GPU();
-  Case v;
-  v.layout = Layout::varlen;
-  v.hq = 2, v.hk = 1, v.d = 128, v.dv = 128;
-  v.q_lens = {0, 20, 1};
-  v.k_lens = {3, 50, 0};
-  expect_forward_accurate(v);
-  Case p = dense(DType::bf16, 2, 5, 0, 4, 2, 64);
-  p.layout = Layout::paged;
-  p.page = 1;
-  p.k_lens = {19, 3};
-  p.used_k = p.k_lens;
-  expect_forward_accurate(p);
+  expect_forward_accurate(varlen(dense(DType::bf16, 1, 1, 1, 2, 1, 128), {0, 20, 1}, {3, 50, 0}));
+  expect_forward_accurate(paged(dense(DType::bf16, 2, 5, 0, 4, 2, 64), 1, {19, 3}));
 }
 
 TEST(GpuForwardSmall, SplitKv) {
@@ -50,18 +40,8 @@ TEST(GpuForwardSmall, DecodeVariant) {
   Case f = dense(DType::bf16, 2, 1, 500, 8, 2, 128);
   f.wl = 100, f.softcap = 4.0, f.alibi = 2, f.dropout = 0.2, f.q_stddev = 3.0;
   expect_forward_accurate(f);
-  Case v;
-  v.layout = Layout::varlen;
-  v.hq = 8, v.hk = 1, v.d = 128, v.dv = 128;
-  v.q_lens = {1, 0, 2};
-  v.k_lens = {300, 5, 0};
-  expect_forward_accurate(v);
-  Case p = dense(DType::f16, 2, 1, 0, 4, 1, 96);
-  p.layout = Layout::paged;
-  p.page = 7;
-  p.k_lens = {150, 64};
-  p.used_k = p.k_lens;
-  expect_forward_accurate(with(p, kCausal));
+  expect_forward_accurate(varlen(dense(DType::bf16, 1, 1, 1, 8, 1, 128), {1, 0, 2}, {300, 5, 0}));
+  expect_forward_accurate(with(paged(dense(DType::f16, 2, 1, 0, 4, 1, 96), 7, {150, 64}), kCausal));
 }
 
 /// Index tensors in device memory are not validated by the core (it cannot read them): the kernels

@@ -60,18 +60,8 @@ TEST(HipModelForward, GqaPacking) {
     c.softcap = 0.0, c.alibi = 0, c.wl = -1, c.wr = -1, c.q_stddev = 1.0, c.dropout = 0.25;
     check(c, true, pack);
   }
-  Case v;
-  v.layout = Layout::varlen;
-  v.hq = 6, v.hk = 2, v.d = 64, v.dv = 64;
-  v.q_lens = {1, 0, 3};
-  v.k_lens = {40, 7, 0};
-  check(v, true, 3);
-  Case pg = dense(DType::bf16, 2, 2, 0, 4, 1, 128, 128);
-  pg.layout = Layout::paged;
-  pg.page = 16;
-  pg.k_lens = {100, 33};
-  pg.used_k = pg.k_lens;
-  check(pg, true, 4);
+  check(varlen(dense(DType::bf16, 1, 1, 1, 6, 2, 64, 64), {1, 0, 3}, {40, 7, 0}), true, 3);
+  check(paged(dense(DType::bf16, 2, 2, 0, 4, 1, 128, 128), 16, {100, 33}), true, 4);
 }
 
 TEST(HipModelForward, PaddedHeadDims) {
