@@ -206,6 +206,18 @@ FP_HD I group_head(I hk, I group, I g) {
   return hk * group + g;
 }
 
+/// GQA packing of a forward whose query blocks hold `block_m` rows: the group (its query heads share a
+/// block's rows, query-major: row r is query r / group of head group_head(hk, group, r % group)) when
+/// that needs fewer blocks than one head per block (short query lengths: decode, where each kv head's
+/// K/V is then read once per block instead of once per query head), else 1. The CUDA portable and the
+/// CDNA forward both launch by it.
+FP_HD long long gqa_pack(const AttnProblem& p, long long block_m) {
+  const long long group = gqa_group(p);
+  const long long plain = group * ((p.sq + block_m - 1) / block_m),
+                  packed = (p.sq * group + block_m - 1) / block_m;
+  return group > 1 && packed < plain ? group : 1;
+}
+
 /// The query heads that read kv head hk.
 FP_HD sem::Range group_heads(const AttnProblem& p, long long hk) {
   const long long group = gqa_group(p);

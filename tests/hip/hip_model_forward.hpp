@@ -61,11 +61,11 @@ inline void launch_fp8(const amd::FwdParams& prm, int bucket) {
 }
 
 /// The forward of `p` (fp16, bf16 or fp8, d and dv multiples of 8) on the model; `vec` false forces the
-/// element-wise load/store path; `pack_gqa` 0 takes the backend's rule (amd::fwd_pack_gqa), 1 or
+/// element-wise load/store path; `pack_gqa` 0 takes the backend's rule (gqa_pack in core/problem.h), 1 or
 /// hq / hk forces it.
 inline void forward(const AttnProblem& p, bool vec = true, int pack_gqa = 0) {
   const int bucket = amd::fwd_head_dim_bucket(p.d, p.dv);
-  const int rule = bucket > 0 ? amd::fwd_pack_gqa(p, amd::fwd_tile(bucket).block_m) : 1;
+  const int rule = bucket > 0 ? (int)gqa_pack(p, amd::fwd_tile(bucket).block_m) : 1;
   const amd::FwdParams prm{p, vec ? amd::fwd_vec_flags(p) : 0, pack_gqa > 0 ? pack_gqa : rule};
   if (is_fp8_elem(p.in_type))
     launch_fp8(prm, bucket);

@@ -96,7 +96,7 @@ class HipBackend final : public core::Backend {
     if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;  // no query: nothing to write
     const int bucket = fwd_head_dim_bucket(p.d, p.dv);
     const FwdTile tile = fwd_tile(bucket);
-    const FwdParams prm{p, fwd_vec_flags(p), fwd_pack_gqa(p, tile.block_m)};
+    const FwdParams prm{p, fwd_vec_flags(p), (int)gqa_pack(p, tile.block_m)};
     const FwdGrid grid = fwd_grid(p, tile.block_m);
     const Launch l{{grid.x, grid.y, grid.z}, (unsigned)(tile.waves * 64), &prm};
     const auto object = [&] { return forward_object(arch_of(p.device).code_object, p); };

@@ -207,6 +207,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     // Lane r addresses key row j0 + r once (a paged cache's table read among them, all 32 at once) and
     // the copy loop takes each row's offset by shuffle, instead of a dependent table read per chunk.
     static_assert(!kDecode || kBlockN <= 32, "at most one key row per lane");
+    // ... and no lane may leave load_tile's loop early: the shuffles in its row_offset need all 32.
+    static_assert(!kDecode || kBlockN * kChunks % 32 == 0, "whole warp passes over a ring tile");
     auto load_ring = [&](u16* ring, const Operand& t, i64 base, i64 ncols, bool vec, int k) {
       const i64 j = j0_of(k) + lane;
       const i64 my_off = j < seq.len_k ? kv_offset(t, base, j) : (i64)-1;

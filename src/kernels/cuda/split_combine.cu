@@ -39,35 +39,25 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   __syncwarp();
   const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
   const i64 o_off = q_offset(p, p.o, b, i, h);
-  if (p.dv % 4 == 0) {
-    // Four channels per lane, one 16-byte load per split (partial rows are dv floats from a 16-byte
-    // aligned base); loads issued regardless of the weight and unrolled, so several splits' loads are
-    // in flight at once instead of one dependent load per split and channel.
-    for (i64 c = 4 * lane; c < p.dv; c += 128) {
-      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  // dv is a multiple of 8 on CUDA (cuda_backend.cpp refuses others). Four channels per lane, one 16-byte load
+  // per split (partial rows are dv floats from a 16-byte aligned base); loads issued regardless of the weight
+  // and unrolled, so several splits' loads are in flight at once instead of one dependent load per split and
+  // channel.
+  for (i64 c = 4 * lane; c < p.dv; c += 128) {
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
 #pragma unroll 4
-      for (int s = 0; s < splits; ++s) {
-        const U32x4 o = ld_global_16(prm.o_partial + (s * split_stride + row) * p.dv + c);
-        const float w = s_w[warp][s];
-        if (w > 0.0f) {  // w = 0: skipped (no NaN); a select, the load above is unconditional
-          a0 += w * u32_as_float(o.x), a1 += w * u32_as_float(o.y);
-          a2 += w * u32_as_float(o.z), a3 += w * u32_as_float(o.w);
-        }
+    for (int s = 0; s < splits; ++s) {
+      const U32x4 o = ld_global_16(prm.o_partial + (s * split_stride + row) * p.dv + c);
+      const float w = s_w[warp][s];
+      if (w > 0.0f) {  // w = 0: skipped (no NaN); a select, the load above is unconditional
+        a0 += w * u32_as_float(o.x), a1 += w * u32_as_float(o.y);
+        a2 += w * u32_as_float(o.z), a3 += w * u32_as_float(o.w);
       }
-      store_as(p.o.ptr, p.out_type, o_off + c, a0 * inv);
-      store_as(p.o.ptr, p.out_type, o_off + c + 1, a1 * inv);
-      store_as(p.o.ptr, p.out_type, o_off + c + 2, a2 * inv);
-      store_as(p.o.ptr, p.out_type, o_off + c + 3, a3 * inv);
     }
-  } else {
-    for (i64 c = lane; c < p.dv; c += 32) {
-      float acc = 0.0f;
-      for (int s = 0; s < splits; ++s) {
-        const float w = s_w[warp][s];
-        if (w > 0.0f) acc += w * prm.o_partial[(s * split_stride + row) * p.dv + c];  // w = 0: skip (no NaN)
-      }
-      store_as(p.o.ptr, p.out_type, o_off + c, acc * inv);
-    }
+    store_as(p.o.ptr, p.out_type, o_off + c, a0 * inv);
+    store_as(p.o.ptr, p.out_type, o_off + c + 1, a1 * inv);
+    store_as(p.o.ptr, p.out_type, o_off + c + 2, a2 * inv);
+    store_as(p.o.ptr, p.out_type, o_off + c + 3, a3 * inv);
   }
   if (p.lse && lane == 0) p.lse[lse_offset(p, b, h, i)] = wsum > 0.0f ? m + logf(wsum) : kNegInf;
 }

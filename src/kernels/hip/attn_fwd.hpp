@@ -269,7 +269,7 @@ struct Kernel {
     const i64 packed_len = seq.q * group;
     if (m0 >= packed_len) return;  // the whole block, before any barrier
     const i64 hk = group > 1 ? (i64)block_y() : kv_head(p, block_y());
-    auto head_of = [&](i64 pr) { return group > 1 ? hk * group + pr % group : (i64)block_y(); };
+    auto head_of = [&](i64 pr) { return group > 1 ? group_head(hk, group, pr % group) : (i64)block_y(); };
     const int lane = lane_id(), wave = wave_id(), quad = lane >> 4;
     const int row = 16 * wave + (lane & 15);  // this lane's block row
     const i64 first = m0 / group,

@@ -79,22 +79,13 @@ struct FwdParams {
                  // group
 };
 
-/// GQA packing (the CUDA portable kernel's rule): the query heads of one kv head share a block's rows
-/// when that needs fewer blocks (short query lengths: decode), so each kv head's K/V is read once per
-/// block instead of once per query head. 1 when it does not pay.
-constexpr int fwd_pack_gqa(const AttnProblem& p, int block_m) {
-  const long long group = p.hk > 0 ? p.hq / p.hk : 1;
-  const long long plain = group * ((p.sq + block_m - 1) / block_m),
-                  packed = (p.sq * group + block_m - 1) / block_m;
-  return group > 1 && packed < plain ? (int)group : 1;
-}
-
 /// The launch grid of the forward for `p` (x, y, z as FwdParams says).
 struct FwdGrid {
   unsigned x, y, z;
 };
-constexpr FwdGrid fwd_grid(const AttnProblem& p, int block_m) {
-  const int pack = fwd_pack_gqa(p, block_m);
+/// `pack`: gqa_pack (core/problem.h).
+inline FwdGrid fwd_grid(const AttnProblem& p, int block_m) {
+  const long long pack = gqa_pack(p, block_m);
   return {(unsigned)((p.sq * pack + block_m - 1) / block_m), (unsigned)(pack > 1 ? p.hk : p.hq),
           (unsigned)p.batch};
 }

@@ -85,7 +85,7 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   FwdGeometry g{};
   g.arch = jit::device_arch(device);
   g.bucket = is_fp8_elem(p.in_type) ? fp8_head_dim_bucket(p.d, p.dv) : head_dim_bucket(p.d, p.dv);
-  const long long group = p.hq / p.hk;
+  const long long group = gqa_group(p);
   // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
   // but one warp idle and stream K/V at a fraction of the copy rate.
@@ -94,10 +94,7 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   g.decode_mode = decode_mode >= 2 ? decode_mode : 0;
   g.tile = decode ? decode_tile(g.arch, g.bucket, g.decode_mode) : fwd_tile(g.arch, g.bucket);
   const long long bm = g.tile.block_m;
-  // Pack the query heads of a kv head into the block rows when that needs fewer CTAs (short query
-  // lengths: decode): each kv head's K/V is then read once instead of `group` times.
-  const long long blocks_plain = group * ((p.sq + bm - 1) / bm), blocks_packed = (p.sq * group + bm - 1) / bm;
-  g.pack_gqa = group > 1 && blocks_packed < blocks_plain ? (int)group : 1;
+  g.pack_gqa = (int)gqa_pack(p, bm);  // see core/problem.h
   g.m_blocks = (p.sq * g.pack_gqa + bm - 1) / bm;
   g.heads = g.pack_gqa > 1 ? p.hk : p.hq;
   g.splits = 1;

@@ -132,7 +132,7 @@ bool shape_from_env(int d) {
 /// 2k at d 64, +1 to +19% at d 128 up to 8k). Causal blocks differ in work: the persistent schedule
 /// deals them heaviest first (attn_fwd_sm90.cu, tile_block), which wins only where blocks are few and
 /// short (2026-12-02, same grid: d 64 causal 512 / 1k +15% / +5%, d 128 causal 512 +6%; 2k and longer
-/// 3-8% slower, the launch order's L2 sharing lost), so causal takes mode 2 up to kShortCausal[d]
+/// 3-8% slower, the launch order's L2 sharing lost), so causal takes mode 2 up to short_causal(d)
 /// queries; windowed and varlen problems keep one CTA per block.
 constexpr long long kShortKeys = 2048;
 
