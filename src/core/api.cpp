@@ -165,7 +165,12 @@ core::KvCacheProblem core::build_kvcache(const KvCacheArgs& a) {
     });
   }
   if (!paged && a.cache_batch_idx) {
-    // Validate against a view with q's batch so build_attention's dense shape checks apply unchanged.
+    // Validate against a view with q's batch so build_attention's dense shape checks apply unchanged;
+    // the rows cache_batch_idx picks from must exist in both caches.
+    require(a.v_cache.ndim < 1 || a.v_cache.shape[0] == cache_rows, "v_cache", [&] {
+      return "expected " + num(cache_rows) + " rows like k_cache (cache_batch_idx indexes both), got " +
+             a.v_cache.describe();
+    });
     k_cache.shape[0] = batch;
     v_cache.shape[0] = batch;
   }

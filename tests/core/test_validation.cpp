@@ -266,6 +266,13 @@ TEST(Validation, KvCache) {
   HostTensor idx = int_tensor({0, 2});
   a.cache_batch_idx = idx.view();
   expect_error([&] { forward_kvcache(a); }, "cache_batch_idx", "entry 1 = 2 is outside [0, 2)");
+  // The rows cache_batch_idx picks must exist in v_cache too (found by the fuzzer: v_cache with no rows
+  // was read out of bounds).
+  idx.i32()[1] = 1;
+  HostTensor vc_one = randn(DType::f32, {1, s_cache, hk, d});
+  a.v_cache = vc_one;
+  expect_error([&] { forward_kvcache(a); }, "v_cache", "expected 2 rows like k_cache");
+  a.v_cache = vc;
   a.cache_batch_idx.reset();
   a.v_new.reset();
   expect_error([&] { forward_kvcache(a); }, "v_new", "together");
