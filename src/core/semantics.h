@@ -215,6 +215,31 @@ FP_HD float rotary_channel(int c, int rotary_dim, bool interleaved, X&& x, Cos&&
 }
 
 // ---------------------------------------------------------------------------------------------
+// The online softmax's row conventions, shared by every forward (CPU tiles and decode, CUDA portable
+// and Hopper, CDNA). Scores enter in the log2 domain (times log2 e); a row keeps its running max m and
+// sum l of 2^(s - m). A row that has seen no visible key has m = -inf and l = 0, and must end as O = 0,
+// LSE = -inf (SPEC: fully masked rows give 0, not NaN).
+
+/// The exponent base for a row's probabilities 2^(s - base): its running max, or 0 while that is
+/// -inf, so masked scores give 2^(-inf - 0) = 0 and an old max of -inf rescales by 2^(-inf) = 0
+/// instead of NaN from -inf - (-inf).
+FP_HD float softmax_base(float m) {
+  return m == kNegInf ? 0.0f : m;
+}
+
+/// The factor that normalises a finished row's output: 1 / l, or 0 for a row without visible keys.
+FP_HD float softmax_norm(float l) {
+  return l > 0.0f ? 1.0f / l : 0.0f;
+}
+
+/// A finished row's natural-log LSE, (m + log2 l) * ln 2, or -inf for a row without visible keys.
+/// `log2` is the backend's log2 (a fast approximation where its accuracy suffices).
+template <class Log2>
+FP_HD float softmax_lse(float m, float l, Log2&& log2) {
+  return l > 0.0f ? (m + log2(l)) * kLn2 : kNegInf;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Merging partial softmax states (split-KV, merge_states, the online softmax itself).
 
 /// Weight of a partial state with log-sum-exp `lse` against the merged maximum `m`; -inf gives 0

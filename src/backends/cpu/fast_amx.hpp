@@ -433,11 +433,11 @@ inline void amx_forward_block(const AttnProblem& p, const QueryBlock& blk, const
   // max P was taken against; rows that saw no key get 0 and -inf.
   const float keep_scale = dropout ? (float)(1.0 / (1.0 - (double)p.dropout_p)) : 1.0f;
   float* inv_l = alpha;
-  for (int r = 0; r < kBlockQ; ++r) inv_l[r] = l[r] > 0.0f ? keep_scale / l[r] : 0.0f;
+  for (int r = 0; r < kBlockQ; ++r) inv_l[r] = keep_scale * sem::softmax_norm(l[r]);
   amx_store_out(p, b, h, i0, nq, o_t, lay.dv32, inv_l, row);
   if (p.lse) {
     for (int r = 0; r < nq; ++r) {
-      p.lse[lse_offset(p, b, h, i0 + r)] = l[r] > 0.0f ? kLn2 * (m[r] + std::log2(l[r])) : kNegInf;
+      p.lse[lse_offset(p, b, h, i0 + r)] = sem::softmax_lse(m[r], l[r], row_log2);
     }
   }
 }

@@ -448,8 +448,8 @@ inline void decode_block(const AttnProblem& p, const DecodeBlock& blk, float* sc
     const auto [hk, q_t, o_acc, m, l, slope, lo, hi, diag] = head(h);
     float* partial = blk.partial ? blk.partial + h * blk.rows * (dv + 1) : nullptr;
     for (int r = 0; r < rows; ++r) {
-      const float inv_l = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-      const float lse = l[r] > 0.0f ? kLn2 * (m[r] + std::log2(l[r])) : kNegInf;
+      const float inv_l = sem::softmax_norm(l[r]);
+      const float lse = sem::softmax_lse(m[r], l[r], row_log2);
       const float* o_r = o_acc + (long long)r * dv_pad;
       if (bf16) {  // back from the even/odd order
         for (int c = 0; c < dv; ++c) row_buf[c] = o_r[bf16_lane(c)];

@@ -14,7 +14,7 @@ inline void online_softmax_rows(float* s, int nk, int ld, const float* m_new, fl
                                 float* alpha) {
   float m_use[kMaxRows], sum[kMaxRows];
   for (int r = 0; r < ld; ++r) {
-    m_use[r] = m_new[r] == kNegInf ? 0.0f : m_new[r];
+    m_use[r] = sem::softmax_base(m_new[r]);
     alpha[r] = exp2_neg(m[r] - m_use[r]);
     m[r] = m_new[r];
     sum[r] = 0.0f;
@@ -135,8 +135,8 @@ inline void forward_block(const AttnProblem& p, const QueryBlock& blk, const flo
   // Finalise: O / l and LSE = ln(2) * (m + log2 l); rows that saw no key get 0 and -inf.
   for (int r = 0; r < nq; ++r) {
     const long long i = i0 + r;
-    const float inv_l = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    store_row(p.o.ptr, p.out_type, q_offset(p, p.o, b, i, h), dv, inv_l, o_acc + (long long)r * dv_pad);
-    if (p.lse) p.lse[lse_offset(p, b, h, i)] = l[r] > 0.0f ? kLn2 * (m[r] + std::log2(l[r])) : kNegInf;
+    store_row(p.o.ptr, p.out_type, q_offset(p, p.o, b, i, h), dv, sem::softmax_norm(l[r]),
+              o_acc + (long long)r * dv_pad);
+    if (p.lse) p.lse[lse_offset(p, b, h, i)] = sem::softmax_lse(m[r], l[r], row_log2);
   }
 }

@@ -17,6 +17,11 @@ static_assert(kBlockQ % W == 0 && kMaxVec % W == 0, "tiles must be whole vectors
 using sem::kLn2;
 using sem::kNegInf;
 
+/// std::log2 as the log2 sem::softmax_lse takes.
+inline float row_log2(float x) {
+  return std::log2(x);
+}
+
 /// a * b + c, fused where the target has FMA (the build is ISO C++, which forbids contraction).
 FAST_INLINE float madd(float a, float b, float c) {
 #ifdef __FMA__

@@ -268,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float m_w = theirs[32 * r], mx = fmaxf(st.m[r], m_w);
-        const float ref = mx == kNegInf ? 0.0f : mx;  // both empty: 2^(-inf - 0) = 0, no NaN
+        const float ref = sem::softmax_base(mx);  // both empty: 2^(-inf - 0) = 0, no NaN
         const float a = fast_exp2(st.m[r] - ref), c = fast_exp2(m_w - ref);
         st.m[r] = mx;
         st.l[r] = st.l[r] * a + theirs[32 * (2 + r)] * c;
@@ -353,8 +353,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l = quad_sum(st.l[r]);
-    fac[r] = l > 0.0f ? out_scale / l : 0.0f;
-    lse[r] = l > 0.0f ? st.m[r] * kLn2 + logf(l) : kNegInf;
+    fac[r] = out_scale * sem::softmax_norm(l);
+    lse[r] = sem::softmax_lse(st.m[r], l, [](float x) { return log2f(x); });
   }
   store_output(prm, acc_o, fac, lse, s_q + warp_row0 * kPitch, b, rows, warp_row0, packed_len, split);
 }

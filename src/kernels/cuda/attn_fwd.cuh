@@ -264,7 +264,7 @@ FP_DEV void online_softmax(float (&acc_s)[kNTiles][4], float (&acc_o)[kDTiles][4
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
     mx = fmaxf(st.m[r], quad_max(mx));
-    ref[r] = mx == kNegInf ? 0.0f : mx;
+    ref[r] = sem::softmax_base(mx);
     const float alpha = fast_exp2(st.m[r] - ref[r]);  // 0 while the old max is -inf
     st.m[r] = mx;
     st.l[r] *= alpha;

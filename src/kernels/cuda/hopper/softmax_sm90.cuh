@@ -216,7 +216,7 @@ FP_DEV bool online_softmax(float (&r_s)[kBlockN / 2], RowState& st, float to_log
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float base = st.m[h] == sem::kNegInf ? 0.0f : st.m[h];
+    const float base = sem::softmax_base(st.m[h]);
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
@@ -251,8 +251,8 @@ FP_DEV void finalize_rows(const RowState& st, float (&inv)[2], float (&lse)[2]) 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = quad_sum(st.l[h]);
-    inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
-    lse[h] = l > 0.0f ? (st.m[h] + fast_log2(l)) * kLn2 : sem::kNegInf;
+    inv[h] = sem::softmax_norm(l);
+    lse[h] = sem::softmax_lse(st.m[h], l, [](float x) { return fast_log2(x); });
   }
 }
 
