@@ -32,6 +32,10 @@ while read -r flags; do
   jobs+=("$kernel_flags $flags -c $emu/emu_attn_fwd.cpp -o $out/attn_fwd_$i.o")
   i=$((i + 1))
 done < <("$out/list_variants" "$arch")
+while read -r flags; do
+  jobs+=("$kernel_flags $flags -c $emu/emu_attn_fwd_f32.cpp -o $out/attn_fwd_f32_$i.o")
+  i=$((i + 1))
+done < <("$out/list_variants" "$arch" attn_fwd_f32)
 for k in split_combine kvcache merge; do
   jobs+=("$kernel_flags -c $emu/emu_$k.cpp -o $out/$k.o")
 done

@@ -2,12 +2,13 @@
 #include "backends/cuda/sm80/forward.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 
 #include "backends/cuda/arch.hpp"
+#include "backends/cuda/sm80/forward_f32.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
+#include "core/split_plan.h"
 #include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "jit/jit.hpp"
@@ -18,7 +19,9 @@
 namespace flashport::cuda {
 namespace {
 
-constexpr int kMaxSplits = 128;      // split_combine.cu's shared-memory weight table
+using core::heuristic_splits;  // FlashAttention-2's rule, shared with the HIP launcher
+using core::kMaxSplits;        // split_combine.cu's shared-memory weight table
+
 constexpr int kAuxRowsPerBlock = 4;  // kv_append / rotate_q / merge / combine: one warp per row
 constexpr unsigned kAuxThreads = 32 * kAuxRowsPerBlock;
 
@@ -37,29 +40,6 @@ bool rows_aligned(const Operand& t) {
 int vec_flags(const AttnProblem& p) {
   return (rows_aligned(p.q) ? kVecQ : 0) | (rows_aligned(p.k) ? kVecK : 0) | (rows_aligned(p.v) ? kVecV : 0) |
          (rows_aligned(p.o) ? kVecO : 0);
-}
-
-/// FlashAttention-2's split heuristic: with fewer CTAs than about one wave, cut the key range so the
-/// grid fills the SMs, taking the smallest split count within 85% of the best wave efficiency. Fewer
-/// than four key tiles are never split: the combine pass, its scratch and the second launch cost more
-/// than the one or two tiles a split saves (b 1, s 128, d 64: the C++ forward's host time was 11.8 us
-/// with the split, 6.3 us without, in two H200 runs). Longer key ranges (decode) split as
-/// FlashAttention-2 does.
-int heuristic_splits(long long ctas, int sm_count, long long key_tiles) {
-  if (ctas >= 0.8 * sm_count || key_tiles < 4) return 1;
-  const int max_splits = (int)std::min<long long>({kMaxSplits, sm_count, key_tiles});
-  auto efficiency = [&](int s) {
-    const double waves = double(ctas * s) / sm_count;
-    return waves / std::ceil(waves);
-  };
-  // A count is only worth trying when it changes the tiles per split.
-  auto eligible = [&](int s) { return s == 1 || (key_tiles + s - 1) / s != (key_tiles + s - 2) / (s - 1); };
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s)
-    if (eligible(s)) best = std::max(best, efficiency(s));
-  for (int s = 1; s <= max_splits; ++s)
-    if (eligible(s) && efficiency(s) >= 0.85 * best) return s;
-  return 1;
 }
 
 void launch_aux(jit::KernelSpec (*spec)(int), int device, long long rows, void* stream, void* params) {
@@ -129,18 +109,20 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets)
       if (decode_tile(arch, bucket, 4).warps == 8) specs.push_back(decode_spec(arch, type, bucket, 4));
+  for (jit::KernelSpec& spec : forward_f32_variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }
 
 bool is_main_forward_kernel(const jit::KernelSpec& spec) {
-  return spec.entry == "attn_fwd";
+  return spec.entry == "attn_fwd" || spec.entry == "attn_fwd_f32";
 }
 
 int forward_num_splits(const AttnProblem& p, int num_splits) {
-  return fwd_geometry(p, num_splits, p.device).splits;
+  return p.in_type == kF32 ? 1 : fwd_geometry(p, num_splits, p.device).splits;
 }
 
 void launch_forward(const AttnProblem& p, int num_splits) {
+  if (p.in_type == kF32) return launch_forward_f32(p);  // CUDA cores, exact fp32; never split
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
   const int device = p.device;
   const FwdGeometry geo = fwd_geometry(p, num_splits, device);

@@ -1,0 +1,11 @@
+// One emulated fp32 forward variant; build.sh compiles this file once per head-dim bucket with
+// -D FP_HEADDIM plus -Dfwd32=... -Dattn_fwd_f32=... renames so the variants link together.
+#include "cuda/attn_fwd_f32.cu"
+#include "emu_kernels.hpp"
+
+namespace {
+void trampoline(const void* p) {
+  attn_fwd_f32(*static_cast<const flashport::cuda::FwdParams*>(p));
+}
+const flashport::emu::Registrar reg("attn_fwd_f32|FP_HEADDIM=" FP_EMU_STR(FP_HEADDIM), trampoline);
+}  // namespace
