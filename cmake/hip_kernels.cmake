@@ -60,28 +60,43 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
     set(compiler ${FLASHPORT_CLANG19} -x hip --offload-arch=${arch} --rocm-path=/usr --rocm-device-lib-path=${devlib})
     set(extra_deps ${devlib}/oclc_isa_version_942.bc)
   endif()
+  # Every forward variant twice: attn_fwd_* and attn_fwd_split_* (FP_SPLIT=1: the split-KV entry
+  # attn_fwd_split, in objects of its own so that attn_fwd's code stays as it is).
+  foreach(split "" _split)
+    set(split_flags "")
+    if(split)
+      set(split_flags -DFP_SPLIT=1)
+    endif()
+    foreach(elem bf16 f16)
+      foreach(bucket IN LISTS hip_buckets)
+        hip_code_object(${arch} attn_fwd${split}_${elem}_d${bucket} attn_fwd.hip
+                        FLAGS -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket} ${split_flags})
+      endforeach()
+      # The dropout variants (FP_DROPOUT=1) of the buckets kFwdDropoutBuckets lists.
+      foreach(bucket IN LISTS hip_dropout_buckets)
+        hip_code_object(${arch} attn_fwd${split}_dropout_${elem}_d${bucket} attn_fwd.hip
+                        FLAGS -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket} -DFP_DROPOUT=1 ${split_flags})
+      endforeach()
+    endforeach()
+    # The fp8 forward (FP_FP8=1, bf16 MFMA over dequantised tiles): one object per bucket of
+    # kFwdFp8Buckets serves e4m3fn, e4m3fnuz and e5m2 inputs and bf16 / f16 / f32 outputs.
+    foreach(bucket IN LISTS hip_fp8_buckets)
+      hip_code_object(${arch} attn_fwd${split}_fp8_d${bucket} attn_fwd.hip
+                      FLAGS -DFP_ELEM=bf16 -DFP_HEADDIM=${bucket} -DFP_FP8=1 ${split_flags})
+    endforeach()
+  endforeach()
+  # The backward: one code object per (dtype, bucket) with its three kernels (attn_bwd.hip).
+  # -munsafe-fp-atomics: dQ's fp32 atomicAdd as global_atomic_add_f32 instead of a compare-and-swap
+  # loop; valid for the coarse-grained (hipMalloc) memory of the dQ accumulator.
   foreach(elem bf16 f16)
-    foreach(bucket IN LISTS hip_buckets)
-      hip_code_object(${arch} attn_fwd_${elem}_d${bucket} attn_fwd.hip FLAGS -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket})
-    endforeach()
-    # The dropout variants (FP_DROPOUT=1) of the buckets kFwdDropoutBuckets lists.
-    foreach(bucket IN LISTS hip_dropout_buckets)
-      hip_code_object(${arch} attn_fwd_dropout_${elem}_d${bucket} attn_fwd.hip
-                      FLAGS -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket} -DFP_DROPOUT=1)
-    endforeach()
-    # The backward: one code object per (dtype, bucket) with its three kernels (attn_bwd.hip).
-    # -munsafe-fp-atomics: dQ's fp32 atomicAdd as global_atomic_add_f32 instead of a compare-and-swap
-    # loop; valid for the coarse-grained (hipMalloc) memory of the dQ accumulator.
     foreach(bucket IN LISTS hip_bwd_buckets)
       hip_code_object(${arch} attn_bwd_${elem}_d${bucket} attn_bwd.hip
                       FLAGS -munsafe-fp-atomics -DFP_ELEM=${elem} -DFP_HEADDIM=${bucket})
     endforeach()
   endforeach()
-  # The fp8 forward (FP_FP8=1, bf16 MFMA over dequantised tiles): one object per bucket of
-  # kFwdFp8Buckets serves e4m3fn, e4m3fnuz and e5m2 inputs and bf16 / f16 / f32 outputs.
-  foreach(bucket IN LISTS hip_fp8_buckets)
-    hip_code_object(${arch} attn_fwd_fp8_d${bucket} attn_fwd.hip FLAGS -DFP_ELEM=bf16 -DFP_HEADDIM=${bucket} -DFP_FP8=1)
-  endforeach()
+  # The split-KV combine (split_combine.hip): one code object for every dtype and head dim (the output
+  # type is read at run time); no MFMA.
+  hip_code_object(${arch} split_combine split_combine.hip ENV FP_HIP_NO_MFMA=1)
   # The KV-cache update (kv_append, rotate_q): one code object for both dtypes; no MFMA, and no fused
   # multiply-add (its rotary must round like the CPU backend's).
   hip_code_object(${arch} kvcache_append kvcache_append.hip ENV FP_HIP_NO_MFMA=1 FP_HIP_NO_FMA=1)

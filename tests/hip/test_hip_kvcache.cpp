@@ -16,7 +16,8 @@ namespace flashport::test {
 namespace {
 
 /// What a HIP backend would launch for the problem: kv_append (when appending), rotate_q into a dense
-/// (b, sq, hq, d) scratch (with rotary), then the forward reading q from the scratch.
+/// (b, sq, hq, d) scratch (with rotary), then the forward reading q from the scratch, split into
+/// c.num_splits as given (0 or 1: not split).
 KvResult run_model(const KvCase& c, const KvInputs& inputs) {
   KvInputs in = inputs;
   KvResult r = poisoned_kv_result(c);
@@ -39,7 +40,7 @@ KvResult run_model(const KvCase& c, const KvInputs& inputs) {
                         [&](unsigned char*) { amd::kv::rotate_q(prm); });
     attn.q = {q_rot.tv.data, a.sq * a.hq * a.d, a.hq * a.d, a.d};
   }
-  hipmodel::forward(attn);
+  hipmodel::forward(attn, true, 0, c.num_splits);
   r.k_cache = in.k_cache, r.v_cache = in.v_cache;
   return r;
 }
@@ -71,6 +72,21 @@ TEST(HipModelKvCache, BatchIndexLeftPadAndGqa) {
 
 TEST(HipModelKvCache, PagedCache) {
   for (const KvCase& c : kv_paged_cases()) expect_kvcache_accurate(c);
+}
+
+/// Split-KV over the updated cache: appends (causal, none), cache_batch_idx with an empty sequence,
+/// left padding with rotary, GQA with a window, a paged cache; 8 splits of a 300-slot cache's 5 key
+/// tiles leave splits without tiles (the backend would cap them at 5).
+TEST(HipModelKvCache, SplitKv) {
+  std::vector<KvCase> cases = kv_append_cases();
+  for (const KvCase& c : kv_batch_index_leftpad_gqa_cases()) cases.push_back(c);
+  cases.push_back(kv_paged_cases()[1]);
+  for (KvCase c : cases) {
+    for (int splits : {3, 8}) {
+      c.num_splits = splits;
+      expect_kvcache_accurate(c);
+    }
+  }
 }
 
 }  // namespace

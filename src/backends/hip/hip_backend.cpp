@@ -19,16 +19,27 @@ namespace flashport::amd {
 namespace {
 
 /// "gfx942/attn_fwd_dropout_bf16_d128.co", "gfx942/attn_fwd_fp8_d128.co" (every fp8 format and output
-/// type): the naming of cmake/hip_kernels.cmake.
-std::string forward_object(const std::string& arch, const AttnProblem& p) {
+/// type), "gfx942/attn_fwd_split_bf16_d128.co" (`split`: the attn_fwd_split entry): the naming of
+/// cmake/hip_kernels.cmake.
+std::string forward_object(const std::string& arch, const AttnProblem& p, bool split) {
   const int bucket = fwd_head_dim_bucket(p.d, p.dv);
-  if (is_fp8_elem(p.in_type)) return arch + "/attn_fwd_fp8_d" + std::to_string(bucket) + ".co";
-  return arch + "/attn_fwd_" + (p.dropout_p > 0.0f ? "dropout_" : "") +
-         (p.in_type == kBF16 ? "bf16" : "f16") + "_d" + std::to_string(bucket) + ".co";
+  const std::string stem = arch + (split ? "/attn_fwd_split_" : "/attn_fwd_");
+  if (is_fp8_elem(p.in_type)) return stem + "fp8_d" + std::to_string(bucket) + ".co";
+  return stem + (p.dropout_p > 0.0f ? "dropout_" : "") + (p.in_type == kBF16 ? "bf16" : "f16") + "_d" +
+         std::to_string(bucket) + ".co";
 }
 
 /// The kernels a call launches, for cached_kernel's integer keys.
-enum class Site : unsigned { forward, bwd_dot, bwd_main, bwd_convert, kv_append, rotate_q };
+enum class Site : unsigned {
+  forward,
+  forward_split,
+  split_combine,
+  bwd_dot,
+  bwd_main,
+  bwd_convert,
+  kv_append,
+  rotate_q
+};
 
 /// cached_kernel's key of `site` for `p` at head-dim bucket `bucket` (< 512): what selects the code
 /// object (fp8, dropout, dtype, bucket) and the entry (the site).
@@ -92,16 +103,43 @@ class HipBackend final : public core::Backend {
     return arch_of(p.device).reason;
   }
 
-  void forward(const AttnProblem& p, Impl) const override {
+  void forward(const AttnProblem& p, Impl) const override { run_forward(p, 0); }
+
+  /// The forward with `num_splits` (0: the heuristic, 1: off, n: n splits; fwd_num_splits decides):
+  /// attn_fwd, or attn_fwd_split into fp32 workspaces from the stream-ordered pool and split_combine
+  /// over them, on the call's stream with no synchronisation (the CUDA launcher's sequence).
+  void run_forward(const AttnProblem& p, int num_splits) const {
     if (p.sq == 0 || p.hq == 0 || p.batch == 0) return;  // no query: nothing to write
     const int bucket = fwd_head_dim_bucket(p.d, p.dv);
     const FwdTile tile = fwd_tile(bucket);
-    const FwdParams prm{p, fwd_vec_flags(p), (int)gqa_pack(p, tile.block_m)};
-    const FwdGrid grid = fwd_grid(p, tile.block_m);
+    const long long pack = gqa_pack(p, tile.block_m);
+    const int splits = fwd_num_splits(p, num_splits, device_cu_count(p.device));
+    FwdParams prm{p, fwd_vec_flags(p), (int)pack, nullptr, nullptr, splits};
+    const bool split = splits > 1;
+    const FwdGrid grid = fwd_grid(p, tile.block_m, pack, splits);
     const Launch l{{grid.x, grid.y, grid.z}, (unsigned)(tile.waves * 64), &prm};
-    const auto object = [&] { return forward_object(arch_of(p.device).code_object, p); };
-    launch(p.device, cached_kernel(p.device, variant_key(Site::forward, p, bucket), object, "attn_fwd"), l,
-           p.stream);
+    const auto object = [&] { return forward_object(arch_of(p.device).code_object, p, split); };
+    const KernelHandle kernel =
+        split ? cached_kernel(p.device, variant_key(Site::forward_split, p, bucket), object, "attn_fwd_split")
+              : cached_kernel(p.device, variant_key(Site::forward, p, bucket), object, "attn_fwd");
+    if (!split) return launch(p.device, kernel, l, p.stream);
+    const long long rows = splits * fwd_split_rows(p);
+    const size_t o_bytes = (size_t)(rows * p.dv) * sizeof(float), lse_bytes = (size_t)rows * sizeof(float);
+    char* ws = static_cast<char*>(alloc_async(p.device, o_bytes + lse_bytes, p.stream));
+    prm.o_partial = reinterpret_cast<float*>(ws);  // o_bytes is a multiple of 32 (dv of 8)
+    prm.lse_partial = reinterpret_cast<float*>(ws + o_bytes);
+    try {
+      launch(p.device, kernel, l, p.stream);
+      const FwdGrid cg = fwd_combine_grid(p);
+      const auto combine_object = [&] { return arch_of(p.device).code_object + "/split_combine.co"; };
+      launch(p.device,
+             cached_kernel(p.device, variant_key(Site::split_combine, p, 0), combine_object, "split_combine"),
+             Launch{{cg.x, cg.y, cg.z}, (unsigned)kCombineThreads, &prm}, p.stream);
+    } catch (...) {
+      free_async(p.device, ws, p.stream);
+      throw;
+    }
+    free_async(p.device, ws, p.stream);
   }
 
   /// attn_bwd_dot_do_o (D, dQ accumulator zeroed), attn_bwd (dK, dV; dQ accumulated), then
@@ -135,9 +173,9 @@ class HipBackend final : public core::Backend {
   }
 
   /// kv_append (when appending; rotary on k), rotate_q into a dense (b, sq, hq, d) scratch from the
-  /// stream-ordered pool (with rotary), then the forward over the updated cache reading q from there:
-  /// test_hip_kvcache.cpp's sequence, the CUDA launcher's too.
-  void forward_kvcache(const core::KvCacheProblem& kp, Impl impl) const override {
+  /// stream-ordered pool (with rotary), then the forward over the updated cache reading q from there,
+  /// split by kp.num_splits: test_hip_kvcache.cpp's sequence, the CUDA launcher's too.
+  void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override {
     const AttnProblem& a = kp.attn;
     core::refuse_fp8_cache_update(kp, "hip", "AMD");
     KvAppendParams prm = core::append_params(kp);
@@ -147,7 +185,7 @@ class HipBackend final : public core::Backend {
       launch(a.device, cached_kernel(a.device, variant_key(Site::kv_append, a, 0), object, "kv_append"), l,
              a.stream);
     }
-    if (kp.rotary_dim <= 0 || !kp.cache_seqlens) return forward(a, impl);
+    if (kp.rotary_dim <= 0 || !kp.cache_seqlens) return run_forward(a, kp.num_splits);
     const long long q_rows = a.batch * a.sq * a.hq;
     if (q_rows <= 0) return;
     prm.q_rot = alloc_async(a.device, (size_t)(q_rows * a.d) * 2, a.stream);  // fp16 / bf16
@@ -157,7 +195,7 @@ class HipBackend final : public core::Backend {
              a.stream);
       AttnProblem rotated = a;
       rotated.q = {prm.q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
-      forward(rotated, impl);
+      run_forward(rotated, kp.num_splits);
     } catch (...) {
       free_async(a.device, prm.q_rot, a.stream);
       throw;

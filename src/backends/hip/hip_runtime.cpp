@@ -127,17 +127,32 @@ int device_count() {
   return runtime().devices;
 }
 
-const std::string& device_arch_name(int device) {
+namespace {
+/// What the backend asks of a device's properties, read once per device.
+struct DeviceInfo {
+  std::string arch_name;
+  int cu_count;
+};
+const DeviceInfo& device_info(int device) {
   static std::mutex mu;
-  static std::map<int, std::string> names;
+  static std::map<int, DeviceInfo> infos;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = names.find(device);
-  if (it != names.end()) return it->second;
+  auto it = infos.find(device);
+  if (it != infos.end()) return it->second;
   hipDeviceProp_t prop;
   std::memset(&prop, 0, sizeof prop);
   check(runtime().properties(&prop, device), "hipGetDeviceProperties(" + std::to_string(device) + ")");
   prop.gcnArchName[sizeof prop.gcnArchName - 1] = '\0';
-  return names.emplace(device, std::string(prop.gcnArchName)).first->second;
+  return infos.emplace(device, DeviceInfo{prop.gcnArchName, prop.multiProcessorCount}).first->second;
+}
+}  // namespace
+
+const std::string& device_arch_name(int device) {
+  return device_info(device).arch_name;
+}
+
+int device_cu_count(int device) {
+  return device_info(device).cu_count;
 }
 
 KernelHandle kernel(int device, const std::string& object, const char* entry) {

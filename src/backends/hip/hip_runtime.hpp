@@ -29,6 +29,9 @@ int device_count();
 /// hipDeviceProp_t::gcnArchName of `device`, e.g. "gfx942:sramecc+:xnack-"; cached per device.
 const std::string& device_arch_name(int device);
 
+/// hipDeviceProp_t::multiProcessorCount of `device`: its compute units (304 on an MI300X); cached.
+int device_cu_count(int device);
+
 /// The kernel `entry` of the embedded code object `object` ("gfx942/attn_fwd_bf16_d128.co"), loaded
 /// into `device` on first use (thread safe). Throws flashport::Error naming the object when the build
 /// has no such code object or the runtime refuses it.

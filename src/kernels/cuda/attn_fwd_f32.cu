@@ -71,7 +71,8 @@ using namespace flashport::cuda::fwd32;
 /// Grid: x = query blocks of kRows (reversed: causal blocks with the most keys start first), y = query
 /// heads, z = sequences (from batch_offset). Block: kThreads. Dynamic smem: kSmemBytes. Splits and GQA
 /// packing are not used (the host passes num_splits 1, pack_gqa 1).
-extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd_f32(const __grid_constant__ FwdParams prm) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    attn_fwd_f32(const __grid_constant__ FwdParams prm) {
   const AttnProblem& p = prm.p;
   float* s_k = dynamic_smem<float>();
   float* s_v = s_k + kBlockN * kHeadDim;

@@ -33,12 +33,38 @@ struct ScoreCtx {
   i64 key_lo, key_hi;  // visible keys of the row, clamped to [0, len_k]
 };
 
+/// Four fp32 results to channels col .. col + 3 of the p.o row at element offset `off`, in p.out_type
+/// (bf16, f16 or f32; uniform): one 16-byte (f32) or 8-byte store when `vec` (the row is aligned: kVecO),
+/// else element stores. The fp8 forward's epilogue and split_combine.
+FP_DEV void store4_as(const AttnProblem& p, i64 off, i64 col, f32x4 o, bool vec) {
+  if (p.out_type == kF32) {
+    float* g = static_cast<float*>(p.o.ptr) + off + col;
+    if (vec) {
+      *reinterpret_cast<f32x4*>(g) = o;
+    } else {
+      for (int r = 0; r < 4; ++r) g[r] = o[r];
+    }
+    return;
+  }
+  u16x4 v;
+  for (int r = 0; r < 4; ++r) v[r] = p.out_type == kF16 ? f16_bits(o[r]) : num::f32_to_bf16(o[r]);
+  u16* g = static_cast<u16*>(p.o.ptr) + off + col;
+  if (vec) {
+    *reinterpret_cast<u16x4*>(g) = v;
+  } else {
+    for (int r = 0; r < 4; ++r) g[r] = v[r];
+  }
+}
+
 /// `kDropout`: the variant with SPEC's dropout stage (a separate instantiation, so the variants without
 /// it compile to exactly the code they had; the HIP entry picks it with -D FP_DROPOUT=1).
 /// `kFp8`: fp8 inputs (e4m3fn, e4m3fnuz or e5m2, p.in_type), dequantised to bf16 while staging tiles
 /// into LDS (fp8_decode.hpp: exact), so Elem is bf16; the output in p.out_type (bf16, f16 or f32).
 /// Also a separate instantiation (-D FP_FP8=1), for the same reason as kDropout.
-template <class Elem, int kHeadDim, bool kDropout = false, bool kFp8 = false>
+/// `kSplit`: split-KV (attn_fwd_split, FwdParams::num_splits > 1): grid z is batch x splits, the block
+/// visits its split's share of its key tiles and writes fp32 partials (store_partial) for split_combine.
+/// Compiled into objects of its own (-D FP_SPLIT=1), so attn_fwd's code is what it was.
+template <class Elem, int kHeadDim, bool kDropout = false, bool kFp8 = false, bool kSplit = false>
 struct Kernel {
   static constexpr FwdTile kTile = fwd_tile(kHeadDim);
   static constexpr int kWaves = kTile.waves;
@@ -234,23 +260,25 @@ struct Kernel {
       if (col >= p.dv) continue;
       f32x4 o;
       for (int r = 0; r < 4; ++r) o[r] = acc_o[c][r] * fac;
-      if (p.out_type == kF32) {
-        float* g = static_cast<float*>(p.o.ptr) + off + col;
-        if (vec) {
-          *reinterpret_cast<f32x4*>(g) = o;
-        } else {
-          for (int r = 0; r < 4; ++r) g[r] = o[r];
-        }
-        continue;
-      }
-      u16x4 v;
-      for (int r = 0; r < 4; ++r) v[r] = p.out_type == kF16 ? f16_bits(o[r]) : num::f32_to_bf16(o[r]);
-      u16* g = static_cast<u16*>(p.o.ptr) + off + col;
-      if (vec) {
-        *reinterpret_cast<u16x4*>(g) = v;
-      } else {
-        for (int r = 0; r < 4; ++r) g[r] = v[r];
-      }
+      store4_as(p, off, col, o, vec);
+    }
+  }
+
+  /// kSplit: this split's normalised O of the lane's row (query i of head h) and its LSE, in fp32, to
+  /// the workspaces at fwd_partial_row. O rows are dv floats (dv a multiple of 8) from a 16-byte aligned
+  /// base, so each lane's 4 channels are one 16-byte store.
+  static FP_DEV void store_partial(const FwdParams& prm, const f32x4 (&acc_o)[kSteps], float fac, float lse,
+                                   i64 split, i64 b, i64 h, i64 i, int quad) {
+    const AttnProblem& p = prm.p;
+    const i64 row = fwd_partial_row(p, split, b, h, i);
+    if (quad == 0) prm.lse_partial[row] = lse;
+    float* g_o = prm.o_partial + row * p.dv;
+    for (int c = 0; c < kSteps; ++c) {
+      const int col = 16 * c + 4 * quad;
+      if (col >= p.dv) continue;
+      f32x4 o;
+      for (int r = 0; r < 4; ++r) o[r] = acc_o[c][r] * fac;
+      *reinterpret_cast<f32x4*>(g_o + col) = o;
     }
   }
 
@@ -263,7 +291,8 @@ struct Kernel {
     // Block rows are packed rows pr = m0 + r: query pr / group of head `head_of(pr)` (group 1: the
     // grid's head, queries m0 ..; group > 1: grid y is the kv head and its group's query heads
     // interleave, so a decode block holds every head that reads this K/V).
-    const i64 b = block_z(), group = prm.pack_gqa;
+    const i64 b = kSplit ? block_z() / (unsigned)prm.num_splits : block_z(), group = prm.pack_gqa;
+    const i64 split = kSplit ? block_z() % (unsigned)prm.num_splits : 0;
     const i64 m0 = ((i64)grid_x() - 1 - block_x()) * kBlockM;
     const SeqLens seq = guarded_lengths(p, b);
     const i64 packed_len = seq.q * group;
@@ -277,10 +306,11 @@ struct Kernel {
     const i64 wl = p.window_left, wr = p.window_right;
     const i64 h = head_of(m0 + row);  // this lane's query head
 
-    // Key tiles of the block: the union of its rows' visible ranges. Tiles inside every row's range
-    // need no mask.
+    // Key tiles of the block: the union of its rows' visible ranges (kSplit: this split's share of them).
+    // Tiles inside every row's range need no mask.
     const sem::KeyRange keys = sem::tile_keys(first, last + 1, seq.q, seq.k, wl, wr);
-    const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
+    sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
+    if constexpr (kSplit) tiles = core::split_tiles<i64>(tiles, split, prm.num_splits);
     const sem::KeyRange unmasked = sem::keys_seen_by_all(first, last + 1, seq.q, seq.k, wl, wr);
 
     ScoreCtx ctx;
@@ -338,13 +368,16 @@ struct Kernel {
     }
 
     // Finalize: O / l (times the dropout rescale 1 / (1 - p) and the fp8 V descale); LSE = ln(2^m * l).
-    // A row with no visible key has l = 0: O = 0 (acc_o is 0) and LSE = -inf.
+    // A row with no visible key (kSplit: none in this split) has l = 0: O = 0 (acc_o is 0), LSE = -inf.
     l = sum_over<16, 32>(l);
     if (m0 + row >= packed_len) return;  // padding rows: past the last barrier and collective
     const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
     const float fac = l > 0.0f ? keep_scale * descale(p, 2, b, hk) / l : 0.0f;
     const float lse = l > 0.0f ? m * sem::kLn2 + wave::log(l) : sem::kNegInf;
-    store_output(p, acc_o, fac, lse, b, h, ctx.row, prm.vec & kVecO, quad);
+    if constexpr (kSplit)
+      store_partial(prm, acc_o, fac, lse, split, b, h, ctx.row, quad);
+    else
+      store_output(p, acc_o, fac, lse, b, h, ctx.row, prm.vec & kVecO, quad);
   }
 };
 

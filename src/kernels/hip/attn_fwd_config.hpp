@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/problem.h"
+#include "core/split_plan.h"
 
 namespace flashport::amd {
 
@@ -69,25 +70,63 @@ static_assert(fwd_lds_bytes(256) <= 65536 && fwd_lds_bytes(128) <= 65536, "CDNA 
 /// be used. FP8 inputs load 8 bytes per chunk, so their pointers need only 8-byte alignment.
 enum VecFlags : int { kVecQ = 1, kVecK = 2, kVecV = 4, kVecO = 8 };
 
-/// Kernel arguments. Grid: x = query blocks of block_m rows (reversed in the kernel so the costliest
-/// causal blocks start first), y = query heads (kv heads when packing GQA), z = batch. Block: waves * 64
-/// lanes.
+/// Kernel arguments, for attn_fwd, attn_fwd_split and split_combine. Grid of the forward: x = query
+/// blocks of block_m rows (reversed in the kernel so the costliest causal blocks start first), y = query
+/// heads (kv heads when packing GQA), z = batch x num_splits (sequence z / num_splits, split z %
+/// num_splits). Block: waves * 64 lanes. attn_fwd runs the whole key range (num_splits 1); attn_fwd_split
+/// (num_splits > 1, dense queries: varlen is never split) runs split z's share of each block's key tiles
+/// (core::split_tiles, the CUDA kernel's rule) and writes its normalised O and LSE in fp32 to the
+/// workspaces (fwd_partial_row), which split_combine (split_combine.hpp) merges into p.o and p.lse.
 struct FwdParams {
   AttnProblem p;
   int vec;       // VecFlags
   int pack_gqa;  // 1, or hq / hk: block row r is query (m0 + r) / group of head kv_head * group + (m0 + r) %
                  // group
+  float* o_partial;    // (num_splits, batch, hq, sq, dv) fp32; null without splits
+  float* lse_partial;  // (num_splits, batch, hq, sq) fp32
+  int num_splits;      // >= 1
 };
+
+/// Rows (batch, hq, sq) of one split in the workspaces, and the row of (split, sequence b, head h,
+/// query i); O's row holds dv floats.
+FP_HD long long fwd_split_rows(const AttnProblem& p) {
+  return p.batch * p.hq * p.sq;
+}
+FP_HD long long fwd_partial_row(const AttnProblem& p, long long split, long long b, long long h,
+                                long long i) {
+  return ((split * p.batch + b) * p.hq + h) * p.sq + i;
+}
 
 /// The launch grid of the forward for `p` (x, y, z as FwdParams says).
 struct FwdGrid {
   unsigned x, y, z;
 };
-/// `pack`: gqa_pack (core/problem.h).
-inline FwdGrid fwd_grid(const AttnProblem& p, int block_m) {
-  const long long pack = gqa_pack(p, block_m);
+/// `pack`: FwdParams::pack_gqa (the backend's is gqa_pack, core/problem.h).
+inline FwdGrid fwd_grid(const AttnProblem& p, int block_m, long long pack, int num_splits) {
   return {(unsigned)((p.sq * pack + block_m - 1) / block_m), (unsigned)(pack > 1 ? p.hk : p.hq),
-          (unsigned)p.batch};
+          (unsigned)(p.batch * num_splits)};
+}
+
+/// The split count of the forward of `p`: 1 when `requested` is 1, for varlen queries (their rows have no
+/// dense workspace index, as on CUDA) and empty problems; else `requested` (> 1) or core::heuristic_splits
+/// over the unsplit grid's blocks (GQA packed by gqa_pack, as launched) and the device's `cu_count` (one
+/// block per CU, as the CUDA launcher counts SMs), at most core::kMaxSplits and the key tiles.
+inline int fwd_num_splits(const AttnProblem& p, int requested, int cu_count) {
+  if (requested == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return 1;
+  const FwdTile tile = fwd_tile(fwd_head_dim_bucket(p.d, p.dv));
+  const FwdGrid unsplit = fwd_grid(p, tile.block_m, gqa_pack(p, tile.block_m), 1);
+  const long long key_tiles = (p.sk + tile.block_n - 1) / tile.block_n;
+  const long long ctas = (long long)unsplit.x * unsplit.y * unsplit.z;
+  const long long splits = requested > 1 ? requested : core::heuristic_splits(ctas, cu_count, key_tiles);
+  return (int)std::max<long long>(1, std::min<long long>({splits, core::kMaxSplits, key_tiles}));
+}
+
+/// split_combine: one wave per output row, kCombineWaves rows (queries i of one head and sequence) per
+/// block; grid (ceil(sq / kCombineWaves), hq, batch).
+inline constexpr int kCombineWaves = 4;
+inline constexpr int kCombineThreads = 64 * kCombineWaves;
+inline FwdGrid fwd_combine_grid(const AttnProblem& p) {
+  return {(unsigned)((p.sq + kCombineWaves - 1) / kCombineWaves), (unsigned)p.hq, (unsigned)p.batch};
 }
 
 /// The VecFlags of a problem (host side): an operand qualifies when its pointer is 16-byte aligned and

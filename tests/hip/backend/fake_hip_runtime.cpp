@@ -1,12 +1,15 @@
 // A stand-in for libamdhip64 that the HIP backend opens in the tests (FLASHPORT_HIP_RUNTIME): two
-// devices (0: gfx942, 1: gfx1100, an RDNA part the backend must refuse), code objects checked as a
-// GPU loader would (an AMDGPU ELF for the current device's architecture, with the requested kernel and
-// its kernel descriptor), and launches run on the CPU wave64 model after checking the grid, block and
-// LDS against what the kernel was built for. "Device" memory is host memory.
+// devices (0: gfx942 with an MI300X's 304 CUs, 1: gfx1100, an RDNA part the backend must refuse), code
+// objects checked as a GPU loader would (an AMDGPU ELF for the current device's architecture, with the
+// requested kernel and its kernel descriptor), and launches run on the CPU wave64 model after checking
+// the grid, block and LDS against what the kernel was built for. "Device" memory is host memory;
+// hipMallocAsync fills it with NaN bytes and records it, so a workspace a launch reads must lie inside
+// an allocation and be written before it is read.
 #define __HIP_PLATFORM_AMD__ 1
 #include <elf.h>
 #include <hip/hip_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -24,12 +27,15 @@ using namespace flashport;
 
 constexpr int kDevices = 2;
 const char* const kArchNames[kDevices] = {"gfx942:sramecc+:xnack-", "gfx1100"};
+constexpr int kCuCounts[kDevices] = {304, 48};
 constexpr unsigned kMachGfx942 = 0x04c;  // EF_AMDGPU_MACH_AMDGCN_GFX942
 
 thread_local int t_device = 0;
 std::mutex g_mu;
-std::map<std::string, int> g_launches;  // entry -> launches that ran
+std::map<std::string, int> g_launches;                       // entry -> launches that ran
+std::map<std::string, std::array<unsigned, 3>> g_last_grid;  // entry -> grid of its last launch
 std::string g_last_error;
+std::map<const char*, size_t> g_allocations;  // hipMallocAsync's live blocks: start -> bytes
 
 struct Module {
   const unsigned char* image;
@@ -64,9 +70,31 @@ const unsigned char* find_symbol(const unsigned char* image, const std::string& 
   return nullptr;
 }
 
-template <class Elem>
-void run_forward(const amd::FwdParams& prm, int bucket) {
-  test::hipmodel::launch_elem<Elem>(prm, bucket);
+/// Whether [ptr, ptr + bytes) lies inside one live hipMallocAsync block.
+bool allocated(const void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const char* p = static_cast<const char*>(ptr);
+  auto it = g_allocations.upper_bound(p);
+  if (!p || it == g_allocations.begin()) return false;
+  --it;
+  return p + bytes <= it->first + it->second;
+}
+
+/// Why split-KV arguments are wrong for `entry` (attn_fwd_split, split_combine), or "": dense queries,
+/// 2 .. min(128, key tiles) splits, workspaces inside allocations of the size FwdParams states.
+std::string split_fault(const amd::FwdParams& prm, const std::string& entry) {
+  const AttnProblem& p = prm.p;
+  const amd::FwdTile tile = amd::fwd_tile(amd::fwd_head_dim_bucket(p.d, p.dv));
+  const long long key_tiles = (p.sk + tile.block_n - 1) / tile.block_n;
+  if (prm.num_splits < 2 || prm.num_splits > 128 || prm.num_splits > key_tiles)
+    return entry + " with " + std::to_string(prm.num_splits) + " splits over " + std::to_string(key_tiles) +
+           " key tiles";
+  if (p.cu_seqlens_q) return entry + " of varlen queries";
+  const size_t rows = (size_t)(prm.num_splits * amd::fwd_split_rows(p));
+  if (!allocated(prm.o_partial, rows * p.dv * sizeof(float)) ||
+      !allocated(prm.lse_partial, rows * sizeof(float)))
+    return entry + ": a workspace outside the stream-ordered allocations";
+  return "";
 }
 
 /// One of the backward's three kernels on the model (the buckets the model harness instantiates).
@@ -105,6 +133,13 @@ int fake_hip_launches(const char* entry) {
   return g_launches[entry];
 }
 
+/// Test hook: grid dimension `dim` (0..2) of the last launch of `entry` that ran (0 before any).
+unsigned fake_hip_last_grid(const char* entry, int dim) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto it = g_last_grid.find(entry);
+  return it == g_last_grid.end() ? 0u : it->second[dim];
+}
+
 hipError_t hipGetDeviceCount(int* count) {
   *count = kDevices;
   return hipSuccess;
@@ -122,6 +157,7 @@ hipError_t hipGetDeviceProperties(hipDeviceProp_t* prop, int device) {
   if (device < 0 || device >= kDevices) return fail(hipErrorInvalidDevice, "hipGetDeviceProperties");
   std::memset(prop, 0, sizeof *prop);
   std::strncpy(prop->gcnArchName, kArchNames[device], sizeof prop->gcnArchName - 1);
+  prop->multiProcessorCount = kCuCounts[device];
   return hipSuccess;
 }
 const char* hipGetErrorString(hipError_t e) {
@@ -133,9 +169,18 @@ const char* hipGetErrorString(hipError_t e) {
 
 hipError_t hipMallocAsync(void** ptr, size_t bytes, hipStream_t) {
   *ptr = std::malloc(bytes);
-  return *ptr ? hipSuccess : fail(hipErrorOutOfMemory, "hipMallocAsync");
+  if (!*ptr) return fail(hipErrorOutOfMemory, "hipMallocAsync");
+  std::memset(*ptr, 0xff, bytes);  // NaN as floats
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_allocations[static_cast<const char*>(*ptr)] = bytes;
+  return hipSuccess;
 }
 hipError_t hipFreeAsync(void* ptr, hipStream_t) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_allocations.erase(static_cast<const char*>(ptr)) != 1)
+      return fail(hipErrorInvalidValue, "hipFreeAsync");
+  }
   std::free(ptr);
   return hipSuccess;
 }
@@ -171,36 +216,47 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
   const Function* fn = reinterpret_cast<const Function*>(f);
   if (!params || extra || by != 1 || bz != 1 || shared != 0)
     return fail(hipErrorInvalidValue, "launch: one kernel parameter, 1-D blocks, static LDS expected");
-  if (fn->name == "attn_fwd") {
+  if (fn->name == "attn_fwd" || fn->name == "attn_fwd_split") {
     const amd::FwdParams& prm = *static_cast<const amd::FwdParams*>(params[0]);
     const AttnProblem& p = prm.p;
     const int bucket = amd::fwd_head_dim_bucket(p.d, p.dv);
     const amd::FwdTile tile = amd::fwd_tile(bucket);
     if ((int)fn->lds != amd::fwd_lds_bytes(bucket))
-      return fail(hipErrorInvalidValue, "attn_fwd built for " + std::to_string(fn->lds) +
+      return fail(hipErrorInvalidValue, fn->name + " built for " + std::to_string(fn->lds) +
                                             " LDS bytes, the problem's " + "bucket d" +
                                             std::to_string(bucket) + " needs " +
                                             std::to_string(amd::fwd_lds_bytes(bucket)));
     // The grid a GPU would run: one block per block_m packed rows (the queries of every head in a kv
-    // head's group when the kernel packs GQA, FwdParams::pack_gqa), so it must agree with pack_gqa.
+    // head's group when the kernel packs GQA, FwdParams::pack_gqa), so it must agree with pack_gqa; grid
+    // z is the batch, times the splits for attn_fwd_split.
     const long long group = prm.pack_gqa;
     if (group < 1 || (group > 1 && group != p.hq / p.hk))
-      return fail(hipErrorInvalidValue, "attn_fwd pack_gqa " + std::to_string(group) + " for " +
+      return fail(hipErrorInvalidValue, fn->name + " pack_gqa " + std::to_string(group) + " for " +
                                             std::to_string(p.hq) + "/" + std::to_string(p.hk) + " heads");
+    const bool split = fn->name == "attn_fwd_split";
+    if (!split && prm.num_splits != 1)
+      return fail(hipErrorInvalidValue, "attn_fwd with num_splits " + std::to_string(prm.num_splits));
+    if (const std::string why = split ? split_fault(prm, fn->name) : ""; !why.empty())
+      return fail(hipErrorInvalidValue, why);
     if (bx != (unsigned)tile.waves * 64 ||
         gx != (unsigned)((p.sq * group + tile.block_m - 1) / tile.block_m) ||
-        gy != (unsigned)(group > 1 ? p.hk : p.hq) || gz != (unsigned)p.batch)
-      return fail(hipErrorInvalidConfiguration, "attn_fwd grid/block do not match the problem");
+        gy != (unsigned)(group > 1 ? p.hk : p.hq) || gz != (unsigned)(p.batch * prm.num_splits))
+      return fail(hipErrorInvalidConfiguration, fn->name + " grid/block do not match the problem");
     if (fn->fp8 != is_fp8_elem(p.in_type))
-      return fail(hipErrorInvalidImage, std::string("attn_fwd of a ") + (fn->fp8 ? "" : "non-") +
+      return fail(hipErrorInvalidImage, fn->name + " of a " + (fn->fp8 ? "" : "non-") +
                                             "fp8 code object launched for in_type " +
                                             std::to_string(p.in_type));
-    if (fn->fp8)
-      test::hipmodel::launch_fp8(prm, bucket);
-    else if (p.in_type == kBF16)
-      run_forward<wave::bf16>(prm, bucket);
-    else
-      run_forward<wave::f16>(prm, bucket);
+    test::hipmodel::launch_forward(prm, bucket);
+  } else if (fn->name == "split_combine") {
+    const amd::FwdParams& prm = *static_cast<const amd::FwdParams*>(params[0]);
+    const AttnProblem& p = prm.p;
+    if (const std::string why = split_fault(prm, fn->name); !why.empty())
+      return fail(hipErrorInvalidValue, why);
+    if (bx != (unsigned)amd::kCombineThreads || fn->lds != 0 ||
+        gx != (unsigned)((p.sq + amd::kCombineWaves - 1) / amd::kCombineWaves) || gy != (unsigned)p.hq ||
+        gz != (unsigned)p.batch)
+      return fail(hipErrorInvalidConfiguration, "split_combine grid/block do not match the problem");
+    test::hipmodel::launch_combine(prm);
   } else if (fn->name == "kv_append" || fn->name == "rotate_q") {
     const amd::KvAppendParams& prm = *static_cast<const amd::KvAppendParams*>(params[0]);
     const AttnProblem& a = prm.attn;
@@ -236,6 +292,7 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
   }
   std::lock_guard<std::mutex> lock(g_mu);
   ++g_launches[fn->name];
+  g_last_grid[fn->name] = {gx, gy, gz};
   return hipSuccess;
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/cases.hpp"
+#include "common/kvcache_case.hpp"
 #include "cpu/test_fast_util.hpp"
 #include "flashport/attention.hpp"
 #include "flashport/error.hpp"
@@ -30,6 +31,20 @@ int launches(const char* entry) {
   if (!handle) return 0;
   auto hook = reinterpret_cast<int (*)(const char*)>(dlsym(handle, "fake_hip_launches"));
   return hook ? hook(entry) : -1;
+}
+
+/// Grid dimension `dim` of the last launch of `entry` on the fake runtime (its test hook; 0 if none).
+unsigned last_grid(const char* entry, int dim) {
+  const char* path = std::getenv("FLASHPORT_HIP_RUNTIME");
+  void* handle = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+  auto hook = handle ? reinterpret_cast<unsigned (*)(const char*, int)>(dlsym(handle, "fake_hip_last_grid"))
+                     : nullptr;
+  return hook ? hook(entry, dim) : 0u;
+}
+
+/// Forward launches of either entry: attn_fwd, or attn_fwd_split where the call was split.
+int forward_launches() {
+  return launches("attn_fwd") + launches("attn_fwd_split");
 }
 
 void on(HostTensor& t, Device dev) {
@@ -59,12 +74,18 @@ fastcheck::Forward run_hip(const Case& c, fastcheck::Inputs in, Device dev = kHi
   return f;
 }
 
-void expect_matches_cpu(const Case& c) {
+/// The forward of `c` on hip:0 against the CPU by SPEC's rule: one forward launch, and a combine after
+/// it exactly when it was split. `split`: whether the call must (1) or must not (0) be split, -1 either.
+void expect_matches_cpu(const Case& c, int split = -1) {
   SCOPED_TRACE(c.describe());
   const fastcheck::Inputs in = fastcheck::make_inputs(c);
-  const int before = launches("attn_fwd");
+  const int before = forward_launches(), splits = launches("attn_fwd_split"),
+            combines = launches("split_combine");
   const fastcheck::Forward got = run_hip(c, in);
-  EXPECT_EQ(launches("attn_fwd"), before + 1) << "one attn_fwd launch on the fake runtime";
+  EXPECT_EQ(forward_launches(), before + 1) << "one forward launch on the fake runtime";
+  const int split_now = launches("attn_fwd_split") - splits;
+  EXPECT_EQ(launches("split_combine") - combines, split_now) << "split_combine follows attn_fwd_split";
+  if (split >= 0) EXPECT_EQ(split_now, split) << "split-KV chosen";
   const fastcheck::Forward ref = fastcheck::run_forward(c, in, Impl::reference);
   const fastcheck::Forward base = fastcheck::run_forward(c, in, Impl::baseline);
   EXPECT_TRUE(accuracy_rule(got.out, base.out, ref.out)) << "out";
@@ -101,7 +122,7 @@ TEST(HipBackend, DropoutPicksTheDropoutVariant) {
   // No dropout code object for bucket 32: refused before any launch, naming the reason.
   Case d32 = dense(DType::bf16, 1, 8, 8, 2, 2, 32, 32);
   d32.dropout = 0.5;
-  const int before = launches("attn_fwd");
+  const int before = forward_launches();
   EXPECT_THROW(
       {
         try {
@@ -112,7 +133,7 @@ TEST(HipBackend, DropoutPicksTheDropoutVariant) {
         }
       },
       Error);
-  EXPECT_EQ(launches("attn_fwd"), before);
+  EXPECT_EQ(forward_launches(), before);
 }
 
 /// Out (dtype `out`) and LSE of an fp8 case through flashport::forward on hip:0.
@@ -151,15 +172,15 @@ TEST(HipBackend, Fp8ForwardPicksTheFp8Variant) {
     c.causal = out == DType::bf16;
     SCOPED_TRACE(c.describe() + " out " + dtype_name(out));
     const fp8check::Inputs in = fp8check::make(c);
-    const int before = launches("attn_fwd");
+    const int before = forward_launches();
     const fastcheck::Forward got = run_hip_fp8(c, in, out);
-    EXPECT_EQ(launches("attn_fwd"), before + 1);
+    EXPECT_EQ(forward_launches(), before + 1);
     fp8check::expect_accurate(got, c, in);
   }
 }
 
 TEST(HipBackend, Fp8RefusalsAreNamed) {
-  const int before = launches("attn_fwd");
+  const int before = forward_launches();
   Case d96 = dense(DType::e4m3fnuz, 1, 8, 8, 2, 2, 96, 96);  // bucket 96: no fp8 object
   EXPECT_NE(error_of([&] { run_hip_fp8(d96, fp8check::make(d96), DType::bf16); }).find("kFwdFp8Buckets"),
             std::string::npos);
@@ -167,7 +188,7 @@ TEST(HipBackend, Fp8RefusalsAreNamed) {
   drop.dropout = 0.25;
   EXPECT_NE(error_of([&] { run_hip_fp8(drop, fp8check::make(drop), DType::bf16); }).find("fp8"),
             std::string::npos);
-  EXPECT_EQ(launches("attn_fwd"), before);
+  EXPECT_EQ(forward_launches(), before);
 }
 
 TEST(HipBackend, UnsupportedDeviceIsANamedError) {
@@ -286,6 +307,61 @@ TEST(HipBackend, KvCacheAppendThenAttend) {
   expect_kvcache_matches_cpu(32, true);
   expect_kvcache_matches_cpu(64, false);
   EXPECT_EQ(launches("rotate_q"), rotations + 2);
+}
+
+/// Split-KV chosen by FlashAttention-2's heuristic over the fake's 304 CUs (core::heuristic_splits, the
+/// CUDA launcher's rule): a decode step over 1000 keys (two blocks) and a short causal window over 600
+/// keys (each block's ~5 tiles cut into 10 splits: half of them empty, rows masked inside others) are
+/// split; three key tiles and varlen queries are not. The fake checks the split count against the key
+/// tiles, grid z = batch x splits, the combine's grid, and that both workspaces lie in one stream-ordered
+/// allocation (NaN until written).
+TEST(HipBackend, SplitKvByTheHeuristic) {
+  expect_matches_cpu(dense(DType::bf16, 2, 1, 1000, 8, 1, 128, 128), 1);
+  EXPECT_EQ(last_grid("attn_fwd_split", 2), 2u * 16u) << "16 splits of 16 key tiles";
+  Case window = dense(DType::f16, 1, 70, 600, 4, 2, 64, 64);
+  window.causal = true, window.wl = 300;
+  expect_matches_cpu(window, 1);
+  EXPECT_EQ(last_grid("attn_fwd_split", 2), 10u);
+  expect_matches_cpu(dense(DType::bf16, 1, 16, 192, 2, 2, 64, 64), 0);  // three key tiles
+  expect_matches_cpu(varlen(dense(DType::bf16, 1, 1, 1, 8, 1, 128), {1, 1}, {900, 400}), 0);
+}
+
+/// forward_kvcache of `c` on hip:0 against the CPU backend's: caches bit-identical after the append, out
+/// and LSE by SPEC's rule; returns the splits of the forward (1 when attn_fwd ran).
+int kvcase_matches_cpu(const KvCase& c) {
+  SCOPED_TRACE(c.describe());
+  const KvInputs in = make_kv_inputs(c);
+  KvInputs dev = in;
+  KvResult got = poisoned_kv_result(c);
+  HostTensor* tensors[] = {&dev.q,       &dev.k_cache,   &dev.v_cache, &dev.k_new,       &dev.v_new,
+                           &dev.seqlens, &dev.batch_idx, &dev.leftpad, &dev.block_table, &dev.cos,
+                           &dev.sin,     &got.out,       &got.lse};
+  for (HostTensor* t : tensors) on(*t, kHip0);
+  const int plain = launches("attn_fwd"), split = launches("attn_fwd_split");
+  forward_kvcache(kv_args(c, dev, got));
+  for (HostTensor* t : tensors) on(*t, Device{});
+  got.k_cache = dev.k_cache, got.v_cache = dev.v_cache;
+  const KvResult ref = run_kv_cpu(c, in, Impl::reference), base = run_kv_cpu(c, in, Impl::baseline);
+  EXPECT_TRUE(got.k_cache.bytes == ref.k_cache.bytes) << "k_cache after append";
+  EXPECT_TRUE(got.v_cache.bytes == ref.v_cache.bytes) << "v_cache after append";
+  EXPECT_TRUE(accuracy_rule(got.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(got.lse, base.lse, ref.lse)) << "lse";
+  EXPECT_EQ(launches("attn_fwd") - plain + launches("attn_fwd_split") - split, 1);
+  return launches("attn_fwd_split") > split ? (int)last_grid("attn_fwd_split", 2) / (int)c.b : 1;
+}
+
+/// KvCacheArgs::num_splits as on CUDA: 1 off, n forced but at most the key tiles (7 of a 300-slot cache's
+/// 5 tiles runs 5), 0 the heuristic (5 here: one packed block per sequence); a paged cache with rotary
+/// and a causal append of 4 tokens.
+TEST(HipBackend, KvCacheSplits) {
+  KvCase c;  // b 2, one token appended to caches holding 10 and 200 of 300 slots, GQA 4:1
+  for (auto [asked, runs] : {std::pair{1, 1}, {3, 3}, {7, 5}, {0, 5}}) {
+    c.num_splits = asked;
+    EXPECT_EQ(kvcase_matches_cpu(c), runs) << "num_splits " << asked;
+  }
+  KvCase p = kv_paged_cases()[1];  // pages of 16, s_cache 512: 8 key tiles
+  p.num_splits = 3;
+  EXPECT_EQ(kvcase_matches_cpu(p), 3);
 }
 
 }  // namespace
