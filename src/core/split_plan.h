@@ -1,6 +1,6 @@
 // Split-KV, the rules every GPU forward shares: which key tiles one split of a block visits (the kernels
 // call it) and how many splits a call gets (FlashAttention-2's heuristic; the CUDA and HIP launchers call
-// it). Not embedded in the CUDA JIT; the host part needs the standard library.
+// it). Embedded in the CUDA JIT for split_tiles; the host part (standard library) is compiled out there.
 #pragma once
 
 #include "semantics.h"

@@ -115,13 +115,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const sem::KeyRange keys =
       sem::tile_keys(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
   const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
-  i64 tile_begin = tiles.begin, tile_end = tiles.end;
-  if (prm.num_splits > 1) {
-    const i64 per = ceil_div(tile_end - tile_begin, prm.num_splits);
-    const i64 lo = tile_begin + split * per, hi = lo + per;
-    tile_begin = lo < tile_end ? lo : tile_end;
-    tile_end = hi < tile_end ? hi : tile_end;
-  }
+  const sem::Tiles<i64> mine = core::split_tiles<i64>(tiles, split, prm.num_splits);  // the AMD rule too
+  const i64 tile_begin = mine.begin, tile_end = mine.end;
   const int n_tiles = (int)(tile_end - tile_begin);
 
   const int warp = warp_id(), lane = lane_id();

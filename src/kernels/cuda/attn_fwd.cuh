@@ -4,6 +4,7 @@
 // (with FP_DTYPE=bf16): the fp8 variant, whose tile loads dequantise fp8 rows to bf16 (fp8_decode.cuh).
 #pragma once
 
+#include "core/split_plan.h"
 #include "cuda/attn_fwd_params.cuh"
 #include "cuda/common/common.cuh"
 

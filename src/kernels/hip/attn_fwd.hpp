@@ -185,7 +185,7 @@ struct Kernel {
     for (int t = 0; t < kKeyTiles; ++t)
       for (int r = 0; r < 4; ++r) mx = fmaxf(mx, acc_s[t][r]);
     mx = fmaxf(m, max_over<16, 32>(mx));
-    const float ref = mx == sem::kNegInf ? 0.0f : mx;
+    const float ref = sem::softmax_base(mx);
     const float alpha = wave::exp2(m - ref);  // 0 while the old max is -inf
     m = mx;
     l *= alpha;
@@ -372,8 +372,8 @@ struct Kernel {
     l = sum_over<16, 32>(l);
     if (m0 + row >= packed_len) return;  // padding rows: past the last barrier and collective
     const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-    const float fac = l > 0.0f ? keep_scale * descale(p, 2, b, hk) / l : 0.0f;
-    const float lse = l > 0.0f ? m * sem::kLn2 + wave::log(l) : sem::kNegInf;
+    const float fac = keep_scale * descale(p, 2, b, hk) * sem::softmax_norm(l);
+    const float lse = sem::softmax_lse(m, l, [](float x) { return wave::log2(x); });
     if constexpr (kSplit)
       store_partial(prm, acc_o, fac, lse, split, b, h, ctx.row, quad);
     else

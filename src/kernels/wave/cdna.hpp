@@ -47,6 +47,9 @@ FP_DEV float exp2(float x) {
 FP_DEV float log(float x) {
   return logf(x);
 }
+FP_DEV float log2(float x) {
+  return log2f(x);
+}
 FP_DEV u16 f16_bits(float x) {
   return __builtin_bit_cast(u16, (_Float16)x);
 }

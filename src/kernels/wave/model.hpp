@@ -92,6 +92,9 @@ FP_DEV float exp2(float x) {
 FP_DEV float log(float x) {
   return std::log(x);
 }
+FP_DEV float log2(float x) {
+  return std::log2(x);
+}
 FP_DEV u16 f16_bits(float x) {
   return num::f32_to_f16(x);
 }

@@ -12,7 +12,7 @@
 //                                (HIP __shfl_xor semantics; every lane of the wave takes part)
 //   mfma16(Elem, a, b, c)        D = A B + C for one 16x16x16 tile, fp32 accumulate, fragments laid
 //                                out as mfma_layout.hpp documents; every lane of the wave takes part
-//   exp2(x), log(x)              fp32 2^x and natural log
+//   exp2(x), log(x), log2(x)     fp32 2^x, natural log and log2
 //   f16_bits(x)                  fp32 -> IEEE fp16 bits, round to nearest even
 //   atomic_add_f32(addr, v)      *addr += v on global fp32 memory as one atomic update (lanes and
 //                                blocks may add to the same address; the order of the adds is not
