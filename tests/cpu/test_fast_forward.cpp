@@ -133,6 +133,22 @@ TEST(FastForward, EveryIsaCopy) {
   }
 }
 
+TEST(FastForward, ManySmallGroupsRunOneGroupPerThread) {
+  // 32+ (sequence, kv head) groups of small K/V: each thread packs whole groups into its own buffer
+  // and runs their tiles (fast_dispatch.cpp, kGroupsPerThread per thread up to 8 threads); a tile
+  // range off by one leaves poisoned rows. Varlen groups include ones with no queries or no keys.
+  for (const char* isa : {"avx2", "base"}) {
+    fastcheck::with_isa(isa, [&] {
+      SCOPED_TRACE(isa);
+      expect_accurate(with(dense(DType::f32, 8, 70, 90, 8, 4, 64), kCausal));
+      expect_accurate(with(dense(DType::bf16, 8, 130, 65, 4, 4, 40), kAll));
+      expect_accurate(varlen(dense(DType::f32, 1, 1, 1, 6, 3, 32),
+                             {0, 70, 1, 64, 0, 90, 3, 129, 17, 0, 5, 40},
+                             {5, 70, 0, 64, 0, 120, 200, 64, 17, 9, 0, 40}));
+    });
+  }
+}
+
 TEST(FastForward, UnknownIsaIsAnErrorNamingTheKnob) {
   // FLASHPORT_CPU_ISA is read through core::cpu_isa_setting: a value outside amx|avx512|avx2|base fails the
   // call that would use it, naming the variable; the reference, which never reads it, still runs.

@@ -145,6 +145,12 @@ inline long long scratch_floats(long long d, long long dv) {
 
 /// Largest shared K/V pack the forward allocates; longer sequences pack per tile instead.
 inline constexpr long long kMaxPackedBytes = 256LL << 20;
+/// Groups (sequence, kv head) whose packed K/V fit kGroupInCacheBytes (a core's L2 on the Xeon measured;
+/// 1 MiB measured 1-4% slower there at d 128, s 2048) and number at least kGroupsPerThread per thread
+/// (so whole groups balance) are run one group per thread at a time, packed into that thread's buffer
+/// (fast_dispatch.cpp).
+inline constexpr long long kGroupInCacheBytes = 2LL << 20;
+inline constexpr long long kGroupsPerThread = 4;
 
 /// One ISA's kernels. `scratch` holds scratch_floats() floats, aligned to 64 bytes.
 ///

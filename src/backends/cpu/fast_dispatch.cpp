@@ -265,6 +265,12 @@ void forward(const AttnProblem& p) {
   };
   std::vector<Round> rounds(1);
   std::vector<QueryBlock> loose;
+  struct GroupJob {
+    long long b, hk, sk, floats;
+    size_t first_tile;  // in its round's tiles; its tiles run to the next group's first
+  };
+  std::vector<GroupJob> groups;
+  long long max_group_floats = 0;
   long long round_floats = 0, max_round_floats = 0;
   for (long long b = 0; b < p.batch; ++b) {
     const long long n_tiles = (seqlen_q(p, b) + kBlockQ - 1) / kBlockQ, sk = seqlen_k(p, b);
@@ -282,6 +288,8 @@ void forward(const AttnProblem& p) {
         round_floats = 0;
       }
       Round& r = rounds.back();
+      groups.push_back({b, hk, sk, floats, r.tiles.size()});
+      max_group_floats = std::max(max_group_floats, floats);
       for (long long j0 = 0; j0 < sk; j0 += kBlockK) {
         r.packs.push_back({b, hk, j0, std::min(sk, j0 + kBlockK), sk, round_floats});
       }
@@ -295,8 +303,32 @@ void forward(const AttnProblem& p) {
       max_round_floats = std::max(max_round_floats, round_floats);
     }
   }
-  float* packed = ThreadBuffers::mine().take(kPacked, max_round_floats);
   const long long n_loose = (long long)loose.size(), scratch_n = scratch_floats(p.d, p.dv);
+  const long long n_groups = (long long)groups.size();
+  if (rounds.size() == 1 && max_group_floats * 4 <= kGroupInCacheBytes &&
+      n_groups >= kGroupsPerThread * omp_get_max_threads()) {
+    // Many small groups: a thread packs a whole group into its own buffer and runs the group's tiles
+    // at once, so they read K/V from its L2 (the rounds below pack everything first, then read it
+    // back from L3, on another core for half the tiles). AVX2 fp32 d 128 s 512: 1.04-1.07x.
+    const Round& r = rounds[0];
+#pragma omp parallel
+    {
+      float* scratch = ThreadBuffers::mine().take(kScratch, scratch_n);
+      float* mine = ThreadBuffers::mine().take(kPacked, max_group_floats);
+#pragma omp for schedule(dynamic, 1) nowait
+      for (long long n = 0; n < n_groups; ++n) {
+        const GroupJob& g = groups[(size_t)n];
+        kernels.pack_kv(p, g.b, g.hk, 0, g.sk, g.sk, mine);
+        const size_t end = n + 1 < n_groups ? groups[(size_t)n + 1].first_tile : r.tiles.size();
+        for (size_t t = g.first_tile; t < end; ++t) kernels.forward_block(p, r.tiles[t], mine, scratch);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (long long n = 0; n < n_loose; ++n) kernels.forward_block(p, loose[(size_t)n], nullptr, scratch);
+      ThreadBuffers::mine().trim(kPacked);
+    }
+    return;
+  }
+  float* packed = ThreadBuffers::mine().take(kPacked, max_round_floats);
 #pragma omp parallel
   {
     float* scratch = ThreadBuffers::mine().take(kScratch, scratch_n);
