@@ -9,6 +9,7 @@
 #include "backend.hpp"
 #include "check.hpp"
 #include "flashport/attention.hpp"
+#include "split_plan.h"
 
 namespace flashport {
 namespace {
@@ -19,8 +20,9 @@ std::string num(int64_t v) {
   return std::to_string(v);
 }
 
-// flash-attn's bound (its split-KV combine holds at most 128 partial results).
-constexpr int kMaxNumSplits = 128;
+// flash-attn's bound (its split-KV combine holds at most 128 partial results), which every backend's
+// combine kernel is sized for.
+constexpr int kMaxNumSplits = core::kMaxSplits;
 
 const core::Backend& backend_or_throw(const TensorView& q) {
   const core::Backend* be = core::backend_for(q.device.type);
