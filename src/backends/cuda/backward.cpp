@@ -7,6 +7,7 @@
 
 #include "backends/cuda/arch.hpp"
 #include "backends/cuda/family.hpp"
+#include "backends/cuda/operand_align.hpp"
 #include "backends/cuda/sm80/backward.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
@@ -21,12 +22,6 @@ constexpr unsigned kAuxThreads = 128;
 
 const char* type_define(int elem_type) {
   return elem_type == kBF16 ? "bf16" : "f16";
-}
-
-/// 16-byte row alignment of an operand: base pointer and every stride in whole 8-element chunks.
-bool rows_aligned(const Operand& t) {
-  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.batch_stride % 8 == 0 && t.row_stride % 8 == 0 &&
-         t.head_stride % 8 == 0;
 }
 
 bool all_rows_aligned(const AttnProblem& p) {

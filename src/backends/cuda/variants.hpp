@@ -46,11 +46,11 @@ const jit::Kernel& cached_kernel(jit::KernelSpec (*builder)(Args...), int device
 /// The head-dim buckets the forward kernel is compiled for.
 inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
 
-/// The head-dim buckets of the fp8 forward variant: three, to keep the variant count modest. A call
-/// takes the smallest that holds max(d, dv) (fp8_head_dim_bucket): the kernel zero-fills columns
-/// beyond d / dv and skips their k-steps, so a larger bucket is exact, only slower.
-inline constexpr int kFp8HeadDimBuckets[] = {64, 128, 256};
-constexpr int fp8_head_dim_bucket(long long d, long long dv) {
+/// The head-dim buckets of the fp8 forward variant and the fp32 kernel: three, to keep the variant count
+/// modest. A call takes the smallest that holds max(d, dv) (coarse_head_dim_bucket): the kernels
+/// zero-fill columns beyond d / dv, so a larger bucket is exact, only slower.
+inline constexpr int kCoarseHeadDimBuckets[] = {64, 128, 256};
+constexpr int coarse_head_dim_bucket(long long d, long long dv) {
   const long long m = d > dv ? d : dv;
   return m <= 64 ? 64 : m <= 128 ? 128 : 256;
 }

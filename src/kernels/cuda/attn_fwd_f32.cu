@@ -28,20 +28,21 @@ constexpr int kSmemFloats = 2 * kBlockN * kHeadDim;  // K then V tile, rows of k
 constexpr int kSmemBytes = kSmemFloats * 4;
 static_assert(kHeadDim % (4 * kLanes) == 0 && kLanes <= 32 && 32 % kLanes == 0, "bad bucket");
 static_assert(kBlockN <= 32, "dropout keep bits in one 32-bit word");
+static_assert(2 * kBlockN <= kThreads, "one thread per K and V row offset");
 
 struct float4_ {
   float x, y, z, w;
 };
 
-/// Copies key rows [j0, j0 + kBlockN) of `t` (d channels) into s_tile as fp32 rows of kHeadDim: rows
-/// past the sequence, out-of-range cache rows (offset < 0) and channels >= d are zeros. `vec`: every row
-/// is 16-byte aligned (pointer and strides multiples of 4 floats).
-template <class RowOffset>
-FP_DEV void load_keys(float* s_tile, const float* g, i64 d, bool vec, RowOffset&& row_offset) {
+/// Copies a tile of kBlockN key rows of one operand (d channels) into s_tile as fp32 rows of kHeadDim;
+/// row r starts at element s_off[r] of g, and rows with s_off[r] < 0 (past the sequence, out-of-range
+/// cache rows) and channels >= d are zeros. `vec`: every row is 16-byte aligned (pointer and strides
+/// multiples of 4 floats).
+FP_DEV void load_keys(float* s_tile, const float* g, i64 d, bool vec, const i64* s_off) {
   constexpr int kChunks = kHeadDim / 4;
   for (int c = threadIdx.x; c < kBlockN * kChunks; c += kThreads) {
     const int r = c / kChunks, ch = c % kChunks;
-    const i64 off = row_offset(r);
+    const i64 off = s_off[r];
     float4_ v{0.0f, 0.0f, 0.0f, 0.0f};
     if (off >= 0 && ch * 4 < d) {
       const float* src = g + off + ch * 4;
@@ -76,6 +77,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
   const AttnProblem& p = prm.p;
   float* s_k = dynamic_smem<float>();
   float* s_v = s_k + kBlockN * kHeadDim;
+  __shared__ i64 s_row_off[2 * kBlockN];  // this tile's K row offsets, then V's
 
   const i64 b = prm.batch_offset + block_z(), h = block_y(), hk = kv_head(p, h);
   const SeqLens seq = guarded_lengths(p, b);
@@ -111,11 +113,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   for (i64 tile = tiles.begin; tile < tiles.end; ++tile) {
     const i64 j0 = tile * kBlockN;
-    __syncthreads();  // the previous tile has been read
-    load_keys(s_k, g_k, p.d, vec_k,
-              [&](int r) { return j0 + r < seq.k ? k_offset(p, p.k, b, j0 + r, hk) : (i64)-1; });
-    load_keys(s_v, g_v, p.dv, vec_v,
-              [&](int r) { return j0 + r < seq.k ? k_offset(p, p.v, b, j0 + r, hk) : (i64)-1; });
+    __syncthreads();  // the previous tile (and its row offsets) has been read
+    // Each key row's K and V offsets once (a paged row reads the block table here), not once per chunk.
+    if (threadIdx.x < 2 * kBlockN) {
+      const int r = threadIdx.x % kBlockN;
+      const Operand& t = threadIdx.x < kBlockN ? p.k : p.v;
+      s_row_off[threadIdx.x] = j0 + r < seq.k ? k_offset(p, t, b, j0 + r, hk) : (i64)-1;
+    }
+    __syncthreads();
+    load_keys(s_k, g_k, p.d, vec_k, s_row_off);
+    load_keys(s_v, g_v, p.dv, vec_v, s_row_off + kBlockN);
     __syncthreads();
 
     // Scores in log2 units, -inf outside this row's visible keys.

@@ -37,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   }
   wsum = warp_sum(wsum);
   __syncwarp();
-  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  const float inv = sem::softmax_norm(wsum);
   const i64 o_off = q_offset(p, p.o, b, i, h);
   // dv is a multiple of 8 on CUDA (cuda_backend.cpp refuses others). Four channels per lane, one 16-byte load
   // per split (partial rows are dv floats from a 16-byte aligned base); loads issued regardless of the weight

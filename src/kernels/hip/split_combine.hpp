@@ -28,7 +28,7 @@ FP_DEV void run(const FwdParams& prm) {
   for (int s = 0; s < splits; ++s) m = fmaxf(m, lse_of(s));
   float wsum = 0.0f;
   for (int s = 0; s < splits; ++s) wsum += sem::lse_weight(lse_of(s), m);
-  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+  const float inv = sem::softmax_norm(wsum);
 
   const i64 o_off = q_offset(p, p.o, b, i, h);
   for (i64 col = 4 * lane_id(); col < p.dv; col += 4 * kWaveSize) {  // dv is a multiple of 8 (<= 256)

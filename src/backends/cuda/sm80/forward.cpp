@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backends/cuda/arch.hpp"
+#include "backends/cuda/operand_align.hpp"
 #include "backends/cuda/sm80/forward_f32.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
@@ -29,12 +30,6 @@ int device_of(const void* ptr, const char* arg) {
   const int device = jit::pointer_device(ptr);
   if (device < 0) throw Error(arg, "is not a CUDA device pointer");
   return device;
-}
-
-/// 16-byte row alignment of an operand: base pointer and every stride in whole 8-element chunks.
-bool rows_aligned(const Operand& t) {
-  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.batch_stride % 8 == 0 && t.row_stride % 8 == 0 &&
-         t.head_stride % 8 == 0;
 }
 
 int vec_flags(const AttnProblem& p) {
@@ -64,7 +59,7 @@ struct FwdGeometry {
 FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   FwdGeometry g{};
   g.arch = jit::device_arch(device);
-  g.bucket = is_fp8_elem(p.in_type) ? fp8_head_dim_bucket(p.d, p.dv) : head_dim_bucket(p.d, p.dv);
+  g.bucket = is_fp8_elem(p.in_type) ? coarse_head_dim_bucket(p.d, p.dv) : head_dim_bucket(p.d, p.dv);
   const long long group = gqa_group(p);
   // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
@@ -100,10 +95,10 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(forward_spec(arch, type, bucket));
-  for (int bucket : kFp8HeadDimBuckets) specs.push_back(forward_spec(arch, kE4M3, bucket));
+  for (int bucket : kCoarseHeadDimBuckets) specs.push_back(forward_spec(arch, kE4M3, bucket));
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket, 0));
-  for (int bucket : kFp8HeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
+  for (int bucket : kCoarseHeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
   // FLASHPORT_DECODE=4's eight-warp shape, where it differs from the default (d <= 128): compiled by
   // CI's variant check like the rest, so choosing it cannot meet a kernel that does not build.
   for (int type : {kF16, kBF16})

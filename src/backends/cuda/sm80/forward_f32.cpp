@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backends/cuda/arch.hpp"
+#include "backends/cuda/operand_align.hpp"
 #include "backends/cuda/variants.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/attn_fwd_params.cuh"
@@ -15,23 +16,11 @@ namespace {
 /// width, K and V in fp32.
 constexpr int kF32Threads = 128;
 constexpr int kF32BlockN = 32;
-constexpr int kF32HeadDimBuckets[] = {64, 128, 256};
-
-constexpr int f32_bucket(long long d, long long dv) {
-  const long long m = d > dv ? d : dv;
-  return m <= 64 ? 64 : m <= 128 ? 128 : 256;
-}
 constexpr int f32_rows(int bucket) {
   return kF32Threads / (bucket <= 128 ? 4 : 8);
 }
 constexpr int f32_smem_bytes(int bucket) {
   return 2 * kF32BlockN * bucket * 4;
-}
-
-/// 16-byte aligned rows of fp32 elements: the pointer and every stride a multiple of 4 floats.
-bool rows_aligned_f32(const Operand& t) {
-  return reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.batch_stride % 4 == 0 && t.row_stride % 4 == 0 &&
-         t.head_stride % 4 == 0;
 }
 
 }  // namespace
@@ -42,7 +31,7 @@ jit::KernelSpec forward_f32_spec(int arch, int bucket) {
 
 std::vector<jit::KernelSpec> forward_f32_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
-  for (int bucket : kF32HeadDimBuckets) specs.push_back(forward_f32_spec(arch, bucket));
+  for (int bucket : kCoarseHeadDimBuckets) specs.push_back(forward_f32_spec(arch, bucket));
   return specs;
 }
 
@@ -51,13 +40,13 @@ void launch_forward_f32(const AttnProblem& p) {
   const int device = p.device;
   const int arch = jit::device_arch(device);
   if (p.hq > limits(arch).max_grid_yz) throw Error("q", "more than 65535 heads are not supported on CUDA");
-  const int bucket = f32_bucket(p.d, p.dv), smem = f32_smem_bytes(bucket);
+  const int bucket = coarse_head_dim_bucket(p.d, p.dv), smem = f32_smem_bytes(bucket);
   const jit::Kernel& kernel = cached_kernel(forward_f32_spec, device, smem, arch, bucket);
   FwdParams prm{};
   prm.p = p;
   prm.num_splits = 1;
   prm.pack_gqa = 1;
-  prm.vec = (rows_aligned_f32(p.k) ? kVecK : 0) | (rows_aligned_f32(p.v) ? kVecV : 0);
+  prm.vec = (rows_aligned(p.k, 4) ? kVecK : 0) | (rows_aligned(p.v, 4) ? kVecV : 0);
   const long long rows = f32_rows(bucket);
   const unsigned gx = (unsigned)((p.sq + rows - 1) / rows), gy = (unsigned)p.hq;
   void* args[] = {&prm};

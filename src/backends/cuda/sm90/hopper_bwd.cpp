@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backends/cuda/arch.hpp"
+#include "backends/cuda/operand_align.hpp"
 #include "backends/cuda/sm90/tma_map.hpp"
 #include "backends/cuda/variants.hpp"
 #include "flashport/error.hpp"
@@ -40,12 +41,6 @@ jit::KernelSpec make_spec(int elem_type, int d) {
            {"FP_BLOCK_M", std::to_string(t.block_m)},
            {"FP_STAGES", std::to_string(t.stages)}},
           90};
-}
-
-/// Rows of 16-byte aligned 2-byte elements: what the TMA maps and the 4-byte dK / dV stores need.
-bool rows_aligned(const Operand& t) {
-  return hopper::aligned16(t.ptr) && t.row_stride % 8 == 0 && t.head_stride % 8 == 0 &&
-         t.batch_stride % 8 == 0;
 }
 
 struct Plans {
