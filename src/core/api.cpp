@@ -252,10 +252,11 @@ core::KvCacheProblem core::build_kvcache(const KvCacheArgs& a) {
     const TensorView& c = *a.rotary_cos;
     require(c.ndim == 2, "rotary_cos",
             [&] { return "expected shape (max_pos, rotary_dim / 2), got " + c.describe(); });
-    const int64_t rot = c.shape[1] * 2;
-    require(rot >= 2 && rot <= p.d, "rotary_cos", [&] {
+    // Bounded before doubling: a corrupt extent near INT64_MIN/MAX would overflow the product.
+    require(c.shape[1] >= 1 && c.shape[1] <= p.d / 2, "rotary_cos", [&] {
       return "rotary_dim = 2 * " + num(c.shape[1]) + " must be in [2, head dim " + num(p.d) + "]";
     });
+    const int64_t rot = c.shape[1] * 2;
     core::check_tensor(c, "rotary_cos", {-1, rot / 2}, {a.q.dtype}, dev);
     core::check_tensor(*a.rotary_sin, "rotary_sin", {c.shape[0], rot / 2}, {a.q.dtype}, dev);
     for (int64_t b = 0; seqlens && b < batch; ++b)

@@ -274,6 +274,15 @@ TEST(Validation, KvCache) {
   expect_error([&] { forward_kvcache(a); }, "v_cache", "expected 2 rows like k_cache");
   a.v_cache = vc;
   a.cache_batch_idx.reset();
+  // A rotary table's extent is bounded before it is doubled into rotary_dim (found by the fuzzer: an
+  // extent of INT64_MIN overflowed the product).
+  HostTensor cos_t = randn(DType::f32, {16, 2}), sin_t = randn(DType::f32, {16, 2});
+  a.rotary_cos = cos_t.view(), a.rotary_sin = sin_t.view();
+  for (int64_t half : {INT64_MIN, int64_t{0}, int64_t{d / 2 + 1}, INT64_MAX}) {
+    a.rotary_cos->shape[1] = half;
+    expect_error([&] { forward_kvcache(a); }, "rotary_cos", "must be in [2, head dim 8]");
+  }
+  a.rotary_cos.reset(), a.rotary_sin.reset();
   a.v_new.reset();
   expect_error([&] { forward_kvcache(a); }, "v_new", "together");
 }
