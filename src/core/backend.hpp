@@ -45,8 +45,9 @@ inline std::string gpu_dtype_unsupported(const AttnProblem& p, bool backward, co
   return {};
 }
 
-/// The GPU kv-cache kernels move 2-byte elements: an fp8 cache is read by the forward, never appended
-/// to or rotated. `backend` ("cuda", "hip") and `where` ("CUDA", "AMD") go into the error.
+/// The GPU kv-cache kernels move 2-byte (on CUDA also 4-byte) elements: an fp8 cache is read by the
+/// forward, never appended to or rotated. `backend` ("cuda", "hip") and `where` ("CUDA", "AMD") go into the
+/// error.
 inline void refuse_fp8_cache_update(const KvCacheProblem& kp, const char* backend, const char* where) {
   if (!is_fp8_elem(kp.attn.in_type)) return;
   if (kp.k_new.ptr)

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -178,6 +179,33 @@ inline Grads expect_backward_accurate_on(const Case& c, const BwdInputs& in) {
 /// The same on fresh inputs for `c`.
 inline void expect_backward_accurate(const Case& c) {
   expect_backward_accurate_on(c, make_bwd_inputs(c));
+}
+
+/// Whether a and b hold the same bytes (else how many elements differ).
+inline ::testing::AssertionResult same_bytes(const HostTensor& a, const HostTensor& b) {
+  if (a.bytes.size() == b.bytes.size() && std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0)
+    return ::testing::AssertionSuccess();
+  int64_t n = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) n += a.get(i) != b.get(i) ? 1 : 0;
+  return ::testing::AssertionFailure() << n << " of " << a.numel() << " elements differ";
+}
+
+/// Three deterministic runs: identical bits, and the first one accurate.
+inline void expect_deterministic(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  const BwdInputs in = make_bwd_inputs(c);
+  const Grads first = run_gpu_backward(c, in, true);
+  EXPECT_EQ(first.unwritten, 0) << "gradient elements unwritten";
+  for (int run = 1; run < 3; ++run) {
+    const Grads again = run_gpu_backward(c, in, true);
+    EXPECT_TRUE(same_bytes(first.dq, again.dq)) << "dq, run " << run;
+    EXPECT_TRUE(same_bytes(first.dk, again.dk)) << "dk, run " << run;
+    EXPECT_TRUE(same_bytes(first.dv, again.dv)) << "dv, run " << run;
+  }
+  const Grads ref = run_reference(c, in), base = run_baseline(c, in);
+  EXPECT_TRUE(accuracy_rule(first.dq, base.dq, ref.dq, 3.0)) << "dq";
+  EXPECT_TRUE(accuracy_rule(first.dk, base.dk, ref.dk, 3.0)) << "dk";
+  EXPECT_TRUE(accuracy_rule(first.dv, base.dv, ref.dv, 3.0)) << "dv";
 }
 
 }  // namespace flashport::test::gpu

@@ -1,5 +1,5 @@
 // CUDA forward_kvcache vs the CPU oracle: append (bit-identical cache contents), rotary on k and q
-// (both styles), cache_batch_idx, left pad, paged caches, split-KV counts.
+// (both styles), cache_batch_idx, left pad, paged caches, split-KV counts; fp16, bf16 and fp32 caches.
 #include "common/kvcache_case.hpp"
 #include "gpu/gpu_test_util.hpp"
 
@@ -59,6 +59,19 @@ TEST(GpuKvCache, BatchIndexLeftPadAndGqa) {
 TEST(GpuKvCache, PagedCache) {
   FP_SKIP_WITHOUT_GPU();
   for (const KvCase& c : kv_paged_cases()) expect_kvcache_accurate(c);
+}
+
+TEST(GpuKvCache, Fp32CachesAppendRotateAndPage) {
+  FP_SKIP_WITHOUT_GPU();
+  // fp32 caches: the append copies 4-byte elements and rounds rotated ones to fp32; q's rotated scratch
+  // holds fp32 (the fp32 forward reads it). Every case list of the 2-byte tests, in fp32.
+  std::vector<KvCase> cases = kv_append_cases();
+  for (auto list : {kv_rotary_cases(DType::f32), kv_batch_index_leftpad_gqa_cases(), kv_paged_cases()})
+    cases.insert(cases.end(), list.begin(), list.end());
+  for (KvCase& c : cases) {
+    c.dtype = DType::f32;
+    expect_kvcache_accurate(c);
+  }
 }
 
 TEST(GpuKvCache, SplitCounts) {

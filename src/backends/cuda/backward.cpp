@@ -21,12 +21,13 @@ constexpr int kAuxRows = 16;  // rows per CTA of the aux kernels (attn_bwd_aux.c
 constexpr unsigned kAuxThreads = 128;
 
 const char* type_define(int elem_type) {
-  return elem_type == kBF16 ? "bf16" : "f16";
+  return elem_type == kF32 ? "f32" : elem_type == kBF16 ? "bf16" : "f16";
 }
 
 bool all_rows_aligned(const AttnProblem& p) {
+  const int elem_bytes = p.in_type == kF32 ? 4 : 2;
   for (const Operand* t : {&p.q, &p.k, &p.v, &p.o, &p.dout, &p.grad_q, &p.grad_k, &p.grad_v})
-    if (!rows_aligned(*t)) return false;
+    if (!rows_aligned(*t, elem_bytes)) return false;
   return true;
 }
 
@@ -42,7 +43,7 @@ jit::KernelSpec backward_convert_spec(int arch, int elem_type) {
 
 std::vector<jit::KernelSpec> backward_aux_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
-  for (int type : {kF16, kBF16}) {
+  for (int type : {kF16, kBF16, kF32}) {
     specs.push_back(backward_dot_spec(arch, type));
     specs.push_back(backward_convert_spec(arch, type));
   }

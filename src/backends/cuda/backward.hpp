@@ -19,7 +19,7 @@ std::vector<jit::KernelSpec> backward_aux_variants(int arch);
 /// of the first family of backward_families() that takes `p`, then dq. Scratch (fp32 D and dQ
 /// accumulator) is stream-ordered; never synchronises. p.deterministic: bitwise-reproducible results at
 /// the cost of ~ceil(SMs / (batch * hk)) copies of the fp32 dQ accumulator and a grid of about one wave
-/// (see BwdParams). Expects CudaBackend::unsupported to have accepted `p` (fp16/bf16, out dtype = input
+/// (see BwdParams). Expects CudaBackend::unsupported to have accepted `p` (fp16/bf16/fp32, out dtype = input
 /// dtype, head dims multiples of 8 and <= 256, no paged / kv-cache layout, sm_80+).
 void launch_backward(const AttnProblem& p);
 

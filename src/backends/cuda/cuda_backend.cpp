@@ -28,9 +28,9 @@ class CudaBackend final : public core::Backend {
       return "the reference and baseline implementations are CPU only";
     // fp8 (e4m3fn, e4m3fnuz, e5m2): forward only, through the portable kernel's fp8 variant (every
     // format decoded exactly to bf16 while loading tiles; the Hopper kernels decline fp8).
-    // fp32: forward only, on the portable family's fp32 kernel (CUDA cores; attn_fwd_f32.cu).
+    // fp32: forward and backward on the portable family's fp32 kernels (CUDA cores; attn_fwd_f32.cu,
+    // attn_bwd_f32.cu).
     if (p.in_type == kF32) {
-      if (backward) return "backward of fp32 inputs is not supported on CUDA yet (the fp32 forward is)";
       if (p.out_type != kF32) return "out must have the input dtype float32 on CUDA";
     } else if (std::string why = core::gpu_dtype_unsupported(p, backward, "CUDA"); !why.empty()) {
       return why;
@@ -86,11 +86,6 @@ class CudaBackend final : public core::Backend {
   }
   void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override {
     core::refuse_fp8_cache_update(kp, "cuda", "CUDA");
-    if (kp.attn.in_type == kF32 && (kp.k_new.ptr || kp.rotary_dim > 0))
-      throw Error(
-          kp.k_new.ptr ? "k_new" : "rotary_cos",
-          "appending to or rotating into an fp32 KV cache is not supported on CUDA (the cache kernels "
-          "move 2-byte elements); reading one is");
     raise_device_fault(kp.attn.device);
     check_indices_async(kp.attn, kCallKvCache);
     launch_forward_kvcache(kp);

@@ -55,4 +55,21 @@ FP_HD constexpr int bwd_smem_bytes(int block_m, int block_n, int head_bucket, in
   return (2 * stages * block_m + 2 * block_n) * (head_bucket + 8) * 2 + 2 * block_m * (block_n + 8) * 2;
 }
 
+/// The fp32 backward's tile (attn_bwd_f32.cu) per head-dim bucket (64, 128, 256): query rows per step,
+/// key rows per CTA. Sized so its shared memory fits the 99 KB of every sm_80+ part; 256 threads in a
+/// 16 x 16 grid over each product, so every extent is a multiple of 16.
+struct BwdF32Tile {
+  int block_m, block_n;
+};
+FP_HD constexpr BwdF32Tile bwd_f32_tile(int bucket) {
+  return bucket <= 64 ? BwdF32Tile{64, 32} : bucket <= 128 ? BwdF32Tile{32, 32} : BwdF32Tile{16, 16};
+}
+
+/// Dynamic shared memory of the fp32 backward, bytes: Q and dO (block_m rows), K and V (block_n rows) of
+/// bucket + 4 floats, then P and dS (block_m rows of block_n + 1 floats).
+FP_HD constexpr int bwd_f32_smem_bytes(int bucket) {
+  const BwdF32Tile t = bwd_f32_tile(bucket);
+  return ((2 * t.block_m + 2 * t.block_n) * (bucket + 4) + 2 * t.block_m * (t.block_n + 1)) * 4;
+}
+
 }  // namespace flashport::cuda

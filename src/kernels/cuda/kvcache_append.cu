@@ -1,5 +1,6 @@
 // KV-cache update: appends k_new/v_new at cache_seqlens[b] + t (rotary on k), and rotates q for the
-// attention that follows. Element type is the runtime attn.in_type (memory-bound: no variants).
+// attention that follows. Element type is the runtime attn.in_type (memory-bound: no variants): fp16,
+// bf16 or fp32 (fp8 caches are refused by the host).
 #include "cuda/common/common.cuh"
 #include "cuda/kvcache_params.cuh"
 
@@ -15,6 +16,14 @@ FP_DEV float rotated(const KvAppendParams& kp, const void* x, int type, i64 off,
   return rotated_channel(kp, x, off, c, pos, [&](const void* base, i64 e) { return load_as(base, type, e); });
 }
 
+/// Element s_off of src to element d_off of dst, bit for bit: 4-byte (fp32) or 2-byte elements.
+FP_DEV void copy_elem(void* dst, i64 d_off, const void* src, i64 s_off, bool wide) {
+  if (wide)
+    static_cast<u32*>(dst)[d_off] = static_cast<const u32*>(src)[s_off];
+  else
+    static_cast<u16*>(dst)[d_off] = static_cast<const u16*>(src)[s_off];
+}
+
 }  // namespace
 
 /// Grid x: ceil(batch * s_new * hk / kWarps), one warp per row of problem.h's append_row (which skips
@@ -27,17 +36,15 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   const AppendRow row = append_row(kp, row_id);
   if (!row.ok) return;
   const int type = a.in_type;
-  const u16* k_in = static_cast<const u16*>(kp.k_new.ptr);
-  const u16* v_in = static_cast<const u16*>(kp.v_new.ptr);
-  u16* k_out = static_cast<u16*>(a.k.ptr);
-  u16* v_out = static_cast<u16*>(a.v.ptr);
-  for (int c = lane_id(); c < a.dv; c += 32) v_out[row.v_dst + c] = v_in[row.v_src + c];  // bit copy
+  const bool wide = type == f32::kElemType;
+  for (int c = lane_id(); c < a.dv; c += 32)
+    copy_elem(a.v.ptr, row.v_dst + c, kp.v_new.ptr, row.v_src + c, wide);
   const bool rotate = kp.rotary_dim > 0;
   for (int c = lane_id(); c < a.d; c += 32) {
     if (rotate && c < kp.rotary_dim)
-      store_as(k_out, type, row.k_dst + c, rotated(kp, k_in, type, row.k_src, c, row.pos));
+      store_as(a.k.ptr, type, row.k_dst + c, rotated(kp, kp.k_new.ptr, type, row.k_src, c, row.pos));
     else
-      k_out[row.k_dst + c] = k_in[row.k_src + c];
+      copy_elem(a.k.ptr, row.k_dst + c, kp.k_new.ptr, row.k_src + c, wide);
   }
 }
 
@@ -49,12 +56,11 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   const i64 row_id = block_x() * kWarps + warp_id();
   if (row_id >= a.batch * a.sq * a.hq) return;
   const QRotRow row = q_rot_row(kp, row_id);
-  const u16* q = static_cast<const u16*>(a.q.ptr);
-  u16* out = static_cast<u16*>(kp.q_rot);
+  const bool wide = a.in_type == f32::kElemType;
   for (int c = lane_id(); c < a.d; c += 32) {
     if (row.in_table && c < kp.rotary_dim)
-      store_as(out, a.in_type, row.dst + c, rotated(kp, q, a.in_type, row.src, c, row.pos));
+      store_as(kp.q_rot, a.in_type, row.dst + c, rotated(kp, a.q.ptr, a.in_type, row.src, c, row.pos));
     else
-      out[row.dst + c] = q[row.src + c];
+      copy_elem(kp.q_rot, row.dst + c, a.q.ptr, row.src + c, wide);
   }
 }

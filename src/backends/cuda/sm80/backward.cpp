@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backends/cuda/arch.hpp"
+#include "backends/cuda/sm80/backward_f32.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
 #include "core/tuning.hpp"
@@ -100,17 +101,19 @@ std::vector<jit::KernelSpec> backward_main_variants(int arch) {
       if (!general_forced()) specs.push_back(backward_main_spec(arch, type, bucket, true));
     }
   }
+  for (jit::KernelSpec& spec : backward_f32_variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }
 
 bool is_main_backward_kernel(const jit::KernelSpec& spec) {
-  return spec.entry == "attn_bwd";
+  return spec.entry == "attn_bwd" || spec.entry == "attn_bwd_f32";
 }
 
 int backward_slices(const BwdParams& prm, int arch) {
   const AttnProblem& p = prm.p;
-  const BwdTile tile = backward_tile(arch, (int)prm.accum_ld);
-  const long long key_blocks = (p.sk + tile.block_n - 1) / tile.block_n;
+  const int block_n =
+      p.in_type == kF32 ? backward_f32_block_n(prm) : backward_tile(arch, (int)prm.accum_ld).block_n;
+  const long long key_blocks = (p.sk + block_n - 1) / block_n;
   if (!p.deterministic || key_blocks <= 0) return 1;
   // One wave of CTAs, each owning a dQ slice; fewer slices if memory is short.
   const long long ctas = p.batch * p.hk, sms = jit::device_sm_count(p.device);
@@ -132,6 +135,7 @@ void launch_batch_chunks(const jit::Kernel& kernel, BwdParams& prm, unsigned gri
 
 void launch_backward_main(BwdParams& prm, int arch) {
   const AttnProblem& p = prm.p;
+  if (p.in_type == kF32) return launch_backward_f32(prm, arch);  // CUDA cores, exact fp32
   const int bucket = (int)prm.accum_ld;
   const BwdTile tile = backward_tile(arch, bucket);
   const long long key_blocks = (p.sk + tile.block_n - 1) / tile.block_n;

@@ -176,7 +176,8 @@ void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   // q rotated at its cache positions into a dense (b, sq, hq, d) scratch that the attention reads.
   const long long q_rows = a.batch * a.sq * a.hq;
   if (q_rows <= 0) return;
-  void* q_rot = jit::alloc_async((size_t)(q_rows * a.d) * 2, a.stream);
+  const size_t elem_bytes = a.in_type == kF32 ? 4 : 2;
+  void* q_rot = jit::alloc_async((size_t)(q_rows * a.d) * elem_bytes, a.stream);
   prm.q_rot = q_rot;
   try {
     launch_aux(rotate_q_spec, device, q_rows, a.stream, &prm);

@@ -28,6 +28,7 @@ FP_DEV float u32_as_float(u32 u) {
 /// fp16 (IEEE binary16). `kElemType` equals flashport::kF16.
 struct f16 {
   static constexpr int kElemType = 2;
+  using Storage = u16;
   /// Packs (lo, hi) into one register, lo in bits 0-15, round-to-nearest-even.
   static FP_DEV u32 pack(float lo, float hi) {
     u32 r;
@@ -56,6 +57,7 @@ struct f16 {
 /// bf16 (bfloat16). `kElemType` equals flashport::kBF16. Conversions need sm_80.
 struct bf16 {
   static constexpr int kElemType = 3;
+  using Storage = u16;
   /// Packs (lo, hi) into one register, lo in bits 0-15, round-to-nearest-even.
   static FP_DEV u32 pack(float lo, float hi) {
     u32 r;
@@ -72,6 +74,15 @@ struct bf16 {
   }
   /// bf16 bits to float (exact).
   static FP_DEV float to_float(u16 h) { return u32_as_float((u32)h << 16); }
+};
+
+/// fp32 where a kernel takes every float dtype through one Elem interface (the backward's D and dQ
+/// steps): the storage is the float itself. `kElemType` equals flashport::kF32.
+struct f32 {
+  static constexpr int kElemType = 1;
+  using Storage = float;
+  static FP_DEV float from_float(float x) { return x; }
+  static FP_DEV float to_float(float x) { return x; }
 };
 
 /// Stores `x` rounded to ElemType `type` (kF64 = 0, kF32 = 1, kF16 = 2, kBF16 = 3) at element `off`

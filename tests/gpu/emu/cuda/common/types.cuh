@@ -28,6 +28,7 @@ inline float u32_as_float(u32 u) {
 
 struct f16 {
   static constexpr int kElemType = 2;
+  using Storage = u16;
   static u32 pack(float lo, float hi) { return (u32)num::f32_to_f16(lo) | (u32)num::f32_to_f16(hi) << 16; }
   static Float2 unpack(u32 r) { return {to_float((u16)(r & 0xffffu)), to_float((u16)(r >> 16))}; }
   static u16 from_float(float x) { return num::f32_to_f16(x); }
@@ -36,10 +37,18 @@ struct f16 {
 
 struct bf16 {
   static constexpr int kElemType = 3;
+  using Storage = u16;
   static u32 pack(float lo, float hi) { return (u32)num::f32_to_bf16(lo) | (u32)num::f32_to_bf16(hi) << 16; }
   static Float2 unpack(u32 r) { return {u32_as_float(r << 16), u32_as_float(r & 0xffff0000u)}; }
   static u16 from_float(float x) { return num::f32_to_bf16(x); }
   static float to_float(u16 h) { return num::bf16_to_f32(h); }
+};
+
+struct f32 {
+  static constexpr int kElemType = 1;
+  using Storage = float;
+  static float from_float(float x) { return x; }
+  static float to_float(float x) { return x; }
 };
 
 inline void store_as(void* base, int type, i64 off, float x) {
