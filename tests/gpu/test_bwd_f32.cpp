@@ -4,6 +4,7 @@
 // several key and query blocks per sequence with causal and band skipping, varlen with empty sequences
 // and seqused_k, unaligned rows, deterministic mode bitwise over runs; gradients poisoned so every
 // element must be written. Runs on a GPU and under the kernel emulator (tests/gpu/emu).
+#include "gpu/f32_cases.hpp"
 #include "gpu/test_bwd_util.hpp"
 
 namespace flashport::test::gpu {
@@ -11,24 +12,12 @@ namespace {
 
 TEST(GpuBackwardF32, AwkwardShapesTimesFeatures) {
   FP_SKIP_WITHOUT_GPU();
-  size_t n = 0;
-  for (const Features& f : kFeatures) {
-    const Shape& s = kAwkwardShapes[n++ % std::size(kAwkwardShapes)];
-    SCOPED_TRACE(f.name);
-    expect_backward_accurate(with(dense(DType::f32, s.b, s.sq, s.sk, s.hq, s.hk, s.d_cuda), f));
-  }
+  for (const Case& c : f32_awkward_cases()) expect_backward_accurate(c);
 }
 
 TEST(GpuBackwardF32, EveryBucketAndDvUnlikeD) {
   FP_SKIP_WITHOUT_GPU();
-  // Buckets 64, 128, 256 (the call takes the smallest holding max(d, dv)); dv != d on each.
-  const std::pair<int64_t, int64_t> dims[] = {{8, 8}, {64, 32}, {96, 128}, {200, 256}, {256, 136}};
-  int n = 0;
-  for (auto [d, dv] : dims) {
-    Case c = dense(DType::f32, 2, 45, 70, 4, 2, d, dv);  // GQA 2:1
-    c.causal = (n++ % 2) == 0;
-    expect_backward_accurate(c);
-  }
+  for (const Case& c : f32_bucket_cases()) expect_backward_accurate(c);
 }
 
 TEST(GpuBackwardF32, ManyBlocksFullyMaskedRowsAndBands) {
@@ -47,14 +36,7 @@ TEST(GpuBackwardF32, ManyBlocksFullyMaskedRowsAndBands) {
 
 TEST(GpuBackwardF32, VarlenUsedKAndUnaligned) {
   FP_SKIP_WITHOUT_GPU();
-  const VarlenLens& e = kEmptySequences;
-  Case v = varlen(dense(DType::f32, 1, 1, 1, 6, 2, 64), e.q, e.k);
-  v.used_k = e.used_k;
-  expect_backward_accurate(with(v, kCausal));
-  expect_backward_accurate(with(varlen(dense(DType::f32, 1, 1, 1, 2, 1, 128), e.q, e.k), kAll));
-  Case u = dense(DType::f32, 2, 33, 50, 2, 1, 40);  // rows not 16-byte aligned: scalar loads and stores
-  u.pad = 1;
-  expect_backward_accurate(with(u, kWindow));
+  for (const Case& c : f32_varlen_unaligned_cases()) expect_backward_accurate(c);
 }
 
 TEST(GpuBackwardF32, DeterministicIsBitwiseRepeatable) {

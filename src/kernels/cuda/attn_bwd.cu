@@ -379,17 +379,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
   for (int nb = (int)blockIdx.x; nb * kBN < c.seq.rows_k; nb += (int)gridDim.x) {
     c.n0 = nb * kBN;
-    // Query blocks that see a key of [n0, n1).
-    int m_begin = 0, n_m = 0;
-    if (c.n0 < len_k && len_q > 0) {
-      const i64 n1 = min_int(c.n0 + kBN, len_k);
-      const sem::Range qs = sem::seeing_queries(c.n0, n1, len_q, len_k, p.window_left, p.window_right);
-      const int lo = (int)qs.lo, hi = (int)qs.hi;
-      if (hi > lo) {
-        const sem::Tiles<int> tiles = sem::covering_tiles(lo, hi, kBM);
-        m_begin = tiles.begin, n_m = tiles.end - tiles.begin;
-      }
-    }
+    const sem::Tiles<int> q_blocks = seeing_query_blocks(p, c.seq, c.n0, kBN, kBM);
+    const int m_begin = q_blocks.begin, n_m = q_blocks.end - q_blocks.begin;
     const int steps = group * n_m;  // (query head, query block) pairs, head-major
 
     __syncthreads();  // the previous key block's stage C is done with s_k, s_ds

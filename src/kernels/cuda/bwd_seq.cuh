@@ -38,6 +38,17 @@ FP_DEV Seq sequence(const AttnProblem& p, int b) {
   return s;
 }
 
+/// The query blocks (of block_m rows) holding a query that sees some key of [n0, n0 + block_n): the
+/// tiles a backward CTA for that key block visits. Empty (begin == end) when none does.
+FP_DEV sem::Tiles<int> seeing_query_blocks(const AttnProblem& p, const Seq& s, int n0, int block_n,
+                                           int block_m) {
+  if (n0 >= s.len_k || s.len_q <= 0) return {0, 0};
+  const int n1 = n0 + block_n < s.len_k ? n0 + block_n : s.len_k;
+  const sem::Range qs = sem::seeing_queries(n0, n1, s.len_q, s.len_k, p.window_left, p.window_right);
+  if (qs.hi <= qs.lo) return {0, 0};
+  return sem::covering_tiles((int)qs.lo, (int)qs.hi, block_m);
+}
+
 /// Element offset of row `row` (within the sequence starting at `start`) of head `h` in operand `t`:
 /// q_offset / k_offset for the layouts the backward accepts, without re-reading cu_seqlens.
 FP_DEV i64 row_offset(const Operand& t, bool varlen, int b, int start, int row, int h) {
