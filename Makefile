@@ -46,8 +46,8 @@ test: test-cpp test-python
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L "$(CTEST_LABELS)"
 
-# Opt-in: the forward-side GPU tests on the CPU emulator of the portable CUDA kernels (tests/gpu/emu;
-# needs the CUDA toolkit, no GPU; about 3 minutes on 2 cores). Registers ctest label emu in $(BUILD).
+# Opt-in: the forward-side GPU tests (and the fp32 backward's) on the CPU emulator of the portable CUDA
+# kernels (tests/gpu/emu; needs the CUDA toolkit, no GPU; about 3 minutes on 2 cores). Registers ctest label emu in $(BUILD).
 test-emu: $(BUILD)/build.ninja
 	cmake -S . -B $(BUILD) -DFLASHPORT_GPU_EMU=ON
 	cmake --build $(BUILD) -j $(JOBS)
