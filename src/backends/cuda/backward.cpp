@@ -13,6 +13,7 @@
 #include "backends/cuda/variants.hpp"
 #include "core/tuning.hpp"
 #include "flashport/error.hpp"
+#include "flashport/tensor.hpp"
 
 namespace flashport::cuda {
 namespace {
@@ -25,7 +26,7 @@ const char* type_define(int elem_type) {
 }
 
 bool all_rows_aligned(const AttnProblem& p) {
-  const int elem_bytes = p.in_type == kF32 ? 4 : 2;
+  const int elem_bytes = (int)dtype_size(static_cast<DType>(p.in_type));
   for (const Operand* t : {&p.q, &p.k, &p.v, &p.o, &p.dout, &p.grad_q, &p.grad_k, &p.grad_v})
     if (!rows_aligned(*t, elem_bytes)) return false;
   return true;

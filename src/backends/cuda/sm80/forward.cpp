@@ -12,6 +12,7 @@
 #include "core/split_plan.h"
 #include "core/tuning.hpp"
 #include "flashport/error.hpp"
+#include "flashport/tensor.hpp"
 #include "jit/jit.hpp"
 #include "kernels/cuda/attn_fwd_params.cuh"
 #include "kernels/cuda/kvcache_params.cuh"
@@ -176,7 +177,7 @@ void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   // q rotated at its cache positions into a dense (b, sq, hq, d) scratch that the attention reads.
   const long long q_rows = a.batch * a.sq * a.hq;
   if (q_rows <= 0) return;
-  const size_t elem_bytes = a.in_type == kF32 ? 4 : 2;
+  const size_t elem_bytes = (size_t)dtype_size(static_cast<DType>(a.in_type));
   void* q_rot = jit::alloc_async((size_t)(q_rows * a.d) * elem_bytes, a.stream);
   prm.q_rot = q_rot;
   try {
