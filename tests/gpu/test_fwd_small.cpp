@@ -35,7 +35,7 @@ TEST(GpuForwardSmall, DecodeVariant) {
   expect_forward_accurate(dense(DType::bf16, 1, 2, 203, 7, 1, 40));  // GQA 7:1, 14 rows, d padded
   expect_forward_accurate(with(dense(DType::f16, 2, 16, 113, 3, 3, 64), kCausal));  // 16 rows, MHA
   expect_forward_accurate(with(dense(DType::bf16, 1, 3, 2, 4, 1, 128), kCausal));   // sq > sk: empty rows
-  expect_forward_accurate(dense(DType::bf16, 1, 1, 40, 2, 1, 64));     // 2 key tiles: warps 2, 3 idle
+  expect_forward_accurate(dense(DType::bf16, 1, 1, 40, 2, 1, 64));     // 2-3 key tiles: warps idle
   expect_forward_accurate(dense(DType::bf16, 1, 1, 1000, 4, 2, 256));  // 2 warps, splits
   Case f = dense(DType::bf16, 2, 1, 500, 8, 2, 128);
   f.wl = 100, f.softcap = 4.0, f.alibi = 2, f.dropout = 0.2, f.q_stddev = 3.0;

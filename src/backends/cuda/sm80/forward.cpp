@@ -100,11 +100,13 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket, 0));
   for (int bucket : kCoarseHeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
-  // FLASHPORT_DECODE=4's eight-warp shape, where it differs from the default (d <= 128): compiled by
-  // CI's variant check like the rest, so choosing it cannot meet a kernel that does not build.
+  // FLASHPORT_DECODE=4's four-warp shape (the default before the eight-warp one), where it differs from
+  // the default (d <= 128): compiled by CI's variant check like the rest, so choosing it cannot meet a
+  // kernel that does not build.
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets)
-      if (decode_tile(arch, bucket, 4).warps == 8) specs.push_back(decode_spec(arch, type, bucket, 4));
+      if (decode_tile(arch, bucket, 4).warps != decode_tile(arch, bucket, 0).warps)
+        specs.push_back(decode_spec(arch, type, bucket, 4));
   for (jit::KernelSpec& spec : forward_f32_variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }

@@ -53,23 +53,28 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
               {64, 32, 4, 1});     // 68 KB: 128 query rows would need 101 KB
 }
 
-/// The decode variant's shape for `mode` (FLASHPORT_DECODE): 0 or 1 the default, 16 rows, a 32-key tile
-/// per warp and the deepest of 3 and 2 K/V buffers per warp that fits; four warps up to d 128, two past
-/// it, fewer where the arch's shared memory does not hold them (three stages: 213 KB at d 128, one CTA
-/// per SM on sm_90; sm_80's 163 KB takes two). 2 or 3: that stage count. 4: eight warps of 16-key tiles,
-/// two stages (143 KB at d 128), two warps per scheduler instead of one: the candidate for the decode
-/// plateau (docs/PERF.md, "Decode": per-warp issue, not bytes in flight, limits it).
+/// The decode variant's shape for `mode` (FLASHPORT_DECODE). 0 or 1, the default: sixteen rows and eight
+/// warps of 16-key tiles, two K/V buffers per warp (143 KB at d 128), where it fits (d <= 128); else the
+/// four-warp shape below. Eight warps put two warps on each scheduler, and the decode plateau is per-warp
+/// issue, not bytes in flight: on the H200 (docs/PERF.md, "Decode") the eight-warp shape read 3.2 TB/s
+/// dense where four warps of 32-key tiles read 2.15 TB/s. 2 or 3: four warps of 32-key tiles with that
+/// stage count; 4: four warps (two past d 128), the deepest of 3 and 2 stages that fits (the shape before,
+/// 213 KB at d 128). 5: twelve warps of 16-key tiles, 6: eight warps with three stages, where they fit.
 constexpr FwdTile decode_tile(int arch, int bucket, int mode = 0) {
-  if (mode == 4) {
-    const FwdTile eight{16, 16, 8, 2, true};
-    if (bucket <= 128 && fwd_smem_bytes(eight, bucket) <= limits(arch).smem_per_block) return eight;
-    mode = 0;
+  const auto fits = [&](const FwdTile& t) { return fwd_smem_bytes(t, bucket) <= limits(arch).smem_per_block; };
+  if (bucket <= 128) {
+    const FwdTile eight{16, 16, 8, 2, true}, twelve{16, 16, 12, 2, true}, eight3{16, 16, 8, 3, true};
+    if (mode == 5 && fits(twelve)) return twelve;
+    if (mode == 6 && fits(eight3)) return eight3;
+    if (mode < 2 || mode > 4) {
+      if (fits(eight)) return eight;
+    }
   }
   const int stages = mode == 2 || mode == 3 ? mode : 0;
   for (int warps : {bucket <= 128 ? 4 : 2, 2, 1})
     for (int s : {3, 2}) {
       const FwdTile t{16, 32, warps, s, true};
-      if ((stages == 0 || stages == s) && fwd_smem_bytes(t, bucket) <= limits(arch).smem_per_block) return t;
+      if ((stages == 0 || stages == s) && fits(t)) return t;
     }
   return {16, 32, 1, 2, true};
 }
