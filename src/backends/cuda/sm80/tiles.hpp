@@ -61,7 +61,9 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
 /// stage count; 4: four warps (two past d 128), the deepest of 3 and 2 stages that fits (the shape before,
 /// 213 KB at d 128). 5: twelve warps of 16-key tiles, 6: eight warps with three stages, where they fit.
 constexpr FwdTile decode_tile(int arch, int bucket, int mode = 0) {
-  const auto fits = [&](const FwdTile& t) { return fwd_smem_bytes(t, bucket) <= limits(arch).smem_per_block; };
+  const auto fits = [&](const FwdTile& t) {
+    return fwd_smem_bytes(t, bucket) <= limits(arch).smem_per_block;
+  };
   if (bucket <= 128) {
     const FwdTile eight{16, 16, 8, 2, true}, twelve{16, 16, 12, 2, true}, eight3{16, 16, 8, 3, true};
     if (mode == 5 && fits(twelve)) return twelve;
