@@ -147,7 +147,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.bwd_tile = bwd_tile(env);
   t.bwd_pipe = small_int(env, "FLASHPORT_BWD_PIPE", 0, 3, -1);
   t.bwd_stages = small_int(env, "FLASHPORT_BWD_STAGES", 1, 2, 0);
-  t.decode_variant = small_int(env, "FLASHPORT_DECODE", 0, 6, 1);
+  t.decode_variant = small_int(env, "FLASHPORT_DECODE", 0, 5, 1);
   t.bwd_general = flag(env, "FLASHPORT_BWD_GENERAL");
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);

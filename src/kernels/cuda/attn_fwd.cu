@@ -6,11 +6,13 @@ namespace flashport::cuda::fwd {
 
 /// Writes this warp's finished rows: O = acc_o * fac[r] to p.o (or the fp32 split workspace), and the
 /// LSE. Block rows `row0 + ...` map to (query, head) through `rows`; only rows below `packed_len` exist.
+/// `query`/`head`: this lane's two rows (g, g + 8) as ScoreCtx holds them, so the i64 division of
+/// RowMap::query is not kept live from the prologue to here (at twelve decode warps it spilled).
 /// `s_o` is this warp's 16 rows of s_q: only this warp ever read them, and every cp.async has landed
 /// (the caller waited and synchronised), so they can stage the output for 16-byte stores.
 FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const float (&fac)[2],
-                         const float (&lse)[2], u16* s_o, i64 b, const RowMap& rows, int row0, i64 packed_len,
-                         int split) {
+                         const float (&lse)[2], u16* s_o, i64 b, const RowMap& rows, const int (&query)[2],
+                         const int (&head)[2], int row0, i64 packed_len, int split) {
   const AttnProblem& p = prm.p;
   const int lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   if (prm.num_splits > 1) {
@@ -19,7 +21,7 @@ FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const
     for (int r = 0; r < 2; ++r) {
       const int local = row0 + g + 8 * r;
       if (rows.m0 + local >= packed_len) continue;
-      const i64 base = ((split * p.batch + b) * p.hq + rows.head(local)) * p.sq + rows.query(local);
+      const i64 base = ((split * p.batch + b) * p.hq + head[r]) * p.sq + query[r];
       float* o = prm.o_partial + base * p.dv;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
@@ -34,7 +36,7 @@ FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int local = row0 + g + 8 * r;
-      if (rows.m0 + local < packed_len) p.lse[lse_offset(p, b, rows.head(local), rows.query(local))] = lse[r];
+      if (rows.m0 + local < packed_len) p.lse[lse_offset(p, b, head[r], query[r])] = lse[r];
     }
   }
   if (p.out_type != Elem::kElemType) {  // other output dtypes (fp8 inputs): element stores
@@ -42,7 +44,7 @@ FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const
     for (int r = 0; r < 2; ++r) {
       const int local = row0 + g + 8 * r;
       if (rows.m0 + local >= packed_len) continue;
-      const i64 off = q_offset(p, p.o, b, rows.query(local), rows.head(local));
+      const i64 off = q_offset(p, p.o, b, query[r], head[r]);
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
         const int col = dt * 8 + 2 * t4;
@@ -351,5 +353,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     fac[r] = out_scale * sem::softmax_norm(l);
     lse[r] = sem::softmax_lse(st.m[r], l, [](float x) { return log2f(x); });
   }
-  store_output(prm, acc_o, fac, lse, s_q + warp_row0 * kPitch, b, rows, warp_row0, packed_len, split);
+  store_output(prm, acc_o, fac, lse, s_q + warp_row0 * kPitch, b, rows, ctx.row, ctx.head, warp_row0,
+               packed_len, split);
 }

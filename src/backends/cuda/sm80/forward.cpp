@@ -100,13 +100,14 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket, 0));
   for (int bucket : kCoarseHeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
-  // FLASHPORT_DECODE=4's four-warp shape (the default before the eight-warp one), where it differs from
-  // the default (d <= 128): compiled by CI's variant check like the rest, so choosing it cannot meet a
-  // kernel that does not build.
-  for (int type : {kF16, kBF16})
-    for (int bucket : kHeadDimBuckets)
-      if (decode_tile(arch, bucket, 4).warps != decode_tile(arch, bucket, 0).warps)
-        specs.push_back(decode_spec(arch, type, bucket, 4));
+  // FLASHPORT_DECODE=4's four-warp shape (the default before) and 5's eight-warp one, where they differ
+  // from the default (d <= 128): compiled by CI's variant check like the rest, so choosing one cannot meet
+  // a kernel that does not build.
+  for (int mode : {4, 5})
+    for (int type : {kF16, kBF16})
+      for (int bucket : kHeadDimBuckets)
+        if (decode_tile(arch, bucket, mode).warps != decode_tile(arch, bucket, 0).warps)
+          specs.push_back(decode_spec(arch, type, bucket, mode));
   for (jit::KernelSpec& spec : forward_f32_variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }

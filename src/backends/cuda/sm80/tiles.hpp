@@ -53,23 +53,23 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
               {64, 32, 4, 1});     // 68 KB: 128 query rows would need 101 KB
 }
 
-/// The decode variant's shape for `mode` (FLASHPORT_DECODE). 0 or 1, the default: sixteen rows and eight
-/// warps of 16-key tiles, two K/V buffers per warp (143 KB at d 128), where it fits (d <= 128); else the
-/// four-warp shape below. Eight warps put two warps on each scheduler, and the decode plateau is per-warp
-/// issue, not bytes in flight: on the H200 (docs/PERF.md, "Decode") the eight-warp shape read 3.2 TB/s
-/// dense where four warps of 32-key tiles read 2.15 TB/s. 2 or 3: four warps of 32-key tiles with that
-/// stage count; 4: four warps (two past d 128), the deepest of 3 and 2 stages that fits (the shape before,
-/// 213 KB at d 128). 5: twelve warps of 16-key tiles, 6: eight warps with three stages, where they fit.
+/// The decode variant's shape for `mode` (FLASHPORT_DECODE). 0 or 1, the default: sixteen rows and the
+/// most warps of 16-key tiles that fit, two K/V buffers per warp: twelve (208 KB at d 128 on sm_90), else
+/// eight (143 KB at d 128), up to d 128; past it, or where neither fits, the four-warp shape of mode 4.
+/// The decode plateau is per-warp issue, not bytes in flight: on the H200 (docs/PERF.md, "Decode") four
+/// warps of 32-key tiles read 2.15 TB/s dense, eight warps 3.2 TB/s, eight with three stages (the bytes in
+/// flight of twelve) 3.2 TB/s, twelve 3.8 TB/s. 2 or 3: four warps of 32-key tiles with that stage count;
+/// 4: four warps (two past d 128) of 32-key tiles, the deepest of 3 and 2 stages that fits (the shape
+/// before, 213 KB at d 128); 5: eight warps of 16-key tiles. The twelve-warp kernel is capped at 168
+/// registers (384 threads), which d 128 reaches without spilling.
 constexpr FwdTile decode_tile(int arch, int bucket, int mode = 0) {
   const auto fits = [&](const FwdTile& t) {
     return fwd_smem_bytes(t, bucket) <= limits(arch).smem_per_block;
   };
-  if (bucket <= 128) {
-    const FwdTile eight{16, 16, 8, 2, true}, twelve{16, 16, 12, 2, true}, eight3{16, 16, 8, 3, true};
-    if (mode == 5 && fits(twelve)) return twelve;
-    if (mode == 6 && fits(eight3)) return eight3;
-    if (mode < 2 || mode > 4) {
-      if (fits(eight)) return eight;
+  if (bucket <= 128 && (mode < 2 || mode == 5)) {
+    for (int warps : {mode == 5 ? 8 : 12, 8}) {
+      const FwdTile t{16, 16, warps, 2, true};
+      if (fits(t)) return t;
     }
   }
   const int stages = mode == 2 || mode == 3 ? mode : 0;
