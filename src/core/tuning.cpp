@@ -151,6 +151,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.bwd_general = flag(env, "FLASHPORT_BWD_GENERAL");
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
+  t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);
   t.nvrtc_path = {"FLASHPORT_NVRTC_PATH", text_of(env, "FLASHPORT_NVRTC_PATH")};
   t.hip_runtime = {"FLASHPORT_HIP_RUNTIME", text_of(env, "FLASHPORT_HIP_RUNTIME")};
   t.cuda_home = text_of(env, "CUDA_HOME");

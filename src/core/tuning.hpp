@@ -67,6 +67,11 @@ struct Tuning {
   // Device-resident index tensors checked on the GPU before each call's kernels (index_rules.h); 0 skips
   // the extra launch (a bad index is then clamped without a report).
   Knob<bool> device_checks{"FLASHPORT_DEVICE_CHECKS", true};
+  // 1 (unset): the device memory pool the stream-ordered scratch comes from keeps freed memory across
+  // synchronisations (its release threshold, 0 by default, raised to the maximum as PyTorch's
+  // cudaMallocAsync allocator does), so a step that synchronises does not map the scratch again; a
+  // threshold someone else set is left alone. 0: the pool is not touched.
+  Knob<bool> keep_scratch{"FLASHPORT_KEEP_SCRATCH", true};
   Knob<std::string> nvrtc_path{"FLASHPORT_NVRTC_PATH"};  // any path; "" when unset
   // The HIP runtime the AMD backend opens; "" (unset): libamdhip64.so. The HIP backend tests point it at
   // a stand-in that runs the kernels on the CPU wave64 model (tests/hip/backend/fake_hip_runtime.cpp).

@@ -13,6 +13,7 @@
 #include <shared_mutex>
 #include <unordered_map>
 
+#include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "jit/detail.hpp"
 
@@ -58,6 +59,11 @@ struct Driver {
   decltype(&::cuMemHostAlloc) host_alloc = nullptr;
   decltype(&::cuMemHostGetDevicePointer) host_device_pointer = nullptr;
   decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
+  // Optional (the scratch pool's release threshold, keep_pool_memory).
+  decltype(&::cuCtxGetDevice) ctx_get_device = nullptr;
+  decltype(&::cuDeviceGetMemPool) device_mem_pool = nullptr;
+  decltype(&::cuMemPoolGetAttribute) pool_get_attribute = nullptr;
+  decltype(&::cuMemPoolSetAttribute) pool_set_attribute = nullptr;
   int devices = 0;
   int cuda_version = 0;     ///< what the driver supports, e.g. 13000
   std::string unavailable;  ///< why the driver cannot be used; empty when it can
@@ -127,6 +133,10 @@ Driver load_driver() {
   optional_sym(d.host_alloc, "cuMemHostAlloc");
   optional_sym(d.host_device_pointer, "cuMemHostGetDevicePointer");
   optional_sym(d.ctx_synchronize, "cuCtxSynchronize");
+  optional_sym(d.ctx_get_device, "cuCtxGetDevice");
+  optional_sym(d.device_mem_pool, "cuDeviceGetMemPool");
+  optional_sym(d.pool_get_attribute, "cuMemPoolGetAttribute");
+  optional_sym(d.pool_set_attribute, "cuMemPoolSetAttribute");
   if (!d.unavailable.empty()) return d;
   d.driver_version(&d.cuda_version);
   if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
@@ -487,11 +497,40 @@ int pointer_device(const void* ptr) {
   return rc == CUDA_SUCCESS ? ordinal : -1;
 }
 
+namespace {
+
+/// Once per device (with the current context's device current): raises the release threshold of the
+/// pool cuMemAllocAsync draws from when it is still the default 0, so freed scratch stays mapped across
+/// synchronisations (FLASHPORT_KEEP_SCRATCH, core/tuning.hpp). Best effort: a driver without the
+/// pool entry points, or a failing call, leaves the pool as it is.
+void keep_pool_memory(const Driver& d) {
+  static std::atomic<unsigned long long> done{0};  // bit per device ordinal (< 64)
+  CUdevice dev = 0;
+  if (!d.ctx_get_device || !d.device_mem_pool || !d.pool_get_attribute || !d.pool_set_attribute ||
+      d.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 || dev >= 64)
+    return;
+  const unsigned long long bit = 1ull << dev;
+  if (done.load(std::memory_order_relaxed) & bit) return;
+  done.fetch_or(bit, std::memory_order_relaxed);  // a race sets the same value twice: harmless
+  if (!core::tuning().keep_scratch.get()) return;
+  CUmemoryPool pool = nullptr;
+  cuuint64_t threshold = 0;
+  if (d.device_mem_pool(&pool, dev) != CUDA_SUCCESS ||
+      d.pool_get_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold) != CUDA_SUCCESS ||
+      threshold != 0)
+    return;
+  threshold = ~cuuint64_t{0};
+  d.pool_set_attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+}
+
+}  // namespace
+
 void* alloc_async(size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   const std::string who = "workspace";
   const Driver& d = driver(who);
   ContextScope scope(context_for_stream(stream, who), who);
+  keep_pool_memory(d);
   CUdeviceptr ptr = 0;
   const CUresult rc = d.alloc_async(&ptr, bytes, static_cast<CUstream>(stream));
   if (rc != CUDA_SUCCESS) {

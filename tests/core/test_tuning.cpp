@@ -48,6 +48,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_BWD_GENERAL", ""},
                                     {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
+                                    {"FLASHPORT_KEEP_SCRATCH", ""},
                                     {"FLASHPORT_NVRTC_PATH", ""}}}) {
     const Tuning t = parse(env);
     EXPECT_EQ(t.cuda_forward.get(), "");
@@ -61,6 +62,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_FALSE(t.bwd_general.get());
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
+    EXPECT_TRUE(t.keep_scratch.get());
     EXPECT_EQ(t.nvrtc_path.get(), "");
   }
 }
@@ -75,6 +77,13 @@ TEST(Tuning, KernelChoice) {
     for (const char* bad : {"Hopper", "sm90", " portable", "1"})
       expect_rejected(knob(parse({{name, bad}})), name, bad);
   }
+}
+
+TEST(Tuning, SwitchesOnByDefault) {
+  EXPECT_FALSE(parse({{"FLASHPORT_KEEP_SCRATCH", "0"}}).keep_scratch.get());
+  EXPECT_TRUE(parse({{"FLASHPORT_KEEP_SCRATCH", "1"}}).keep_scratch.get());
+  for (const char* bad : {"2", "no", "off"})
+    expect_rejected(parse({{"FLASHPORT_KEEP_SCRATCH", bad}}).keep_scratch, "FLASHPORT_KEEP_SCRATCH", bad);
 }
 
 TEST(Tuning, Switches) {

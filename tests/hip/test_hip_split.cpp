@@ -53,6 +53,9 @@ TEST(HipModelSplit, SplitCountFollowsTheSharedHeuristic) {
   EXPECT_EQ(amd::fwd_num_splits(dense_problem(1, 1, 192, 8, 1, 64), 0, kMi300xCus), 1);
   EXPECT_EQ(amd::fwd_num_splits(dense_problem(4, 4096, 4096, 16, 16, 128), 0, kMi300xCus), 1);
   EXPECT_EQ(amd::fwd_num_splits(decode, 0, 0), 1) << "no CU count: no split";
+  // Grid z is batch x splits: at most amd::kMaxGridYZ.
+  EXPECT_EQ(amd::fwd_num_splits(dense_problem(20000, 1, 1000, 8, 1, 128), 16, kMi300xCus), 3);
+  EXPECT_EQ(amd::fwd_num_splits(dense_problem(40000, 1, 1000, 8, 1, 128), 16, kMi300xCus), 1);
   AttnProblem varlen = decode;
   const int cu[] = {0, 1, 1};
   varlen.cu_seqlens_q = cu;

@@ -97,6 +97,10 @@ class HipBackend final : public core::Backend {
     if (p.sq > INT32_MAX || p.sk > INT32_MAX)
       return "sequence lengths must be below 2^31 on AMD, got " + std::to_string(p.sq) + " x " +
              std::to_string(p.sk);
+    if (p.batch > kMaxGridYZ || p.hq > kMaxGridYZ)
+      return "at most " + std::to_string(kMaxGridYZ) +
+             " sequences and query heads on AMD (launch grid y/z), got " + std::to_string(p.batch) +
+             " sequences of " + std::to_string(p.hq) + " heads";
     if (p.device < 0 || p.device >= device_count())
       return "device hip:" + std::to_string(p.device) + " is not visible (" + std::to_string(device_count()) +
              " GPUs)";

@@ -97,6 +97,11 @@ FP_HD long long fwd_partial_row(const AttnProblem& p, long long split, long long
   return ((split * p.batch + b) * p.hq + h) * p.sq + i;
 }
 
+/// The largest grid y and z a launch may use: HIP reports 65536 on CDNA, CUDA allows 65535; the lower
+/// bound keeps one rule for both. The backend refuses larger head and batch counts (no batch chunking
+/// here yet) and caps batch x splits by it.
+inline constexpr long long kMaxGridYZ = 65535;
+
 /// The launch grid of the forward for `p` (x, y, z as FwdParams says).
 struct FwdGrid {
   unsigned x, y, z;
@@ -110,7 +115,8 @@ inline FwdGrid fwd_grid(const AttnProblem& p, int block_m, long long pack, int n
 /// The split count of the forward of `p`: 1 when `requested` is 1, for varlen queries (their rows have no
 /// dense workspace index, as on CUDA) and empty problems; else `requested` (> 1) or core::heuristic_splits
 /// over the unsplit grid's blocks (GQA packed by gqa_pack, as launched) and the device's `cu_count` (one
-/// block per CU, as the CUDA launcher counts SMs), at most core::kMaxSplits and the key tiles.
+/// block per CU, as the CUDA launcher counts SMs), at most core::kMaxSplits, the key tiles and what keeps
+/// batch x splits within kMaxGridYZ.
 inline int fwd_num_splits(const AttnProblem& p, int requested, int cu_count) {
   if (requested == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return 1;
   const FwdTile tile = fwd_tile(fwd_head_dim_bucket(p.d, p.dv));
@@ -118,7 +124,8 @@ inline int fwd_num_splits(const AttnProblem& p, int requested, int cu_count) {
   const long long key_tiles = (p.sk + tile.block_n - 1) / tile.block_n;
   const long long ctas = (long long)unsplit.x * unsplit.y * unsplit.z;
   const long long splits = requested > 1 ? requested : core::heuristic_splits(ctas, cu_count, key_tiles);
-  return (int)std::max<long long>(1, std::min<long long>({splits, core::kMaxSplits, key_tiles}));
+  const long long grid_z_cap = p.batch > 0 ? kMaxGridYZ / p.batch : 1;  // grid z is batch x splits
+  return (int)std::max<long long>(1, std::min<long long>({splits, core::kMaxSplits, key_tiles, grid_z_cap}));
 }
 
 /// split_combine: one wave per output row, kCombineWaves rows (queries i of one head and sequence) per

@@ -136,6 +136,24 @@ TEST(HipBackend, DropoutPicksTheDropoutVariant) {
   EXPECT_EQ(forward_launches(), before);
 }
 
+TEST(HipBackend, GridLimitsAreRefusedByName) {
+  // 65536 sequences: grid z past amd::kMaxGridYZ (no batch chunking on AMD). Refused before any launch.
+  const Case c = dense(DType::bf16, 65536, 1, 1, 1, 1, 8, 8);
+  const int before = forward_launches();
+  EXPECT_THROW(
+      {
+        try {
+          run_hip(c, fastcheck::make_inputs(c));
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("65535 sequences and query heads on AMD"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_EQ(forward_launches(), before);
+}
+
 /// Out (dtype `out`) and LSE of an fp8 case through flashport::forward on hip:0.
 fastcheck::Forward run_hip_fp8(const Case& c, fp8check::Inputs in, DType out) {
   on(in.fp8, kHip0);
