@@ -40,6 +40,31 @@ TEST(ArchLimits, PortableTilesFit) {
       }
 }
 
+TEST(ArchLimits, DecodeShapesFitAndCountTheirCtasPerSm) {
+  for (int arch : kArchs)
+    for (int bucket : kHeadDimBuckets)
+      for (int mode = 0; mode <= 5; ++mode) {
+        const FwdTile t = decode_tile(arch, bucket, mode);
+        const std::string where =
+            "sm_" + std::to_string(arch) + " d" + std::to_string(bucket) + " mode " + std::to_string(mode);
+        EXPECT_TRUE(t.decode) << where;
+        EXPECT_LE(fwd_smem_bytes(t, bucket), limits(arch).smem_per_block) << where;
+        const int ctas = decode_ctas_per_sm(arch, t, bucket);
+        EXPECT_GE(ctas, 1) << where;
+        EXPECT_LE(ctas * fwd_smem_bytes(t, bucket), limits(arch).smem_per_block) << where;
+        EXPECT_LE(ctas * 32 * t.warps * 128, 65536) << where << ": at least 128 registers per thread";
+      }
+  // The default on sm_90: twelve warps up to d 128 (one CTA per SM, by registers at d <= 96), two past it.
+  for (int bucket : {32, 64, 96, 128}) {
+    EXPECT_EQ(decode_tile(90, bucket).warps, 12) << bucket;
+    EXPECT_EQ(decode_ctas_per_sm(90, decode_tile(90, bucket), bucket), 1) << bucket;
+  }
+  EXPECT_EQ(decode_tile(80, 128).warps, 8);  // twelve do not fit sm_80's 163 KB at d 128
+  EXPECT_EQ(decode_tile(90, 256).warps, 2);
+  EXPECT_EQ(decode_tile(90, 128, 4).warps, 4);
+  EXPECT_EQ(decode_ctas_per_sm(90, decode_tile(90, 64, 4), 64), 2);  // four warps: 255 registers allow two
+}
+
 TEST(ArchLimits, Sm120GetsSmallForwardTiles) {
   // sm_120 has 99 KB per block: the 129 KB (d160) and 135 KB (d256) double-buffered tiles are not its.
   EXPECT_EQ(fwd_tile(120, 160).stages, 1);

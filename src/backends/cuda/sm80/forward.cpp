@@ -77,10 +77,9 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   if (num_splits == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return g;
   const long long key_tiles = (p.sk + g.tile.block_n - 1) / g.tile.block_n;
   // The decode variant: a split's unit of work is a round of one tile per warp, and CTAs small enough
-  // to share an SM count as that many slots per SM.
+  // to share an SM (shared memory and registers) count as that many slots per SM.
   const int slots =
-      jit::device_sm_count(device) *
-      (decode ? std::max(1, limits(g.arch).smem_per_block / fwd_smem_bytes(g.tile, g.bucket)) : 1);
+      jit::device_sm_count(device) * (decode ? decode_ctas_per_sm(g.arch, g.tile, g.bucket) : 1);
   const long long rounds = decode ? (key_tiles + g.tile.warps - 1) / g.tile.warps : key_tiles;
   long long splits =
       num_splits > 1 ? num_splits : heuristic_splits(g.m_blocks * g.heads * p.batch, slots, rounds);

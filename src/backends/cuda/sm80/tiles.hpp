@@ -53,6 +53,18 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
               {64, 32, 4, 1});     // 68 KB: 128 query rows would need 101 KB
 }
 
+/// How many decode CTAs of `t` one SM holds at once, for the split heuristic's slot count: by shared memory
+/// and by registers, counting the most a thread may take under the kernel's __launch_bounds__(threads, 1)
+/// (65536 / threads rounded down to 8, at most 255; ptxas reports 120-168 at twelve warps, so one CTA).
+constexpr int decode_ctas_per_sm(int arch, const FwdTile& t, int bucket) {
+  const int threads = 32 * t.warps;
+  const int reg_cap = (65536 / threads / 8 * 8) < 255 ? 65536 / threads / 8 * 8 : 255;
+  const int by_regs = 65536 / (threads * reg_cap),
+            by_smem = limits(arch).smem_per_block / fwd_smem_bytes(t, bucket);
+  const int n = by_regs < by_smem ? by_regs : by_smem;
+  return n > 1 ? n : 1;
+}
+
 /// The decode variant's shape for `mode` (FLASHPORT_DECODE). 0 or 1, the default: sixteen rows and the
 /// most warps of 16-key tiles that fit, two K/V buffers per warp: twelve (208 KB at d 128 on sm_90), else
 /// eight (143 KB at d 128), up to d 128; past it, or where neither fits, the four-warp shape of mode 4.
