@@ -19,7 +19,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_bench import ceilings, splice_perf_md, style_panel, time_ms  # noqa: E402
 
-import flashport  # noqa: E402
+try:
+    import flashport  # noqa: E402
+except ImportError:  # --replot needs only the JSON lines
+    flashport = None
 
 try:  # FA3 (flash-attention's hopper/), built beside flashport for a same-run comparison
     import flash_attn_interface as fa3
@@ -192,8 +195,9 @@ def write_perf_md(rows, dev, copy_gbs):
 
 
 def plot(rows, dev, copy_gbs, paths):
-    """GB/s vs context, one panel per (heads, layout), one line per batch (cuDNN dashed where it ran); the
-    copy ceiling dotted grey."""
+    """GB/s vs context, one panel per (heads, layout), one line per batch; dashed, the best peer of that cell
+    (the fastest of cuDNN, FA2 and FA3 that ran: what the issue's bar compares against); the copy ceiling
+    dotted grey."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -214,11 +218,12 @@ def plot(rows, dev, copy_gbs, paths):
                 if not pts:
                     continue
                 line, = ax.plot(*zip(*pts), marker="o", label=f"batch {b}")
-                peer = sorted((r["context"], r["peer_gbs"].get("cudnn")) for r in rows
+                peer = sorted((r["context"], max((g for g in r["peer_gbs"].values() if g), default=None))
+                              for r in rows
                               if (r["hq"], r["hk"]) == hh and r["layout"] == layout and r["batch"] == b)
                 if any(g for _, g in peer):
                     ax.plot([c for c, _ in peer], [g if g else float("nan") for _, g in peer], "--", marker="x",
-                            color=line.get_color(), alpha=0.6, label=f"cuDNN batch {b}")
+                            color=line.get_color(), alpha=0.6, label=f"best peer, batch {b}")
             ax.axhline(copy_gbs, color="gray", linestyle=":", linewidth=1, label="copy ceiling")
             style_panel(ax, f"{hh[0]}/{hh[1]} heads, {layout}", "context" if i == len(heads) - 1 else None,
                         "GB/s of K/V read" if j == 0 else None)
