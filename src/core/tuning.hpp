@@ -60,7 +60,7 @@ struct Tuning {
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset
   Knob<int> bwd_stages{"FLASHPORT_BWD_STAGES", 0};  // 1, 2, 0 when unset
   Knob<bool> bwd_general{"FLASHPORT_BWD_GENERAL"};
-  // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..6: its other shapes
+  // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};
   Knob<bool> jit_verbose{"FLASHPORT_JIT_VERBOSE"};

@@ -505,6 +505,7 @@ namespace {
 /// pool entry points, or a failing call, leaves the pool as it is.
 void keep_pool_memory(const Driver& d) {
   static std::atomic<unsigned long long> done{0};  // bit per device ordinal (< 64)
+  if (!core::tuning().keep_scratch.get()) return;  // before any driver call on this per-call path
   CUdevice dev = 0;
   if (!d.ctx_get_device || !d.device_mem_pool || !d.pool_get_attribute || !d.pool_set_attribute ||
       d.ctx_get_device(&dev) != CUDA_SUCCESS || dev < 0 || dev >= 64)
@@ -512,7 +513,6 @@ void keep_pool_memory(const Driver& d) {
   const unsigned long long bit = 1ull << dev;
   if (done.load(std::memory_order_relaxed) & bit) return;
   done.fetch_or(bit, std::memory_order_relaxed);  // a race sets the same value twice: harmless
-  if (!core::tuning().keep_scratch.get()) return;
   CUmemoryPool pool = nullptr;
   cuuint64_t threshold = 0;
   if (d.device_mem_pool(&pool, dev) != CUDA_SUCCESS ||
