@@ -6,7 +6,7 @@ The decode grid (bench/gpu_decode_bench.py) reported flashport far below the cop
 (23 GB/s at batch 1 x 1k against cuDNN's 352); this says whether the kernel, the split-KV combine, the
 device index check or the gaps between launches account for it.
 
-  python3 scripts/profile_decode.py [--cells 1x1024,1x8192,8x32768] [--calls 20]
+  python3 scripts/profile_decode.py [--cells 1x1024,1x8192,8x32768] [--calls 20] [--page 16] [--splits 0,16,32]
 """
 import argparse
 import time
@@ -21,20 +21,38 @@ import flashport
 D, HQ, HK = 128, 32, 8
 
 
-def calls(batch: int, ctx: int):
+def calls(batch: int, ctx: int, page: int, splits: list):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(batch, 1, HQ, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(batch, ctx, HK, D, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn_like(k)
     seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if page:
+        # The same tokens in pages of `page` rows, pages in a random order (as a serving engine's allocator
+        # leaves them); SDPA has no paged form, so it reads the dense copy.
+        pages = batch * ctx // page
+        order = torch.randperm(pages, device="cuda", generator=gen)
+        kp = torch.empty(pages, page, HK, D, device="cuda", dtype=torch.bfloat16)
+        vp = torch.empty_like(kp)
+        kp[order] = k.reshape(pages, page, HK, D)
+        vp[order] = v.reshape(pages, page, HK, D)
+        table = order.to(torch.int32).reshape(batch, ctx // page)
+        return {
+            f"flashport, pages of {page}, num_splits {n}": (lambda n=n: flashport.flash_attn_with_kvcache(
+                q, kp, vp, cache_seqlens=seqlens, block_table=table, num_splits=n))
+            for n in splits
+        }
 
     def cudnn():
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
 
+    forced = {f"flashport, num_splits {n}": (lambda n=n: flashport.flash_attn_with_kvcache(
+        q, k, v, cache_seqlens=seqlens, num_splits=n)) for n in splits if n}
     return {
         "flashport": lambda: flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens),
+        **forced,
         "flashport, no cache_seqlens": lambda: flashport.flash_attn_with_kvcache(q, k, v),
         "sdpa-cudnn": cudnn,
     }
@@ -74,12 +92,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default="1x1024,1x8192,8x32768", help="batch x context, comma separated")
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--splits", default="0", help="num_splits values to time (0: the heuristic)")
+    ap.add_argument("--page", type=int, default=0, help="page size of a paged cache (0: dense, with SDPA)")
     args = ap.parse_args()
     for cell in args.cells.split(","):
         batch, ctx = (int(x) for x in cell.split("x"))
         kv_mb = batch * ctx * HK * D * 2 * 2 / 2**20
         print(f"\n## batch {batch} x context {ctx}: {kv_mb:.0f} MiB of K and V")
-        for name, fn in calls(batch, ctx).items():
+        for name, fn in calls(batch, ctx, args.page, [int(n) for n in args.splits.split(",")]).items():
             try:
                 fn()
             except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
