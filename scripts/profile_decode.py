@@ -93,11 +93,19 @@ def main():
     ap.add_argument("--cells", default="1x1024,1x8192,8x32768", help="batch x context, comma separated")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--splits", default="0", help="num_splits values to time (0: the heuristic)")
+    ap.add_argument("--plain", type=int, default=0,
+                    help="only call flashport this many times per cell, nothing timed (for ncu: scripts/ncu_decode.sh)")
     ap.add_argument("--page", type=int, default=0, help="page size of a paged cache (0: dense, with SDPA)")
     args = ap.parse_args()
     for cell in args.cells.split(","):
         batch, ctx = (int(x) for x in cell.split("x"))
         kv_mb = batch * ctx * HK * D * 2 * 2 / 2**20
+        if args.plain:
+            fn = next(iter(calls(batch, ctx, args.page, [0]).values()))
+            for _ in range(args.plain):
+                fn()
+            torch.cuda.synchronize()
+            continue
         print(f"\n## batch {batch} x context {ctx}: {kv_mb:.0f} MiB of K and V")
         for name, fn in calls(batch, ctx, args.page, [int(n) for n in args.splits.split(",")]).items():
             try:

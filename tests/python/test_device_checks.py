@@ -67,6 +67,28 @@ def test_next_call_raises():
     flashport.check()
 
 
+def test_long_block_tables_checked_in_chunks():
+    """A long table is checked in chunks of 256 entries spread over the grid: a bad entry far into the
+    table of a later sequence is found, the lowest bad column of its chunk is the one named, and entries
+    past the pages a sequence uses are still not read."""
+    pages, page = 1500, 1
+    q = torch.randn(3, 1, 4, 64, device=DEV, dtype=BF16)
+    k_cache, v_cache = (torch.randn(pages, page, 2, 64, device=DEV, dtype=BF16) for _ in range(2))
+    table = torch.stack([torch.randperm(pages, device=DEV) for _ in range(3)]).to(torch.int32)[:, :1200]
+    seqlens = torch.tensor([1200, 1100, 900], dtype=torch.int32, device=DEV)
+    flashport.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
+    flashport.check()
+    bad = table.clone()
+    bad[1, 1000], bad[1, 990] = -3, pages  # chunk 768..1023 of sequence 1: column 990 is the lowest
+    bad[2, 950] = -1  # past sequence 2's 900 tokens: never read, not a fault
+    flashport.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=bad)
+    err = raised_by_check()
+    assert err.argument == "block_table" and f"[1, 990] = {pages}" in str(err), str(err)
+    bad[1, 990], bad[1, 1000] = 0, 0
+    flashport.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=bad)
+    flashport.check()
+
+
 @pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k", "paged_cu_seqlens_k", "seqused_k"])
 def test_varlen_faults_named(which):
     h, d = 4, 64

@@ -1,6 +1,7 @@
 // Launcher of index_check.cu and the per-device fault record it writes (see index_check.hpp).
 #include "backends/cuda/index_check.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -53,7 +54,14 @@ void check_indices_async(const AttnProblem& p, IndexCallKind call) {
   const jit::Kernel& kernel = cached_kernel(index_check_spec, p.device, 0, jit::device_arch(p.device));
   void* args[] = {&prm};
   const long long blocks = (p.batch + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  jit::launch(kernel, (unsigned)blocks, 1, 1, 32 * kWarpsPerBlock, 0, p.stream, args);
+  // Block-table columns in chunks along y: a sequence uses at most ceil(sk / page_size) entries once its
+  // scalar rules hold (index_rules.h); past 65535 chunks the warps stride over the rest.
+  long long chunks = 1;
+  if (p.block_table && p.page_size > 0) {
+    const long long columns = (p.sk + p.page_size - 1) / p.page_size;
+    chunks = std::clamp<long long>((columns + kIndexCheckColumnsPerWarp - 1) / kIndexCheckColumnsPerWarp, 1, 65535);
+  }
+  jit::launch(kernel, (unsigned)blocks, (unsigned)chunks, 1, 32 * kWarpsPerBlock, 0, p.stream, args);
 }
 
 void synchronize_and_raise(int device) {

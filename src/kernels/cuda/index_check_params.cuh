@@ -5,6 +5,9 @@
 
 namespace flashport::cuda {
 
+/// Block-table entries one warp checks per grid-y chunk (the launcher's grid y is the chunk count).
+constexpr int kIndexCheckColumnsPerWarp = 256;
+
 /// The call's problem (only its index tensors and bounds are read), where to report, and which call
 /// it is (IndexCallKind: picks the rules for seqused_k vs cache_seqlens).
 struct IndexCheckParams {
