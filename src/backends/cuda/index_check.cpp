@@ -59,7 +59,8 @@ void check_indices_async(const AttnProblem& p, IndexCallKind call) {
   long long chunks = 1;
   if (p.block_table && p.page_size > 0) {
     const long long columns = (p.sk + p.page_size - 1) / p.page_size;
-    chunks = std::clamp<long long>((columns + kIndexCheckColumnsPerWarp - 1) / kIndexCheckColumnsPerWarp, 1, 65535);
+    chunks = std::clamp<long long>((columns + kIndexCheckColumnsPerWarp - 1) / kIndexCheckColumnsPerWarp, 1,
+                                   65535);
   }
   jit::launch(kernel, (unsigned)blocks, (unsigned)chunks, 1, 32 * kWarpsPerBlock, 0, p.stream, args);
 }

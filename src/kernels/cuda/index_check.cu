@@ -51,7 +51,8 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
     for (int k = kColumnsPerLane - 1; k >= 0; --k) {
       const int offset = 32 * k + lane;
-      if (c0 + offset < columns && block_table_fault(p, b, c0 + offset).kind != kFaultNone) first_bad = offset;
+      if (c0 + offset < columns && block_table_fault(p, b, c0 + offset).kind != kFaultNone)
+        first_bad = offset;
     }
     first_bad = __reduce_min_sync(0xffffffffu, first_bad);
     if (first_bad < kColumnsPerWarp) {
