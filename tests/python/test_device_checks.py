@@ -74,7 +74,7 @@ def test_long_block_tables_checked_in_chunks():
     pages, page = 1500, 1
     q = torch.randn(3, 1, 4, 64, device=DEV, dtype=BF16)
     k_cache, v_cache = (torch.randn(pages, page, 2, 64, device=DEV, dtype=BF16) for _ in range(2))
-    table = torch.stack([torch.randperm(pages, device=DEV) for _ in range(3)]).to(torch.int32)[:, :1200]
+    table = torch.stack([torch.randperm(pages, device=DEV) for _ in range(3)]).to(torch.int32)[:, :1200].contiguous()
     seqlens = torch.tensor([1200, 1100, 900], dtype=torch.int32, device=DEV)
     flashport.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
     flashport.check()

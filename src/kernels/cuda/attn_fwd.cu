@@ -206,7 +206,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     static_assert(!kDecode || kBlockN <= 32, "at most one key row per lane");
     // ... and no lane may leave load_tile's loop early: the shuffles in its row_offset need all 32.
     static_assert(!kDecode || kBlockN * kChunks % 32 == 0, "whole warp passes over a ring tile");
+    // Tiles whose 16 rows are affine in the key index (dense caches; pages holding whole tiles, no left
+    // pad) take the unrolled copy; the rest (small pages, rows not 16-byte aligned, fp8) the generic one.
+    // Up to 16 copies per lane and tile (d <= 128): more, unrolled, spill (d 224's 28 at 255 registers).
+    constexpr bool kAffineCopy = !kFp8 && kBlockN * kChunks / 32 <= 16;
+    const bool affine =
+        kAffineCopy && vec_k && vec_v && (!paged || (p.page_size % kBlockN == 0 && !p.leftpad_k));
     auto load_ring = [&](u16* ring, const Operand& t, i64 base, i64 ncols, bool vec, int k) {
+      if (kAffineCopy && affine) {
+        const i64 j0 = j0_of(k), left = seq.len_k - j0;
+        load_tile_affine<kBlockN>(ring + (k % kStages) * kSmemKV, static_cast<const u16*>(t.ptr),
+                                  kv_offset(t, base, j0), t.row_stride, left < kBlockN ? (int)left : kBlockN,
+                                  (int)ncols, lane);
+        return;
+      }
       const i64 j = j0_of(k) + lane;
       const i64 my_off = j < seq.len_k ? kv_offset(t, base, j) : (i64)-1;
       load_tile<kBlockN, 32>(
@@ -241,15 +254,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
       __syncwarp();
       compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
     }
-    // Merge: warps 1.. leave (m, l, O) in the K/V memory (fragment order, lane-minor: no bank
-    // conflicts) and warp 0 folds them into its own, rescaled to the common max, then finishes alone.
-    constexpr int kMergeFloats = (4 + 4 * kDTiles) * 32;
+    // Merge: every warp leaves (m, l, O) in the K/V memory (fragment order, lane-minor: no bank
+    // conflicts); then all warps fold them at once, rescaled to the rows' common max, each taking every
+    // kWarps-th head-dim tile of O (the row sums l go to the last warp) into warp 0's slot, which warp 0
+    // reads back to finish alone. Warp 0 folding the others one by one took kWarps - 1 dependent rounds
+    // of 4 kDTiles + 4 values at the end of every CTA (a few % of a short decode call).
+    constexpr int kItems = 4 + 4 * kDTiles;  // m[2], l[2], O[kDTiles][4]
+    constexpr int kMergeFloats = kItems * 32;
     static_assert(!kDecode || kMergeFloats * kWarps * 4 <= 2 * kKvRings * kStages * kSmemKV * 2,
                   "merge scratch");
     float* s_merge = reinterpret_cast<float*>(s_k);
     cp_async_wait_all();
     __syncthreads();  // every ring has been read for the last time
-    if (warp > 0) {
+    {
       float* mine = s_merge + warp * kMergeFloats + lane;
 #pragma unroll
       for (int r = 0; r < 2; ++r) mine[32 * r] = st.m[r], mine[32 * (2 + r)] = st.l[r];
@@ -259,23 +276,36 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
         for (int e = 0; e < 4; ++e) mine[32 * (4 + 4 * dt + e)] = acc_o[dt][e];
     }
     __syncthreads();
-    if (warp > 0) return;  // no barrier follows
-    for (int w = 1; w < kWarps; ++w) {
-      const float* theirs = s_merge + w * kMergeFloats + lane;
+    float scale[kWarps][2];  // 2^(m_w - common base) of this lane's two rows, per warp w
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float m_w = theirs[32 * r], mx = fmaxf(st.m[r], m_w);
-        const float ref = sem::softmax_base(mx);  // both empty: 2^(-inf - 0) = 0, no NaN
-        const float a = fast_exp2(st.m[r] - ref), c = fast_exp2(m_w - ref);
-        st.m[r] = mx;
-        st.l[r] = st.l[r] * a + theirs[32 * (2 + r)] * c;
+    for (int r = 0; r < 2; ++r) {
+      float mx = kNegInf;
 #pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt)
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_merge[w * kMergeFloats + 32 * r + lane]);
+      st.m[r] = mx;
+      const float ref = sem::softmax_base(mx);  // every warp empty: 2^(-inf - 0) = 0, no NaN
 #pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e)
-            acc_o[dt][e] = acc_o[dt][e] * a + theirs[32 * (4 + 4 * dt + e)] * c;
-      }
+      for (int w = 0; w < kWarps; ++w)
+        scale[w][r] = fast_exp2(s_merge[w * kMergeFloats + 32 * r + lane] - ref);
     }
+    auto fold = [&](int item, int r) {  // item's value over all warps, into warp 0's slot
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += s_merge[w * kMergeFloats + 32 * item + lane] * scale[w][r];
+      s_merge[32 * item + lane] = sum;  // only this warp reads or writes `item` here
+    };
+    for (int dt = warp; dt < kDTiles; dt += kWarps)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) fold(4 + 4 * dt + e, e >> 1);
+    if (warp == kWarps - 1) fold(2, 0), fold(3, 1);
+    __syncthreads();
+    if (warp > 0) return;  // no barrier follows
+#pragma unroll
+    for (int r = 0; r < 2; ++r) st.l[r] = s_merge[32 * (2 + r) + lane];
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[dt][e] = s_merge[32 * (4 + 4 * dt + e) + lane];
   } else {
     // Pipeline. cp.async groups, in commit order: [Q + K0] [V0] [K1] [V1] ... With kStages >= 2 the
     // prologue has pairs 0 .. kStages-2 in flight and iteration t prefetches pair t + kStages - 1 into

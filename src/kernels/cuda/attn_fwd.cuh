@@ -152,6 +152,26 @@ FP_DEV void load_tile(u16* s_tile, const void* g_base, i64 ncols, bool vec, RowO
   }
 }
 
+/// The decode rings' copy of a tile whose rows are affine in the key index (a dense cache, or pages that
+/// hold whole tiles): row r at g + off0 + r * row_stride; rows >= n_rows, columns >= ncols and the whole
+/// tile when off0 < 0 (a cache row or page outside the pool) are zero-filled. One warp copies (`lane`),
+/// unrolled: per 16-byte copy an address bump and a compare, where load_tile's generic loop spent about
+/// 36 instructions (a shuffled row offset, 64-bit bounds checks, parameter loads), which made the decode
+/// kernel issue-bound (ncu at b 8 x 32k: 968 instructions per 16-key tile, 576 of them in the copies).
+template <int kRows>
+FP_DEV void load_tile_affine(u16* s_tile, const u16* g, i64 off0, i64 row_stride, int n_rows, int ncols,
+                             int lane) {
+  constexpr int kTotal = kRows * kChunks;
+  static_assert(kTotal % 32 == 0, "whole warp passes over the tile");
+  if (off0 < 0) n_rows = 0;
+#pragma unroll
+  for (int it = 0; it < kTotal / 32; ++it) {
+    const int c = it * 32 + lane, r = c / kChunks, ch = c % kChunks;
+    const bool pred = r < n_rows && ch * 8 < ncols;
+    cp_async_16(smem_addr(s_tile + r * kPitch + ch * 8), pred ? g + off0 + r * row_stride + ch * 8 : g, pred);
+  }
+}
+
 /// S = Q K^T for this warp's 16 rows: acc_s (16, kBlockN) in the mma C layout. `q_lane`/`k_lane` are
 /// this lane's ldmatrix row addresses (see attn_fwd.cu); k-steps wholly beyond `d` are skipped
 /// (zero-filled columns add nothing).
@@ -258,7 +278,7 @@ struct RowState {
 /// Online softmax over one tile: new row max, rescale O and l, P = 2^(s - m) in place. A row whose
 /// max is still -inf uses 0 as its reference so 2^(-inf - 0) = 0 instead of NaN.
 FP_DEV void online_softmax(float (&acc_s)[kNTiles][4], float (&acc_o)[kDTiles][4], RowState& st) {
-  float ref[2];
+  float ref[2], alpha[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = kNegInf;
@@ -266,11 +286,17 @@ FP_DEV void online_softmax(float (&acc_s)[kNTiles][4], float (&acc_o)[kDTiles][4
     for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
     mx = fmaxf(st.m[r], quad_max(mx));
     ref[r] = sem::softmax_base(mx);
-    const float alpha = fast_exp2(st.m[r] - ref[r]);  // 0 while the old max is -inf
+    alpha[r] = fast_exp2(st.m[r] - ref[r]);  // 0 while the old max is -inf
     st.m[r] = mx;
-    st.l[r] *= alpha;
+    st.l[r] *= alpha[r];
+  }
+  // Rescaling O by exactly 1 changes nothing: skipped when no row of the warp has a new max (most tiles
+  // of a long row; kDTiles * 4 multiplies per tile, a sixth of the decode variant's instructions).
+  if (!warp_all(alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) acc_o[dt][2 * r] *= alpha, acc_o[dt][2 * r + 1] *= alpha;
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[dt][e] *= alpha[e >> 1];
   }
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {

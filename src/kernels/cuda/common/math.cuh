@@ -37,6 +37,11 @@ FP_DEV i64 shfl_i64(i64 v, int src) {
   return __shfl_sync(kFullMask, v, src);
 }
 
+/// Whether `v` holds on every lane of the warp.
+FP_DEV bool warp_all(bool v) {
+  return __all_sync(kFullMask, v);
+}
+
 /// Max / sum over the four lanes of a quad (lanes 4g..4g+3: the threads sharing an mma row).
 FP_DEV float quad_max(float v) {
   v = fmaxf(v, shfl_xor(v, 1));

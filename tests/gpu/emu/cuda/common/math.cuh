@@ -34,6 +34,11 @@ inline u32 shfl_xor(u32 v, int mask) {
 inline i64 shfl_i64(i64 v, int src) {
   return emu::shfl_i64(v, src);
 }
+inline bool warp_all(bool v) {
+  unsigned x = v ? 1u : 0u;
+  for (int m = 16; m > 0; m >>= 1) x &= emu::shfl_xor_bits(x, m);
+  return x != 0;
+}
 inline float quad_max(float v) {
   v = std::fmax(v, shfl_xor(v, 1));
   return std::fmax(v, shfl_xor(v, 2));
