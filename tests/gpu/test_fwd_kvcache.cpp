@@ -85,6 +85,21 @@ TEST(GpuKvCache, SplitCounts) {
   }
 }
 
+TEST(GpuKvCache, LongPagedCacheOneSplit) {
+  FP_SKIP_WITHOUT_GPU();
+  // One split over thousands of cached tokens: each decode warp walks 30-40 tiles, past the 32 pages one
+  // read of the block table gives its lanes (the window moves on), through a shuffled table; an append and
+  // a causal band among them. Dense for comparison.
+  for (int64_t page : {0, 16, 256}) {
+    KvCase c;
+    c.b = 2, c.hq = 8, c.hk = 2, c.d = 128, c.s_cache = 7936, c.page = page, c.cache_lens = {7900, 6200};
+    c.num_splits = 1;
+    expect_kvcache_accurate(c);
+    c.num_splits = 0, c.wl = 5000, c.causal = true;
+    expect_kvcache_accurate(c);
+  }
+}
+
 /// Device-resident cache_seqlens / cache_leftpad are not validated by the core: bad entries must skip
 /// the append and read as empty or clamped sequences, never touch memory outside the cache.
 TEST(GpuKvCacheSmall, InvalidDeviceSeqlensStayInBounds) {

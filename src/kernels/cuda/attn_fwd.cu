@@ -212,12 +212,28 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     constexpr bool kAffineCopy = !kFp8 && kBlockN * kChunks / 32 <= 16;
     const bool affine =
         kAffineCopy && vec_k && vec_v && (!paged || (p.page_size % kBlockN == 0 && !p.leftpad_k));
-    auto load_ring = [&](u16* ring, const Operand& t, i64 base, i64 ncols, bool vec, int k) {
+    // A paged cache's page of each of this warp's next 32 tiles, one per lane, read in one go (a table
+    // read per tile before its copies could be issued put a dependent load in every tile's path).
+    int lane_page = -1, page_k0 = -32;
+    auto page_of = [&](int k) {  // warp-uniform k, increasing: the window moves in steps of 32 tiles
+      if (k >= page_k0 + 32) {
+        page_k0 = k;
+        const int mine = k + lane;
+        lane_page =
+            mine < my_tiles ? p.block_table[b * p.block_table_stride + j0_of(mine) / p.page_size] : -1;
+      }
+      return (int)shfl_i64(lane_page, k - page_k0);
+    };
+    auto load_ring = [&](u16* ring, const Operand& t, i64 base, i64 ncols, bool vec, int k, int page) {
       if (kAffineCopy && affine) {
         const i64 j0 = j0_of(k), left = seq.len_k - j0;
-        load_tile_affine<kBlockN>(ring + (k % kStages) * kSmemKV, static_cast<const u16*>(t.ptr),
-                                  kv_offset(t, base, j0), t.row_stride, left < kBlockN ? (int)left : kBlockN,
-                                  (int)ncols, lane);
+        const i64 off0 =
+            !paged ? kv_offset(t, base, j0)
+            : page < 0 || (i64)page >= p.kv_rows
+                ? (i64)-1  // k_offset's rule
+                : (i64)page * t.batch_stride + (j0 % p.page_size) * t.row_stride + hk * t.head_stride;
+        load_tile_affine<kBlockN>(ring + (k % kStages) * kSmemKV, static_cast<const u16*>(t.ptr), off0,
+                                  t.row_stride, left < kBlockN ? (int)left : kBlockN, (int)ncols, lane);
         return;
       }
       const i64 j = j0_of(k) + lane;
@@ -227,9 +243,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
           lane);
     };
     auto load_pair = [&](int k) {
-      if (k < my_tiles) load_ring(s_k_ring, p.k, k_base, p.d, vec_k, k);
+      const int page = kAffineCopy && affine && paged && k < my_tiles ? page_of(k) : -1;
+      if (k < my_tiles) load_ring(s_k_ring, p.k, k_base, p.d, vec_k, k, page);
       cp_async_commit();
-      if (k < my_tiles) load_ring(s_v_ring, p.v, v_base, p.dv, vec_v, k);
+      if (k < my_tiles) load_ring(s_v_ring, p.v, v_base, p.dv, vec_v, k, page);
       cp_async_commit();
     };
     load_q();
