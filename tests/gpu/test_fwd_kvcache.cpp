@@ -85,17 +85,38 @@ TEST(GpuKvCache, SplitCounts) {
   }
 }
 
+TEST(GpuKvCache, ServingGrid) {
+  FP_SKIP_WITHOUT_GPU();
+  // The serving shapes: 1..32 new tokens per step (speculative decoding past 1), appended and attended
+  // to, over every cache layout (dense, pages of 1, 16, 64, 256) with GQA 1, 4 and 8:1, one split, the
+  // heuristic's or a forced 5, rotary in either style or none. Every (sq, layout) pair once; the rest turn
+  // with the case index so each value meets several of the others.
+  const int64_t tokens[] = {1, 2, 4, 8, 16, 32}, pages[] = {0, 1, 16, 64, 256};
+  const int64_t groups[] = {1, 4, 8};
+  const int splits[] = {1, 0, 5};
+  int i = 0;
+  for (int64_t sq : tokens)
+    for (int64_t page : pages) {
+      KvCase c;
+      c.b = 2, c.sq = sq, c.s_new = sq, c.d = 128, c.hk = 2, c.hq = 2 * groups[i % 3];
+      c.s_cache = 256, c.page = page, c.cache_lens = {(int32_t)(200 - sq), 37};
+      c.num_splits = splits[(i / 3) % 3];
+      c.causal = true;
+      c.rotary_dim = i % 4 == 3 ? 0 : 32, c.interleaved = i % 2 == 0;
+      expect_kvcache_accurate(c);
+      ++i;
+    }
+}
+
 TEST(GpuKvCache, LongPagedCacheOneSplit) {
   FP_SKIP_WITHOUT_GPU();
-  // One split over thousands of cached tokens: each decode warp walks 30-40 tiles, past the 32 pages one
-  // read of the block table gives its lanes (the window moves on), through a shuffled table; an append and
-  // a causal band among them. Dense for comparison.
-  for (int64_t page : {0, 16, 256}) {
+  // One split over 7,900 cached tokens: each decode warp walks 41 tiles, past the 32 pages one read of the
+  // block table gives its lanes (the window moves on), through a shuffled table; the second sequence's
+  // table row is read through the batch stride.
+  for (int64_t page : {16, 256}) {
     KvCase c;
-    c.b = 2, c.hq = 8, c.hk = 2, c.d = 128, c.s_cache = 7936, c.page = page, c.cache_lens = {7900, 6200};
+    c.b = 2, c.hq = 8, c.hk = 1, c.d = 128, c.s_cache = 7936, c.page = page, c.cache_lens = {7900, 40};
     c.num_splits = 1;
-    expect_kvcache_accurate(c);
-    c.num_splits = 0, c.wl = 5000, c.causal = true;
     expect_kvcache_accurate(c);
   }
 }
