@@ -5,6 +5,7 @@
 #include <atomic>
 #include <string>
 
+#include "backends/cuda/arch.hpp"
 #include "backends/cuda/variants.hpp"
 #include "core/index_fault.hpp"
 #include "core/tuning.hpp"
@@ -51,16 +52,17 @@ void check_indices_async(const AttnProblem& p, IndexCallKind call) {
   if (p.device >= 0 && p.device < kTrackedDevices)
     g_has_record[p.device].store(true, std::memory_order_release);
   IndexCheckParams prm{p, static_cast<FaultRecord*>(memory.device), call};
-  const jit::Kernel& kernel = cached_kernel(index_check_spec, p.device, 0, jit::device_arch(p.device));
+  const int arch = jit::device_arch(p.device);
+  const jit::Kernel& kernel = cached_kernel(index_check_spec, p.device, 0, arch);
   void* args[] = {&prm};
   const long long blocks = (p.batch + kWarpsPerBlock - 1) / kWarpsPerBlock;
   // Block-table columns in chunks along y: a sequence uses at most ceil(sk / page_size) entries once its
-  // scalar rules hold (index_rules.h); past 65535 chunks the warps stride over the rest.
+  // scalar rules hold (index_rules.h); past the grid's y limit the warps stride over the rest.
   long long chunks = 1;
   if (p.block_table && p.page_size > 0) {
     const long long columns = (p.sk + p.page_size - 1) / p.page_size;
     chunks = std::clamp<long long>((columns + kIndexCheckColumnsPerWarp - 1) / kIndexCheckColumnsPerWarp, 1,
-                                   65535);
+                                   limits(arch).max_grid_yz);
   }
   jit::launch(kernel, (unsigned)blocks, (unsigned)chunks, 1, 32 * kWarpsPerBlock, 0, p.stream, args);
 }
