@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3,decode
+# memory,fuzz,huge,fa3,decode,ab
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -10,7 +10,8 @@
 # GPU fuzzer (FUZZ_SECONDS, FUZZ_WORKERS; beside the sanitizer when both run); `huge` the
 # more-than-2^31-elements test. `decode` times the decode grid (gpu_decode_bench.py --perf-md; FA3 as a peer
 # when /tmp/fa3 holds an FA3_DECODE=1 build) after a quick pass per FLASHPORT_DECODE shape (DECODE_MODES,
-# default 0 1 2 4: row-split kernel, default, two stages, eight warps).
+# default 0 1 2 4: row-split kernel, default, two stages, eight warps). `ab` times the portable forward
+# and decode kernels of this tree and of .base/ (carried: a pre-change tree) in alternating rounds.
 # GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
 # `fa3` builds FA3 (flash-attention's hopper/, the same-run peer) in the background from the first step on,
@@ -44,6 +45,12 @@ if has fa3; then
   else
     echo "fa3: .peers/build_fa3.sh or .peers/fa3/hopper missing (carry .peers)"
   fi
+fi
+
+ab_pid=
+if has ab && [[ -d .base ]]; then  # the pre-change tree's package for the ab step, built beside the first steps
+  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/flashport-base ./.base >"$OUT/pip_base.log" 2>&1 &
+  ab_pid=$!
 fi
 
 step "machine"
@@ -179,6 +186,17 @@ if has overhead; then
       && PYTHONPATH=/tmp/flashport-base TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-base \
         python3 bench/overhead_bench.py --out "$OUT/overhead_base.jsonl" 2>&1 | tail -11
   fi
+fi
+if has ab && [[ -d .base ]]; then
+  step "kernel before/after: the portable forward and decode of this tree and of .base/, alternating rounds"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  wait "$ab_pid" || { tail -20 "$OUT/pip_base.log"; status=1; }
+  for round in ${AB_ROUNDS:-1 2}; do
+    PYTHONPATH=/tmp/flashport-base FLASHPORT_CUDA_FORWARD=portable \
+      python3 scripts/ab_kernels.py --tag "base$round" --out "$OUT/ab_base.jsonl" 2>&1 | tail -12
+    FLASHPORT_CUDA_FORWARD=portable python3 scripts/ab_kernels.py --tag "new$round" --out "$OUT/ab_new.jsonl" 2>&1 | tail -12
+  done
+  python3 scripts/ab_kernels.py --compare "$OUT/ab_base.jsonl" "$OUT/ab_new.jsonl" | tee "$OUT/ab.md"
 fi
 if has train; then
   step "train_gpt: GPT-2 small, batch 8 x 1024, per attention backend"

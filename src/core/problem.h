@@ -166,16 +166,22 @@ FP_HD long long q_offset(const AttnProblem& p, const Operand& t, long long b, lo
   return base + row * t.row_stride + h * t.head_stride;
 }
 
+/// Element offset of token `token` (the left pad included) of kv head h in page `page` of a paged
+/// operand, -1 for a page outside the pool [0, kv_rows). k_offset's paged rule, also called by kernels
+/// that read the block table themselves (the CUDA decode variant's page window).
+FP_HD long long page_row_offset(const AttnProblem& p, const Operand& t, long long page, long long token,
+                                long long h) {
+  if (page < 0 || page >= p.kv_rows) return -1;
+  return page * t.batch_stride + (token % p.page_size) * t.row_stride + h * t.head_stride;
+}
+
 /// Element offset of (sequence b, key j, kv head h) in a key-shaped operand (k, v, dk, dv), through
 /// cu_seqlens_k, the kv-cache batch index and left pad, or the block table.
 FP_HD long long k_offset(const AttnProblem& p, const Operand& t, long long b, long long j, long long h) {
   const long long token = p.leftpad_k ? j + p.leftpad_k[b] : j;
   // Returns -1 (callers skip or zero-fill) for a block or cache row outside [0, kv_rows).
-  if (p.block_table) {
-    const int block = p.block_table[b * p.block_table_stride + token / p.page_size];
-    if (block < 0 || block >= p.kv_rows) return -1;
-    return (long long)block * t.batch_stride + (token % p.page_size) * t.row_stride + h * t.head_stride;
-  }
+  if (p.block_table)
+    return page_row_offset(p, t, p.block_table[b * p.block_table_stride + token / p.page_size], token, h);
   if (p.cu_seqlens_k) return ((long long)p.cu_seqlens_k[b] + token) * t.row_stride + h * t.head_stride;
   const long long row_b = p.kv_batch_idx ? (long long)p.kv_batch_idx[b] : b;
   if (p.kv_batch_idx && (row_b < 0 || row_b >= p.kv_rows)) return -1;

@@ -69,7 +69,9 @@ TEST(HipModelSplit, ForcedCountsIncludingMoreSplitsThanTiles) {
     c.causal = true;
     check(c, true, 0, splits);
   }
-  check(dense(DType::bf16, 1, 1, 70, 1, 1, 32, 32), true, 0, 5);  // 2 tiles, 5 splits
+  // 2 tiles, 5 splits. Two sequences of 4 heads: with a single row of 32 outputs the rule's maxima were
+  // too few to be stable (one run in 73 failed by one bf16 ulp against a baseline that was off by a quarter).
+  check(dense(DType::bf16, 2, 1, 70, 4, 2, 32, 32), true, 0, 5);
 }
 
 /// Out and LSE of rows that see no key at all must be exactly 0 and -inf (no NaN from empty splits).

@@ -103,6 +103,20 @@ TEST(WaveModel, ShflXorFollowsHipWidthRule) {
   }
 }
 
+// wave_all is an AND over the caller's 64 lanes only: wave 0 has one lane voting false (a different
+// one per round), wave 1 none.
+TEST(WaveModel, WaveAllIsTheWavesAnd) {
+  for (int odd : {0, 17, 63}) {
+    std::vector<int> got(128, -1);
+    model::launch({1, 1, 1}, 128, 0, [&](unsigned char*) {
+      const int t = thread_id();
+      got[(size_t)t] = wave_all(t != odd) ? 1 : 0;
+    });
+    for (int t = 0; t < 128; ++t)
+      EXPECT_EQ(got[(size_t)t], t < 64 ? 0 : 1) << "lane " << t << ", odd " << odd;
+  }
+}
+
 TEST(WaveModel, BarrierOrdersLdsAcrossWaves) {
   std::vector<int> got(256, -1);
   model::launch({2, 1, 1}, 256, 256 * 4, [&](unsigned char* lds) {

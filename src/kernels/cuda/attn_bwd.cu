@@ -1,6 +1,7 @@
 // FlashAttention-2 backward main kernel for sm_80+ (mma.sync m16n8k16): one CTA per (key block,
 // kv head, batch) keeps dK, dV of its keys in registers, walks the query blocks of every query head of
 // its GQA group that can see the block, and adds dQ partials to an fp32 accumulator.
+#include "attn/bwd_stages.h"
 #include "cuda/bwd_params.cuh"
 #include "cuda/bwd_seq.cuh"
 #include "cuda/bwd_warp.cuh"
@@ -234,12 +235,8 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0, int 
         if (alibi) score -= slope * (float)sem::alibi_distance(diag[r], j);
         const bool visible = full || (j >= lo[r] && j < hi[r]);
         const float prob = visible ? fast_exp2(score * kLog2e - lse2[mt][r]) : 0.0f;
-        const bool kept = (keep >> e) & 1u;
-        const float dp = kept ? acc_dp[mt][nt][e] * rp : 0.0f;  // dL/dP through the dropout
-        float ds = prob * (dp - dsum[mt][r]);
-        if (cap > 0.0f) ds *= sem::softcap_grad(capped, cap);
-        acc_s[mt][nt][e] = kept ? prob * rp : 0.0f;
-        acc_dp[mt][nt][e] = ds;
+        attn::prob_grad(prob, (keep >> e) & 1u, rp, acc_dp[mt][nt][e], dsum[mt][r], cap, capped,
+                        acc_s[mt][nt][e], acc_dp[mt][nt][e]);
       }
       const int row = wm0 + 16 * mt + g;
       const u32 at0 = (u32)(row * kPitchS + j0) * 2u, at8 = (u32)((row + 8) * kPitchS + j0) * 2u;

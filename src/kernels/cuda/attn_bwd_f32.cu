@@ -15,6 +15,7 @@
 //
 // Compile-time head-dim bucket -D FP_HEADDIM (64, 128, 256; d and dv <= it, multiples of 8 per the
 // host); tiles from bwd_f32_tile (bwd_params.cuh), shared with the launcher.
+#include "attn/bwd_stages.h"
 #include "cuda/bwd_params.cuh"
 #include "cuda/bwd_seq.cuh"
 #include "cuda/common/common.cuh"
@@ -161,11 +162,8 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, float* smem, int h,
       const float capped = sem::softcap(s[a][e] * p.scale, cap);
       const float score = p.alibi ? capped + sem::alibi_bias(slope, (i64)i, (i64)j, len_q, len_k) : capped;
       const float prob = visible ? exp2f(score * kLog2e - lse2) : 0.0f;
-      const bool kept = (keep >> (a * kColsS + e)) & 1u;
-      float ds = prob * ((kept ? dp[a][e] * rp : 0.0f) - dsum);  // dL/dP through the dropout
-      if (cap > 0.0f) ds *= sem::softcap_grad(capped, cap);
-      smem[kOffP + r * kPitchS + col] = kept ? prob * rp : 0.0f;
-      smem[kOffDS + r * kPitchS + col] = ds;
+      attn::prob_grad(prob, (keep >> (a * kColsS + e)) & 1u, rp, dp[a][e], dsum, cap, capped,
+                      smem[kOffP + r * kPitchS + col], smem[kOffDS + r * kPitchS + col]);
     }
   }
 }

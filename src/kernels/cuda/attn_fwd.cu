@@ -11,8 +11,8 @@ namespace flashport::cuda::fwd {
 /// `s_o` is this warp's 16 rows of s_q: only this warp ever read them, and every cp.async has landed
 /// (the caller waited and synchronised), so they can stage the output for 16-byte stores.
 FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const float (&fac)[2],
-                         const float (&lse)[2], u16* s_o, i64 b, const RowMap& rows, const int (&query)[2],
-                         const int (&head)[2], int row0, i64 packed_len, int split) {
+                         const float (&lse)[2], u16* s_o, i64 b, const attn::RowMap& rows,
+                         const int (&query)[2], const int (&head)[2], int row0, i64 packed_len, int split) {
   const AttnProblem& p = prm.p;
   const int lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   if (prm.num_splits > 1) {
@@ -102,44 +102,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   const i64 m_block = (i64)gridDim.x - 1 - block_x();
   const i64 b = prm.batch_offset + block_z() / prm.num_splits;
   const int split = (int)(block_z() % prm.num_splits);
-  const Seq seq = sequence(p, b);
   const i64 group = prm.pack_gqa;
   const i64 hk = group > 1 ? block_y() : kv_head(p, block_y());
-  const RowMap rows{m_block * kBlockM, group, group > 1 ? group_head(block_y(), group, (i64)0) : block_y()};
-  const i64 packed_len = seq.len_q * group;
+  const attn::RowMap rows = attn::row_map(m_block, block_y(), group, kBlockM);
+  const attn::FwdBlock blk = attn::fwd_block(p, b, rows, kBlockM);
+  const i64 packed_len = blk.packed_len;
   if (rows.m0 >= packed_len) return;  // whole CTA: no barrier has been reached yet
-  // The block's first and last queries (rows beyond packed_len are padding, never stored).
-  const i64 first_row = rows.m0 / group;
-  const i64 last_row = ((rows.m0 + kBlockM < packed_len ? rows.m0 + kBlockM : packed_len) - 1) / group;
 
-  // Key tiles this CTA visits: the union of its rows' visible ranges, cut into splits. Tiles inside
-  // every row's range need no mask.
-  const sem::KeyRange keys =
-      sem::tile_keys(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
-  const sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
-  const sem::Tiles<i64> mine = core::split_tiles<i64>(tiles, split, prm.num_splits);  // the AMD rule too
+  // Key tiles this CTA visits (its split's share, the AMD rule too).
+  const sem::Tiles<i64> mine = attn::block_tiles(p, blk, kBlockN, split, prm.num_splits);
   const i64 tile_begin = mine.begin, tile_end = mine.end;
   const int n_tiles = (int)(tile_end - tile_begin);
 
   const int warp = warp_id(), lane = lane_id();
   const int warp_row0 = kDecode ? 0 : 16 * warp;  // this warp's first block row
-  const float dsc_qk = descale(p, 0, b, hk) * descale(p, 1, b, hk);
-  ScoreCtx ctx;
-  ctx.scale = p.scale * dsc_qk;
-  ctx.scale_log2 = ctx.scale * kLog2e;
-  ctx.plain = p.softcap <= 0.0f && !p.alibi;
-  ctx.len_q = (int)seq.len_q, ctx.len_k = (int)seq.len_k;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int local = warp_row0 + (lane >> 2) + 8 * r;
-    ctx.row[r] = (int)rows.query(local);
-    ctx.head[r] = (int)rows.head(local);
-    ctx.slope[r] = alibi_slope(p, b, ctx.head[r]);
-    const sem::KeyRange kr =
-        sem::visible_keys(ctx.row[r], seq.len_q, seq.len_k, p.window_left, p.window_right);
-    ctx.key_lo[r] = (int)clamp_i64(kr.lo, 0, seq.len_k);
-    ctx.key_hi[r] = (int)clamp_i64(kr.hi, 0, seq.len_k);
-  }
+  const int lane_rows[2] = {warp_row0 + (lane >> 2), warp_row0 + (lane >> 2) + 8};
+  const ScoreCtx ctx = attn::score_rows(p, blk, b, hk, rows, lane_rows);
 
   // Tile loaders (every thread takes a share of the 16-byte chunks; rows outside the sequence and
   // columns beyond d / dv are zero-filled so padded rows and columns contribute exact zeros).
@@ -156,8 +134,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   // Key rows through the shared addressing helper; without a block table it is affine in the key
   // index, so one base per operand (instead of a full k_offset per row) keeps the loaders light.
   const bool paged = p.block_table != nullptr;
-  const i64 k_base = paged || seq.len_k == 0 ? 0 : k_offset(p, p.k, b, 0, hk);
-  const i64 v_base = paged || seq.len_k == 0 ? 0 : k_offset(p, p.v, b, 0, hk);
+  const i64 k_base = paged || blk.len_k == 0 ? 0 : k_offset(p, p.k, b, 0, hk);
+  const i64 v_base = paged || blk.len_k == 0 ? 0 : k_offset(p, p.v, b, 0, hk);
   auto kv_offset = [&](const Operand& t, i64 base, i64 j) {  // base < 0: a cache row out of range
     return paged ? k_offset(p, t, b, j, hk) : base < 0 ? (i64)-1 : base + j * t.row_stride;
   };
@@ -165,13 +143,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     const i64 j0 = (tile_begin + t) * kBlockN;
     load_tile<kBlockN>(
         s_k + (t % kStages) * kSmemKV, p.k.ptr, p.d, vec_k,
-        [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.k, k_base, j0 + r) : (i64)-1; }, dec);
+        [&](int r) { return j0 + r < blk.len_k ? kv_offset(p.k, k_base, j0 + r) : (i64)-1; }, dec);
   };
   auto load_v = [&](int t) {
     const i64 j0 = (tile_begin + t) * kBlockN;
     load_tile<kBlockN>(
         s_v + (t % kStages) * kSmemKV, p.v.ptr, p.dv, vec_v,
-        [&](int r) { return j0 + r < seq.len_k ? kv_offset(p.v, v_base, j0 + r) : (i64)-1; }, dec);
+        [&](int r) { return j0 + r < blk.len_k ? kv_offset(p.v, v_base, j0 + r) : (i64)-1; }, dec);
   };
 
   // ldmatrix row addresses of this lane (see common/mma.cuh for the fragment layouts):
@@ -190,11 +168,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
   float acc_o[kDTiles][4];  // (16, kHeadDim) per warp
 #pragma unroll
   for (int dt = 0; dt < kDTiles; ++dt) acc_o[dt][0] = acc_o[dt][1] = acc_o[dt][2] = acc_o[dt][3] = 0.0f;
-  RowState st{{kNegInf, kNegInf}, {0.0f, 0.0f}};
+  attn::RowState<Rows::kRows> st = attn::row_state_init<Rows::kRows>();
   float acc_s[kNTiles][4];  // (16, kBlockN) per warp
 
-  const sem::KeyRange unmasked =
-      sem::keys_seen_by_all(first_row, last_row + 1, seq.len_q, seq.len_k, p.window_left, p.window_right);
+  const sem::KeyRange unmasked = attn::unmasked_keys(p, blk);
   if constexpr (kDecode) {
     // This warp's key tiles are k = 0, 1, ... -> tile warp + k * kWarps, in ring buffer k % kStages;
     // lanes copy them alone, so only __syncwarp orders the ring. cp.async groups: [Q] (the whole
@@ -226,18 +203,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     };
     auto load_ring = [&](u16* ring, const Operand& t, i64 base, i64 ncols, bool vec, int k, int page) {
       if (kAffineCopy && affine) {
-        const i64 j0 = j0_of(k), left = seq.len_k - j0;
+        const i64 j0 = j0_of(k), left = blk.len_k - j0;
         const i64 off0 =
-            !paged ? kv_offset(t, base, j0)
-            : page < 0 || (i64)page >= p.kv_rows
-                ? (i64)-1  // k_offset's rule
-                : (i64)page * t.batch_stride + (j0 % p.page_size) * t.row_stride + hk * t.head_stride;
+            !paged ? kv_offset(t, base, j0) : page_row_offset(p, t, page, j0, hk);  // no left pad
         load_tile_affine<kBlockN>(ring + (k % kStages) * kSmemKV, static_cast<const u16*>(t.ptr), off0,
                                   t.row_stride, left < kBlockN ? (int)left : kBlockN, (int)ncols, lane);
         return;
       }
       const i64 j = j0_of(k) + lane;
-      const i64 my_off = j < seq.len_k ? kv_offset(t, base, j) : (i64)-1;
+      const i64 my_off = j < blk.len_k ? kv_offset(t, base, j) : (i64)-1;
       load_tile<kBlockN, 32>(
           ring + (k % kStages) * kSmemKV, t.ptr, ncols, vec, [&](int r) { return shfl_i64(my_off, r); }, dec,
           lane);
@@ -264,8 +238,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
       cp_async_wait<2 * kStages - 1>();  // K(k) has landed (after it: V(k), pairs k + 1 .. k + kStages - 1)
       __syncwarp();
       compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
-      transform_scores(acc_s, p, ctx, j0, !sem::contains(unmasked, j0, j0 + kBlockN));
-      online_softmax(acc_s, acc_o, st);
+      attn::transform_scores<Rows, kBlockN>(acc_s, p, ctx, j0, !sem::contains(unmasked, j0, j0 + kBlockN));
+      attn::online_softmax<Rows>(acc_s, acc_o, st);
       if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
       cp_async_wait<2 * kStages - 2>();  // V(k) has landed
       __syncwarp();
@@ -369,8 +343,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
       if (warp_has_rows) {
         compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
         const bool masked = !sem::contains(unmasked, j0, j0 + kBlockN);
-        transform_scores(acc_s, p, ctx, j0, masked);
-        online_softmax(acc_s, acc_o, st);
+        attn::transform_scores<Rows, kBlockN>(acc_s, p, ctx, j0, masked);
+        attn::online_softmax<Rows>(acc_s, acc_o, st);
         if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);  // fp8: refused by the host
       }
 
@@ -390,16 +364,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     __syncthreads();  // s_q is reused for the output below; no cp.async may still target it
   }
 
-  // Finalize: O / l (times the dropout rescale and the fp8 V descale); LSE = ln(2^m * l). A row
-  // with no visible key has l = 0: O = 0 (acc_o is 0) and LSE = -inf.
-  const float out_scale = (p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f) * descale(p, 2, b, hk);
+  // Finalize: O / l (times the dropout rescale and the fp8 V descale); LSE = ln(2^m * l).
   float fac[2], lse[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(st.l[r]);
-    fac[r] = out_scale * sem::softmax_norm(l);
-    lse[r] = sem::softmax_lse(st.m[r], l, [](float x) { return log2f(x); });
-  }
+  attn::finish_rows<Rows>(st, attn::output_scale(p, b, hk, p.dropout_p > 0.0f), fac, lse);
   store_output(prm, acc_o, fac, lse, s_q + warp_row0 * kPitch, b, rows, ctx.row, ctx.head, warp_row0,
                packed_len, split);
 }

@@ -4,7 +4,7 @@
 // (with FP_DTYPE=bf16): the fp8 variant, whose tile loads dequantise fp8 rows to bf16 (fp8_decode.cuh).
 #pragma once
 
-#include "core/split_plan.h"
+#include "attn/fwd_stages.h"
 #include "cuda/attn_fwd_params.cuh"
 #include "cuda/common/common.cuh"
 
@@ -71,29 +71,6 @@ FP_DEV TileDecode tile_decode(const AttnProblem&) {
 constexpr int kSmemQ = kBlockM * kPitch;
 constexpr int kSmemKV = kBlockN * kPitch;
 constexpr int kSmemBytes = (kSmemQ + 2 * kKvRings * kStages * kSmemKV) * 2;
-
-/// Lengths of one sequence, with device-resident indices guarded (problem.h's guarded_lengths): an
-/// index that would address outside its tensor turns the sequence into an empty one instead (nothing
-/// read out of bounds).
-struct Seq {
-  i64 len_q, len_k;
-};
-FP_DEV Seq sequence(const AttnProblem& p, i64 b) {
-  const SeqLens lens = guarded_lengths(p, b);
-  return {lens.q, lens.k};
-}
-
-/// Which (query, head) a block row is. Without GQA packing a block holds queries m0 .. m0 + kBlockM
-/// of one head; packing (FwdParams::pack_gqa = hq / hk) interleaves the `group` query heads of one kv
-/// head: packed row pr = i * group + g is query i of head kv_head * group + g, so decode-like calls
-/// fill the block's rows and read each kv head's K/V once.
-struct RowMap {
-  i64 m0;         // first packed row of the block
-  i64 group;      // 1, or hq / hk when packing
-  i64 head_base;  // query head of packed row g = 0
-  FP_DEV i64 query(i64 r) const { return (m0 + r) / group; }
-  FP_DEV i64 head(i64 r) const { return head_base + (m0 + r) % group; }
-};
 
 /// Copies rows [0, kRows) of a (rows, kHeadDim) tile into s_tile (pitch kPitch). `row_offset(r)` is
 /// the element offset of row r in `g_base`, negative for rows to zero-fill; columns >= ncols are
@@ -215,99 +192,43 @@ FP_DEV void compute_pv(float (&acc_o)[kDTiles][4], const float (&acc_s)[kNTiles]
   }
 }
 
-/// What the score transform of one CTA needs (per thread: its two rows g and g + 8). Positions within
-/// a sequence are 32-bit (the host rejects lengths >= 2^31; cu_seqlens are int32 anyway): it keeps
-/// this state small in registers. Memory offsets stay 64-bit.
-struct ScoreCtx {
-  float scale;       // softmax scale (times fp8 descales)
-  float scale_log2;  // scale * log2(e): the whole transform when `plain`
-  bool plain;        // no softcap, no ALiBi
-  int len_q, len_k;
-  int row[2];                // query positions of this thread's rows (within the sequence)
-  int head[2];               // their query heads (differ when packing GQA)
-  float slope[2];            // their ALiBi slopes
-  int key_lo[2], key_hi[2];  // their visible key ranges, clamped to [0, len_k]
-};
-
-/// Scores in log2 units (SPEC steps 1-4): raw dots -> scale, softcap, ALiBi (shared policy), times
-/// log2(e); keys outside a row's visible range -> -inf when `masked` (tiles straddling the range).
-FP_DEV void transform_scores(float (&acc_s)[kNTiles][4], const AttnProblem& p, const ScoreCtx& c, i64 j0,
-                             bool masked) {
-  const int t4 = lane_id() & 3;
-  if (c.plain) {
+/// The score layout of this kernel for the shared stages (attn/fwd_stages.h): mma.sync's C layout, in
+/// which lane (g, t4) holds rows g and g + 8 of the warp's 16; element e of n-tile nt is row e / 2, key
+/// nt * 8 + 2 t4 + e % 2 (S), channel dt * 8 + 2 t4 + e % 2 (O). A row's four lanes are a quad.
+struct Rows {
+  static constexpr int kRows = 2;
+  template <class F>
+  static FP_DEV void map_s(float (&s)[kNTiles][4], F&& f) {
+    const int t4 = lane_id() & 3;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[nt][e] *= c.scale_log2;
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const i64 j = j0 + nt * 8 + 2 * t4 + (e & 1);
-        acc_s[nt][e] =
-            score<float>(p, acc_s[nt][e], c.scale, c.slope[e >> 1], c.row[e >> 1], j, c.len_q, c.len_k) *
-            kLog2e;
-      }
-    }
+      for (int e = 0; e < 4; ++e) s[nt][e] = f(e >> 1, nt * 8 + 2 * t4 + (e & 1), s[nt][e]);
   }
-  if (!masked) return;
-  // Visible range of each row relative to the tile, clamped to [0, kBlockN]: 32-bit compares.
-  int lo[2], hi[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lo[r] = (int)clamp_i64(c.key_lo[r] - j0, 0, kBlockN);
-    hi[r] = (int)clamp_i64(c.key_hi[r] - j0, 0, kBlockN);
-  }
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int jj = nt * 8 + 2 * t4 + (e & 1);
-      if (jj < lo[e >> 1] || jj >= hi[e >> 1]) acc_s[nt][e] = kNegInf;
-    }
-  }
-}
-
-/// Running softmax state of this thread's two rows, log2 domain: max m and this thread's share of
-/// the row sum l (quad-reduced only at the end: every lane of a quad rescales by the same factor).
-struct RowState {
-  float m[2], l[2];
-};
-
-/// Online softmax over one tile: new row max, rescale O and l, P = 2^(s - m) in place. A row whose
-/// max is still -inf uses 0 as its reference so 2^(-inf - 0) = 0 instead of NaN.
-FP_DEV void online_softmax(float (&acc_s)[kNTiles][4], float (&acc_o)[kDTiles][4], RowState& st) {
-  float ref[2], alpha[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = kNegInf;
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(acc_s[nt][2 * r], acc_s[nt][2 * r + 1]));
-    mx = fmaxf(st.m[r], quad_max(mx));
-    ref[r] = sem::softmax_base(mx);
-    alpha[r] = fast_exp2(st.m[r] - ref[r]);  // 0 while the old max is -inf
-    st.m[r] = mx;
-    st.l[r] *= alpha[r];
-  }
-  // Rescaling O by exactly 1 changes nothing: skipped when no row of the warp has a new max (most tiles
-  // of a long row; kDTiles * 4 multiplies per tile, a sixth of the decode variant's instructions).
-  if (!warp_all(alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+  template <class F>
+  static FP_DEV void map_o(float (&o)[kDTiles][4], F&& f) {
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[dt][e] *= alpha[e >> 1];
+      for (int e = 0; e < 4; ++e) o[dt][e] = f(e >> 1, o[dt][e]);
   }
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float pe = fast_exp2(acc_s[nt][e] - ref[e >> 1]);
-      acc_s[nt][e] = pe;
-      st.l[e >> 1] += pe;
-    }
+  static FP_DEV float row_max(float v) {
+    return quad_max(v);
   }
-}
+  static FP_DEV float row_sum(float v) {
+    return quad_sum(v);
+  }
+  static FP_DEV float exp2(float x) {
+    return fast_exp2(x);
+  }
+  static FP_DEV float log2(float x) {
+    return log2f(x);
+  }
+  static FP_DEV bool all_lanes(bool v) {
+    return warp_all(v);
+  }
+};
+using ScoreCtx = attn::ScoreRows<Rows::kRows>;
 
 /// Zeroes dropped probabilities (after they entered the row sum: the LSE is taken before dropout).
 /// One Philox call per (row, key pair): keys j, j+1 (j even) share the words of j / 4. The Philox

@@ -34,6 +34,7 @@
 // each; transposed LDS copies (or ds_read_u16_d16_hi packing) are the next step for speed.
 #pragma once
 
+#include "attn/bwd_stages.h"
 #include "core/problem.h"
 #include "hip/attn_bwd_config.hpp"
 #include "wave/wave.hpp"
@@ -225,19 +226,14 @@ struct Kernel {
         const float sc = hc.plain
                              ? s[r] * hc.scale_log2
                              : score<float>(p, s[r], hc.scale, hc.slope, i, j, seq.q, seq.k) * sem::kLog2e;
-        float pr = visible ? wave::exp2(sc - s_lse[tr]) : 0.0f;
-        float ds = pr * (dp[r] - s_dd[tr]);
-        if (p.dropout_p > 0.0f) {  // uniform
-          const float z = sem::dropout_keep(p.seed, p.offset, p.dropout_threshold, i, j, b, p.hq, hc.h)
-                              ? keep_scale
-                              : 0.0f;
-          ds = pr * (z * dp[r] - s_dd[tr]);
-          pr *= z;
-        }
-        if (p.softcap > 0.0f)  // uniform
-          ds *= sem::softcap_grad(sem::softcap(hc.scale * s[r], p.softcap), p.softcap);
-        p_frag[r] = Elem::from_float(pr);
-        ds_frag[r] = Elem::from_float(visible ? ds : 0.0f);
+        const bool kept = p.dropout_p <= 0.0f ||
+                          sem::dropout_keep(p.seed, p.offset, p.dropout_threshold, i, j, b, p.hq, hc.h);
+        const float capped = p.softcap > 0.0f ? sem::softcap(hc.scale * s[r], p.softcap) : 0.0f;  // uniform
+        float pz, ds;
+        attn::prob_grad(visible ? wave::exp2(sc - s_lse[tr]) : 0.0f, kept, keep_scale, dp[r], s_dd[tr],
+                        p.softcap, capped, pz, ds);
+        p_frag[r] = Elem::from_float(pz);
+        ds_frag[r] = Elem::from_float(ds);
         s_ds[tr * kKeyPitch + 16 * wave + col] = ds_frag[r];
       }
       for (int c = 0; c < kSteps && 16 * c < p.dv; ++c)

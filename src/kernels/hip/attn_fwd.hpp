@@ -1,6 +1,7 @@
 // The CDNA forward kernel (FlashAttention-2: online softmax over key tiles), written once over the wave
 // layer: attn_fwd.hip compiles it for gfx90a / gfx94x, tests/hip compiles it with g++ against the CPU
-// wave64 model. Every semantic rule comes from core/problem.h and core/semantics.h.
+// wave64 model. Every semantic rule comes from core/problem.h and core/semantics.h, and the stages that
+// do not depend on the fragment layout from attn/fwd_stages.h, which the CUDA portable forward runs too.
 //
 // Fragment plan (wave/mfma_layout.hpp; lane l, quad = l / 16, row = l % 16 of the wave's 16 queries):
 // both products are taken transposed, S^T = K Q^T and O^T = V^T P^T, so that each lane owns one query
@@ -13,7 +14,7 @@
 //   V^T (A of O^T): V[16t + 4 quad + e][16c + row]  V is stored transposed so these are 8 contiguous bytes
 #pragma once
 
-#include "core/problem.h"
+#include "attn/fwd_stages.h"
 #include "hip/attn_fwd_config.hpp"
 #include "hip/fp8_decode.hpp"
 #include "wave/wave.hpp"
@@ -21,17 +22,6 @@
 namespace flashport::amd::fwd {
 
 using namespace flashport::wave;
-
-/// What the score transform of one lane needs: its query row's position, slope and visible keys.
-struct ScoreCtx {
-  float scale;       // softmax scale (times fp8 descales)
-  float scale_log2;  // scale * log2(e): the whole transform when `plain`
-  bool plain;        // no softcap, no ALiBi
-  i64 len_q, len_k;
-  i64 row;             // query position within the sequence
-  float slope;         // ALiBi slope of (b, h)
-  i64 key_lo, key_hi;  // visible keys of the row, clamped to [0, len_k]
-};
 
 /// Four fp32 results to channels col .. col + 3 of the p.o row at element offset `off`, in p.out_type
 /// (bf16, f16 or f32; uniform): one 16-byte (f32) or 8-byte store when `vec` (the row is aligned: kVecO),
@@ -82,6 +72,29 @@ struct Kernel {
   // multiple of kBlockN, so they are the 4 keys of one Philox call in word order.
   static_assert(kBlockN % 4 == 0);
   static_assert(!kFp8 || (Elem::kElemType == 3 && !kDropout), "fp8: the bf16 MFMA path, no dropout variant");
+
+  /// The score layout for the shared stages (attn/fwd_stages.h): S^T's C layout, in which lane l holds
+  /// one query row (l % 16 of the wave's 16) and register r of 16-key tile t is key 16t + 4 quad + r;
+  /// O^T's register r of channel tile c is channel 16c + 4 quad + r. A row's lanes differ in bits 4, 5.
+  struct Rows {
+    static constexpr int kRows = 1;
+    template <class F>
+    static FP_DEV void map_s(f32x4 (&s)[kKeyTiles], F&& f) {
+      const int quad = lane_id() >> 4;
+      for (int t = 0; t < kKeyTiles; ++t)
+        for (int r = 0; r < 4; ++r) s[t][r] = f(0, 16 * t + 4 * quad + r, s[t][r]);
+    }
+    template <class F>
+    static FP_DEV void map_o(f32x4 (&o)[kSteps], F&& f) {
+      for (int c = 0; c < kSteps; ++c)
+        for (int r = 0; r < 4; ++r) o[c][r] = f(0, o[c][r]);
+    }
+    static FP_DEV float row_max(float v) { return max_over<16, 32>(v); }
+    static FP_DEV float row_sum(float v) { return sum_over<16, 32>(v); }
+    static FP_DEV float exp2(float x) { return wave::exp2(x); }
+    static FP_DEV float log2(float x) { return wave::log2(x); }
+    static FP_DEV bool all_lanes(bool v) { return wave_all(v); }
+  };
 
   /// 8 elements from global memory: one 16-byte load when the row is aligned, else 8 2-byte loads.
   static FP_DEV u16x8 load8(const u16* src, bool vec) {
@@ -154,49 +167,6 @@ struct Kernel {
       }
       acc_s[t] = acc;
     }
-  }
-
-  /// Scores in log2 units (SPEC steps 1-4): scale, softcap and ALiBi through the shared `score`
-  /// policy, times log2(e); keys outside the row's visible range -> -inf when `masked` (tiles that
-  /// straddle some row's range; j0 + kBlockN past len_k is always masked).
-  static FP_DEV void transform_scores(f32x4 (&acc_s)[kKeyTiles], const AttnProblem& p, const ScoreCtx& c,
-                                      i64 j0, bool masked, int quad) {
-    // The row's visible range relative to the tile, clamped to [0, kBlockN]: 32-bit compares below.
-    const i64 lo64 = c.key_lo - j0, hi64 = c.key_hi - j0;
-    const int lo = lo64 < 0 ? 0 : lo64 > kBlockN ? kBlockN : (int)lo64;
-    const int hi = hi64 < 0 ? 0 : hi64 > kBlockN ? kBlockN : (int)hi64;
-    for (int t = 0; t < kKeyTiles; ++t) {
-      for (int r = 0; r < 4; ++r) {
-        const int jj = 16 * t + 4 * quad + r;
-        float s = c.plain ? acc_s[t][r] * c.scale_log2
-                          : score<float>(p, acc_s[t][r], c.scale, c.slope, c.row, j0 + jj, c.len_q, c.len_k) *
-                                sem::kLog2e;
-        if (masked && (jj < lo || jj >= hi)) s = sem::kNegInf;
-        acc_s[t][r] = s;
-      }
-    }
-  }
-
-  /// Online softmax over one tile (log2 domain): the row max over the row's 4 lanes, O and the lane's
-  /// share of the row sum l rescaled, P = 2^(s - m) in place. A row whose max is still -inf uses 0 as
-  /// its reference, so 2^(-inf - 0) = 0 and no NaN appears (fully masked rows end with l = 0).
-  static FP_DEV void online_softmax(f32x4 (&acc_s)[kKeyTiles], f32x4 (&acc_o)[kSteps], float& m, float& l) {
-    float mx = sem::kNegInf;
-    for (int t = 0; t < kKeyTiles; ++t)
-      for (int r = 0; r < 4; ++r) mx = fmaxf(mx, acc_s[t][r]);
-    mx = fmaxf(m, max_over<16, 32>(mx));
-    const float ref = sem::softmax_base(mx);
-    const float alpha = wave::exp2(m - ref);  // 0 while the old max is -inf
-    m = mx;
-    l *= alpha;
-    for (int c = 0; c < kSteps; ++c)
-      for (int r = 0; r < 4; ++r) acc_o[c][r] *= alpha;
-    for (int t = 0; t < kKeyTiles; ++t)
-      for (int r = 0; r < 4; ++r) {
-        const float pe = wave::exp2(acc_s[t][r] - ref);
-        acc_s[t][r] = pe;
-        l += pe;
-      }
   }
 
   /// SPEC step 6 on this lane's P, after online_softmax added it to the row sum (the LSE is taken
@@ -288,41 +258,24 @@ struct Kernel {
     u16* s_k = s_q;                          // (kBlockN, kPitch), in the key loop
     u16* s_vt = s_q + kBlockN * kPitch;      // (kHeadDim, kVtPitch): V transposed, in the key loop
 
-    // Block rows are packed rows pr = m0 + r: query pr / group of head `head_of(pr)` (group 1: the
-    // grid's head, queries m0 ..; group > 1: grid y is the kv head and its group's query heads
-    // interleave, so a decode block holds every head that reads this K/V).
+    // Block rows are packed rows m0 + r (attn::RowMap: with GQA packing grid y is the kv head and its
+    // group's query heads interleave, so a decode block holds every head that reads this K/V).
     const i64 b = kSplit ? block_z() / (unsigned)prm.num_splits : block_z(), group = prm.pack_gqa;
     const i64 split = kSplit ? block_z() % (unsigned)prm.num_splits : 0;
-    const i64 m0 = ((i64)grid_x() - 1 - block_x()) * kBlockM;
-    const SeqLens seq = guarded_lengths(p, b);
-    const i64 packed_len = seq.q * group;
-    if (m0 >= packed_len) return;  // the whole block, before any barrier
     const i64 hk = group > 1 ? (i64)block_y() : kv_head(p, block_y());
-    auto head_of = [&](i64 pr) { return group > 1 ? group_head(hk, group, pr % group) : (i64)block_y(); };
+    const attn::RowMap rows = attn::row_map((i64)grid_x() - 1 - block_x(), block_y(), group, kBlockM);
+    const attn::FwdBlock blk = attn::fwd_block(p, b, rows, kBlockM);
+    const i64 m0 = rows.m0, packed_len = blk.packed_len;
+    if (m0 >= packed_len) return;  // the whole block, before any barrier
     const int lane = lane_id(), wave = wave_id(), quad = lane >> 4;
     const int row = 16 * wave + (lane & 15);  // this lane's block row
-    const i64 first = m0 / group,
-              last = ((m0 + kBlockM < packed_len ? m0 + kBlockM : packed_len) - 1) / group;
-    const i64 wl = p.window_left, wr = p.window_right;
-    const i64 h = head_of(m0 + row);  // this lane's query head
 
-    // Key tiles of the block: the union of its rows' visible ranges (kSplit: this split's share of them).
-    // Tiles inside every row's range need no mask.
-    const sem::KeyRange keys = sem::tile_keys(first, last + 1, seq.q, seq.k, wl, wr);
-    sem::Tiles<i64> tiles = sem::covering_tiles<i64>(keys.lo, keys.hi, kBlockN);
-    if constexpr (kSplit) tiles = core::split_tiles<i64>(tiles, split, prm.num_splits);
-    const sem::KeyRange unmasked = sem::keys_seen_by_all(first, last + 1, seq.q, seq.k, wl, wr);
-
-    ScoreCtx ctx;
-    ctx.scale = p.scale * descale(p, 0, b, hk) * descale(p, 1, b, hk);
-    ctx.scale_log2 = ctx.scale * sem::kLog2e;
-    ctx.plain = p.softcap <= 0.0f && !p.alibi;
-    ctx.len_q = seq.q, ctx.len_k = seq.k;
-    ctx.row = (m0 + row) / group;
-    ctx.slope = alibi_slope(p, b, h);
-    const sem::KeyRange kr = sem::visible_keys(ctx.row, seq.q, seq.k, wl, wr);
-    ctx.key_lo = kr.lo < 0 ? 0 : kr.lo > seq.k ? seq.k : kr.lo;
-    ctx.key_hi = kr.hi < 0 ? 0 : kr.hi > seq.k ? seq.k : kr.hi;
+    // Key tiles of the block (kSplit: this split's share of them); tiles inside `unmasked` need no mask.
+    const sem::Tiles<i64> tiles = attn::block_tiles(p, blk, kBlockN, split, kSplit ? prm.num_splits : 1);
+    const sem::KeyRange unmasked = attn::unmasked_keys(p, blk);
+    const int lane_rows[1] = {row};
+    const attn::ScoreRows<1> ctx = attn::score_rows(p, blk, b, hk, rows, lane_rows);
+    const i64 h = ctx.head[0];  // this lane's query head
 
     const Fp8Decode f8 = kFp8 ? fp8_decode(p.in_type) : Fp8Decode{};
 
@@ -330,7 +283,7 @@ struct Kernel {
     load_tile<kBlockM>(
         p.q.ptr, p.d, prm.vec & kVecQ,
         [&](int r) {
-          return m0 + r < packed_len ? q_offset(p, p.q, b, (m0 + r) / group, head_of(m0 + r)) : (i64)-1;
+          return m0 + r < packed_len ? q_offset(p, p.q, b, rows.query(r), rows.head(r)) : (i64)-1;
         },
         rows_into(s_q), f8);
     block_sync();
@@ -341,7 +294,7 @@ struct Kernel {
 
     f32x4 acc_o[kSteps];  // O[row][16c + 4 quad + r]
     for (int c = 0; c < kSteps; ++c) acc_o[c] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-    float m = sem::kNegInf, l = 0.0f;
+    attn::RowState<1> st = attn::row_state_init<1>();
     // Waves whose 16 rows are all padding only help load: a wave-uniform skip of the math.
     const bool wave_has_rows = m0 + 16 * wave < packed_len;
 
@@ -350,7 +303,7 @@ struct Kernel {
       // Stage: K and V^T of keys [j0, j0 + kBlockN) into LDS (keys past len_k and pages outside the
       // pool are zero rows; the mask removes them from the softmax).
       auto key_row = [&](const Operand& op) {
-        return [&, op](int r) { return j0 + r < seq.k ? k_offset(p, op, b, j0 + r, hk) : (i64)-1; };
+        return [&, op](int r) { return j0 + r < blk.len_k ? k_offset(p, op, b, j0 + r, hk) : (i64)-1; };
       };
       load_tile<kBlockN>(p.k.ptr, p.d, prm.vec & kVecK, key_row(p.k), rows_into(s_k), f8);
       load_tile<kBlockN>(p.v.ptr, p.dv, prm.vec & kVecV, key_row(p.v), transposed_into(s_vt), f8);
@@ -359,9 +312,9 @@ struct Kernel {
         f32x4 acc_s[kKeyTiles];  // S[row][16t + 4 quad + r]
         compute_st(acc_s, s_k, r_q, p.d, lane);
         const bool masked = !sem::contains(unmasked, j0, j0 + kBlockN);
-        transform_scores(acc_s, p, ctx, j0, masked, quad);
-        online_softmax(acc_s, acc_o, m, l);
-        if constexpr (kDropout) apply_dropout(acc_s, p, b, h, ctx.row, j0, quad);
+        attn::transform_scores<Rows, kBlockN>(acc_s, p, ctx, j0, masked);
+        attn::online_softmax<Rows>(acc_s, acc_o, st);
+        if constexpr (kDropout) apply_dropout(acc_s, p, b, h, ctx.row[0], j0, quad);
         compute_ot(acc_o, acc_s, s_vt, p.dv, lane);
       }
       block_sync();  // every wave is done with s_k / s_vt before the next tile overwrites them
@@ -369,15 +322,13 @@ struct Kernel {
 
     // Finalize: O / l (times the dropout rescale 1 / (1 - p) and the fp8 V descale); LSE = ln(2^m * l).
     // A row with no visible key (kSplit: none in this split) has l = 0: O = 0 (acc_o is 0), LSE = -inf.
-    l = sum_over<16, 32>(l);
+    float fac[1], lse[1];
+    attn::finish_rows<Rows>(st, attn::output_scale(p, b, hk, kDropout), fac, lse);
     if (m0 + row >= packed_len) return;  // padding rows: past the last barrier and collective
-    const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-    const float fac = keep_scale * descale(p, 2, b, hk) * sem::softmax_norm(l);
-    const float lse = sem::softmax_lse(m, l, [](float x) { return wave::log2(x); });
     if constexpr (kSplit)
-      store_partial(prm, acc_o, fac, lse, split, b, h, ctx.row, quad);
+      store_partial(prm, acc_o, fac[0], lse[0], split, b, h, ctx.row[0], quad);
     else
-      store_output(p, acc_o, fac, lse, b, h, ctx.row, prm.vec & kVecO, quad);
+      store_output(p, acc_o, fac[0], lse[0], b, h, ctx.row[0], prm.vec & kVecO, quad);
   }
 };
 

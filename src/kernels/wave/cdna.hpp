@@ -41,6 +41,10 @@ FP_DEV float shfl_xor(float v, int mask, int width) {
   return __shfl_xor(v, mask, width);
 }
 
+FP_DEV bool wave_all(bool v) {
+  return __all(v);
+}
+
 FP_DEV float exp2(float x) {
   return exp2f(x);
 }

@@ -86,6 +86,14 @@ FP_DEV float shfl_xor(float v, int mask, int width) {
   return r;
 }
 
+FP_DEV bool wave_all(bool v) {
+  const unsigned char* slots = model::wave_gather(&v, sizeof v);
+  bool all = true;
+  for (int lane = 0; lane < kWaveSize; ++lane) all = all && slots[lane * model::kSlotBytes] != 0;
+  model::wave_release();
+  return all;
+}
+
 FP_DEV float exp2(float x) {
   return std::exp2(x);
 }

@@ -10,6 +10,8 @@
 //                                writes before it are visible after it (s_barrier + LDS wait)
 //   shfl_xor(v, mask, width)     v of lane (lane ^ mask) within the caller's width-aligned segment
 //                                (HIP __shfl_xor semantics; every lane of the wave takes part)
+//   wave_all(v)                  whether v holds on every lane of the caller's wave (HIP __all; every
+//                                lane of the wave takes part)
 //   mfma16(Elem, a, b, c)        D = A B + C for one 16x16x16 tile, fp32 accumulate, fragments laid
 //                                out as mfma_layout.hpp documents; every lane of the wave takes part
 //   exp2(x), log(x), log2(x)     fp32 2^x, natural log and log2
@@ -20,9 +22,9 @@
 // LDS is plain memory reached through a `unsigned char* lds` the kernel entry passes in (a static
 // __shared__ array on the GPU, a byte array in the model), so kernels address it like any buffer.
 //
-// Targets: cdna.hpp (HIP, gfx90a / gfx94x), model.hpp (the CPU wave64 model, FP_WAVE_MODEL). An sm_80
-// target (mma.sync m16n8k16 as two 16x8 halves, warp32 shuffles) is how the CUDA portable kernel would
-// move onto this layer: docs/ARCHITECTURE.md, "AMD".
+// Targets: cdna.hpp (HIP, gfx90a / gfx94x), model.hpp (the CPU wave64 model, FP_WAVE_MODEL). The CUDA
+// portable kernels do not run on this layer; they share the algorithm's stages with the CDNA kernels
+// through kernels/attn/ instead (docs/ARCHITECTURE.md, "What the CDNA and CUDA portable kernels share").
 #pragma once
 
 #include "core/numeric.h"

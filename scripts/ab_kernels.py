@@ -1,0 +1,121 @@
+"""Kernel time of the CUDA portable forward (prefill, forced with FLASHPORT_CUDA_FORWARD=portable) and of
+the decode variant, for a before/after of a kernel change: run once per tree (the other tree installed
+with `pip install --target DIR`, put first on PYTHONPATH) and in alternating rounds, so drift hits both
+alike; `--compare A.jsonl B.jsonl` prints the ratio table. Inputs have requires_grad unset: this times
+kernels, not the autograd path (bench/overhead_bench.py does that).
+
+  FLASHPORT_CUDA_FORWARD=portable python3 scripts/ab_kernels.py --tag new --out new.jsonl
+  python3 scripts/ab_kernels.py --compare base.jsonl new.jsonl
+"""
+import argparse
+import json
+import statistics
+import sys
+
+
+def cells():
+    # Prefill: batch x seqlen = 16k tokens, 2048 = heads x d (BENCH.md's grid), portable kernel.
+    for d in (64, 128):
+        for s in (1024, 4096):
+            for causal in (False, True):
+                yield {"kind": "prefill", "d": d, "s": s, "causal": causal}
+    # Decode: one token, GQA 32/8, d 128; dense caches and pages of 16.
+    for batch, ctx, page in ((1, 8192, 0), (8, 32768, 0), (128, 8192, 0), (8, 32768, 16)):
+        yield {"kind": "decode", "batch": batch, "ctx": ctx, "page": page}
+
+
+def make_call(cell):
+    import torch
+
+    import flashport
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    if cell["kind"] == "prefill":
+        d, s = cell["d"], cell["s"]
+        b, h = 16384 // s, 2048 // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=bf, generator=gen) for _ in range(3))
+        flops = 4 * b * h * s * s * d // (2 if cell["causal"] else 1)
+        return (lambda: flashport.flash_attn_func(q, k, v, causal=cell["causal"])), flops, 0
+    batch, ctx, page = cell["batch"], cell["ctx"], cell["page"]
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=bf, generator=gen)
+    seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    if page:
+        pages = batch * ctx // page
+        kc = torch.randn(pages, page, 8, 128, device="cuda", dtype=bf, generator=gen)
+        vc = torch.randn_like(kc)
+        table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).reshape(batch, ctx // page)
+        call = lambda: flashport.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table)
+    else:
+        kc = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=bf, generator=gen)
+        vc = torch.randn_like(kc)
+        call = lambda: flashport.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+    return call, 0, 2 * batch * ctx * 8 * 128 * 2
+
+
+def time_call(call, reps=5, iters=30):
+    import torch
+
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            call()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) * 1000.0 / iters)
+    return statistics.median(per_call)
+
+
+def key(cell):
+    return ",".join(f"{k}={v}" for k, v in cell.items())
+
+
+def compare(paths):
+    runs = []
+    for path in paths:
+        rows = {}
+        for line in open(path):
+            r = json.loads(line)
+            rows.setdefault(r["cell"], []).append(r["us"])
+        runs.append(rows)
+    base, new = runs
+    print(f"| cell | before us | after us | after / before |")
+    print("|---|---|---|---|")
+    ratios = []
+    for cell in base:
+        if cell not in new:
+            continue
+        b, n = min(base[cell]), min(new[cell])  # best round of each: the least disturbed
+        ratios.append(n / b)
+        print(f"| {cell} | {b:.1f} | {n:.1f} | {n / b:.3f} |")
+    print(f"geometric mean after / before: {statistics.geometric_mean(ratios):.3f} over {len(ratios)} cells")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out")
+    ap.add_argument("--compare", nargs=2)
+    args = ap.parse_args()
+    if args.compare:
+        return compare(args.compare)
+    import flashport
+
+    out = open(args.out, "a") if args.out else None
+    for cell in cells():
+        call, flops, nbytes = make_call(cell)
+        us = time_call(call)
+        rate = f"{flops / us / 1e6:.0f} TFLOPS" if flops else f"{nbytes / us / 1e3:.0f} GB/s"
+        print(f"{args.tag:5s} {key(cell):45s} {us:9.1f} us  {rate}  ({flashport.__file__})", flush=True)
+        if out:
+            out.write(json.dumps({"tag": args.tag, "cell": key(cell), "us": us}) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
