@@ -4,15 +4,8 @@
 // score element becomes P and dS does not. Self-contained like core/ (see fwd_stages.h).
 #pragma once
 
+#include "attn/stage.h"
 #include "core/semantics.h"
-
-#ifndef FP_STAGE  // a device-side stage (both stage headers define it alike)
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define FP_STAGE __device__ __forceinline__
-#else
-#define FP_STAGE inline
-#endif
-#endif
 
 namespace flashport::attn {
 

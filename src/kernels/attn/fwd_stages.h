@@ -20,16 +20,9 @@
 // "attn/fwd_stages.h", compiled by hipcc / clang for CDNA and by g++ for the CPU models.
 #pragma once
 
+#include "attn/stage.h"
 #include "core/problem.h"
 #include "core/split_plan.h"
-
-#ifndef FP_STAGE  // a device-side stage (both stage headers define it alike)
-#if defined(__CUDACC__) || defined(__HIPCC__)
-#define FP_STAGE __device__ __forceinline__
-#else
-#define FP_STAGE inline
-#endif
-#endif
 
 namespace flashport::attn {
 
