@@ -2,7 +2,7 @@
 // kernel. Calls are enqueued back to back on one stream (never waiting: the queue absorbs them) and
 // the host clock is read around each batch; the median batch gives the time per call. Small problems
 // (b 1, s 128, 16 heads, d 64, bf16, causal), where the host cost decides a call's wall time.
-//   host_overhead_bench [--calls N] [--batches M]
+//   host_overhead_bench [--calls N] [--batches M] [--model b,s,h,d]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,7 +48,10 @@ double median_us_per_call(const std::function<void()>& call, int calls, int batc
 
 int main(int argc, char** argv) {
   int calls = 200, batches = 21;
+  int64_t model[4] = {8, 1024, 12, 64};
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--model"))
+      std::sscanf(argv[i + 1], "%ld,%ld,%ld,%ld", &model[0], &model[1], &model[2], &model[3]);
     if (!std::strcmp(argv[i], "--calls")) calls = std::max(1, std::atoi(argv[i + 1]));
     if (!std::strcmp(argv[i], "--batches")) batches = std::max(1, std::atoi(argv[i + 1]));
   }
@@ -100,8 +103,50 @@ int main(int argc, char** argv) {
   std::printf("  forward  (b 1, s 128, h 16, d 64, causal, bf16): %7.2f us\n", t_fwd);
   const double t_bwd = median_us_per_call([&] { backward(bwd); }, calls, batches);
   std::printf("  backward (same problem, 3 launches + scratch):   %7.2f us\n", t_bwd);
+  // Few calls per batch: a backward's kernels can take longer on the GPU than its host call, and
+  // hundreds queued back to back then wait for queue slots (the time above becomes GPU time).
+  const double t_bwd_few = median_us_per_call([&] { backward(bwd); }, 8, batches * 4);
+  std::printf("  backward, 8 calls per batch (no queue back-pressure): %7.2f us\n", t_bwd_few);
+  const double t_scratch = median_us_per_call(
+      [&] { jit::free_async(jit::alloc_async(1 << 20, nullptr), nullptr); }, calls, batches);
+  std::printf("    scratch cuMemAllocAsync + cuMemFreeAsync (1 MiB): %7.2f us\n", t_scratch);
+  const double t_memset =
+      median_us_per_call([&] { jit::memset_async(dq.ptr, 0, 4096, nullptr); }, 8, batches * 4);
+  std::printf("    memset_async (4 KiB):                           %7.2f us\n", t_memset);
   const double t_kv = median_us_per_call([&] { forward_kvcache(kv); }, calls, batches);
   std::printf("  forward_kvcache (1 token, 1k cache, GQA 32/8):    %7.2f us\n", t_kv);
+
+  // As a GPT block calls it: q, k, v views into one (b, s, 3, h, d) projection (row stride 3 h d), at a
+  // training shape (--model b,s,h,d; default GPT-2 small at 8 x 1024). Few calls per batch, since
+  // these kernels take longer on the GPU than the call on the host.
+  {
+    const int64_t mb = model[0], ms = model[1], mh = model[2], md = model[3];
+    const size_t n = (size_t)(mb * ms * mh * md);
+    DeviceBuffer qkv(3 * n * 2), mo(n * 2), mlse(mb * mh * ms * 4), mdo(n * 2), mdq(n * 2), mdk(n * 2),
+        mdv(n * 2);
+    auto packed = [&](int which) {
+      TensorView t = view(static_cast<char*>(qkv.ptr) + which * md * 2, DType::bf16, {mb, ms, mh, md});
+      t.stride[0] = ms * 3 * mh * md, t.stride[1] = 3 * mh * md;
+      return t;
+    };
+    ForwardArgs mf;
+    mf.q = packed(0), mf.k = packed(1), mf.v = packed(2);
+    mf.out = view(mo.ptr, DType::bf16, {mb, ms, mh, md});
+    mf.lse = view(mlse.ptr, DType::f32, {mb, mh, ms});
+    mf.options.causal = true;
+    BackwardArgs mbw;
+    mbw.q = mf.q, mbw.k = mf.k, mbw.v = mf.v, mbw.out = mf.out, mbw.lse = *mf.lse;
+    mbw.dout = view(mdo.ptr, DType::bf16, {mb, ms, mh, md});
+    mbw.dq = view(mdq.ptr, DType::bf16, {mb, ms, mh, md});
+    mbw.dk = view(mdk.ptr, DType::bf16, {mb, ms, mh, md});
+    mbw.dv = view(mdv.ptr, DType::bf16, {mb, ms, mh, md});
+    mbw.options.causal = true;
+    std::printf(
+        "model shape b %lld, s %lld, h %lld, d %lld, q/k/v views of one qkv projection, 4 calls per batch:\n",
+        (long long)mb, (long long)ms, (long long)mh, (long long)md);
+    std::printf("  forward:  %7.2f us\n", median_us_per_call([&] { forward(mf); }, 4, batches * 4));
+    std::printf("  backward: %7.2f us\n", median_us_per_call([&] { backward(mbw); }, 4, batches * 4));
+  }
 
   // Where the forward's time goes: validation into the problem block, the backend's support check,
   // its launch (kernel lookup + cuLaunchKernelEx), and the one driver query the support check makes.

@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3,decode,ab
+# memory,fuzz,huge,fa3,decode,ab,trainprof
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -18,6 +18,7 @@
 # from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
 # copied from the workspace's shared/peers), and at the end times it beside flashport (FA3_SEQS, FA3_DIMS
 # narrow the grid); overhead_bench then imports it too.
+# BUILD_TARGETS narrows the build step to some ninja targets (e.g. host_overhead_bench).
 # CONCURRENT=1 runs the gpu and portable steps in the background beside python, fuzz and sanitize (a
 # correctness call: the GPU is shared, so take no timings from it).
 # Logs go to $LOGS; at exit they, the benchmarks' JSON lines and the docs they rewrite are packed into
@@ -61,7 +62,7 @@ if has build; then
   step "build"
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFLASHPORT_GTEST_SOURCE="$PWD/.deps/googletest" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-  ninja -C build-gpu -j 16 >"$OUT/build.log" 2>&1 || { grep -m 30 -A5 error "$OUT/build.log"; exit 1; }
+  ninja -C build-gpu -j 16 ${BUILD_TARGETS:-} >"$OUT/build.log" 2>&1 || { grep -m 30 -A5 error "$OUT/build.log"; exit 1; }
   echo "built"
 fi
 if has prebuild; then
@@ -205,6 +206,16 @@ if has train; then
   done
   python3 examples/train_gpt.py --plot "$OUT"/train_*.jsonl --out docs/train_gpt_loss.png 2>&1 | tail -8
   cp docs/train_gpt_loss.png "$OUT/" 2>/dev/null
+fi
+if has trainprof; then
+  # Where a training step's time goes per attention backend (scripts/profile_train.py): wall time of
+  # the forward, forward + backward and whole step in interleaved rounds, then GPU kernels and host ops.
+  step "training step profile per attention backend"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  for shape in ${TRAINPROF_SHAPES:-8x1024}; do
+    python3 scripts/profile_train.py --batch "${shape%x*}" --seq "${shape#*x}" ${TRAINPROF_ARGS:---parts --kernels --ops} \
+      2>&1 | tee "$OUT/trainprof_$shape.log" || status=1
+  done
 fi
 if has memory; then
   step "peak memory of forward + backward vs sequence length"

@@ -2,7 +2,7 @@
 torch.profiler, GPU kernel time grouped by kernel (per step) beside the step's wall time, so a gap between
 backends can be put on attention kernels, the copies around them, or the host.
 
-  python3 scripts/profile_train.py [--attn flashport sdpa-flash] [--seq 1024 --batch 8] [--kernels] [--host]
+  python3 scripts/profile_train.py [--attn flashport sdpa-flash] [--seq 1024 --batch 8] [--kernels] [--host] [--ops]
 """
 import argparse
 import importlib.util
@@ -78,6 +78,31 @@ def kernel_table(run: Run, args, wall_ms: float) -> None:
         print(f"| {us:.0f} | {n} | {key[:110]} |")
 
 
+def op_table(run: Run, args) -> None:
+    """torch.profiler's host side of a step: self CPU time per op (aten ops, autograd nodes, flashport's
+    Python autograd nodes), per step, so a backend's extra host time can be put on named ops."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            run.step()
+        torch.cuda.synchronize()
+    rows = [(ev.self_cpu_time_total / args.steps, ev.cpu_time_total / args.steps, ev.count // args.steps, ev.key)
+            for ev in prof.key_averages()]
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows) / 1e3
+    print(f"\n## {run.attn}: host ops per step (torch.profiler, self CPU {total:.2f} ms/step, profiler-inflated)")
+    print("| self us/step | total us/step | calls/step | op |\n|---|---|---|---|")
+    for self_us, tot_us, n, key in rows[: args.top]:
+        print(f"| {self_us:.0f} | {tot_us:.0f} | {n} | {key[:90]} |")
+    for self_us, tot_us, n, key in rows:
+        if "Attention" in key or "flash" in key.lower() or "efficient" in key or "cudnn" in key.lower():
+            if (self_us, tot_us, n, key) not in rows[: args.top]:
+                print(f"| {self_us:.0f} | {tot_us:.0f} | {n} | {key[:90]} |")
+
+
 def host_profile(run: Run, args) -> None:
     """cProfile of a few steps: the Python functions that cost the host most (tottime per step)."""
     import cProfile
@@ -108,6 +133,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds, backends interleaved")
     ap.add_argument("--kernels", action="store_true", help="GPU kernel time per step, per kernel")
     ap.add_argument("--host", action="store_true", help="cProfile of the host side")
+    ap.add_argument("--ops", action="store_true", help="torch.profiler's self CPU time per op of a step")
     ap.add_argument("--parts", action="store_true",
                     help="also time the forward alone and forward + backward (on tiny shapes: host cost per part)")
     args = ap.parse_args()
@@ -128,6 +154,8 @@ def main() -> None:
         if args.kernels:
             w = sorted(walls[r.attn])
             kernel_table(r, args, w[len(w) // 2])
+        if args.ops:
+            op_table(r, args)
         if args.host:
             host_profile(r, args)
 

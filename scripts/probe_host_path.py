@@ -1,0 +1,91 @@
+"""Host cost of one attention call as a model makes it (q, k, v views of a fused qkv projection, bf16
+autocast, non-leaf inputs) against leaf inputs, flashport vs SDPA; wall time per call of many calls
+between two synchronisations, median of interleaved rounds. Also a cProfile of flashport's calls."""
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import flashport
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--shape", default="1,64,12,64")
+ap.add_argument("--calls", type=int, default=100)
+ap.add_argument("--rounds", type=int, default=7)
+args = ap.parse_args()
+b, s, h, d = map(int, args.shape.split(","))
+W = h * d
+dev = "cuda"
+lin = torch.nn.Linear(W, 3 * W, device=dev)
+x = torch.randn(b, s, W, device=dev)
+g = torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16)
+
+
+def fp(q, k, v):
+    return flashport.flash_attn_func(q, k, v, causal=True)
+
+
+def sd_flash(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True).transpose(1, 2)
+
+
+def ident(q, k, v):
+    return q * 1
+
+
+def leaf_inputs():
+    t = [torch.randn(b, s, h, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    return lambda: t
+
+
+def view_inputs():
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        return lin(x).view(b, s, 3, h, d).unbind(2)
+
+
+def timed(fn, inputs, bwd):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.calls):
+        q, k, v = inputs()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            o = fn(q, k, v)
+        if bwd:
+            o.backward(g)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / args.calls * 1e6
+
+
+leaf = leaf_inputs()
+for name, inputs in (("leaf", leaf), ("view", view_inputs)):
+    for bwd in (False, True):
+        fns = {"base": ident, "flashport": fp, "sdpa-flash": sd_flash}
+        for fn in fns.values():
+            timed(fn, inputs, bwd)
+        res = {n: [] for n in fns}
+        for _ in range(args.rounds):
+            for n, fn in fns.items():
+                res[n].append(timed(fn, inputs, bwd))
+        med = {n: statistics.median(v) for n, v in res.items()}
+        print(f"{args.shape} {name:4s} {'fwd+bwd' if bwd else 'fwd':7s} base {med['base']:7.1f} us; beyond it: "
+              + ", ".join(f"{n} {med[n] - med['base']:7.1f}" for n in fns if n != "base"), flush=True)
+
+prof = cProfile.Profile()
+torch.cuda.synchronize()
+prof.enable()
+for _ in range(200):
+    q, k, v = view_inputs()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        o = fp(q, k, v)
+    o.backward(g)
+torch.cuda.synchronize()
+prof.disable()
+print("cProfile, 200 view-input fwd+bwd calls (nanobind functions count inside their Python caller):")
+pstats.Stats(prof).sort_stats("tottime").print_stats(12)
