@@ -193,50 +193,153 @@ def lr_at(step: int, args) -> float:
 # Training.
 
 
-def train(args) -> dict:
+class Trainer:
+    """One attention backend's run: model, optimizer, batches, log. step() trains one step without
+    synchronising; evaluate() scores the validation windows and logs the steps since the last one."""
+
+    def __init__(self, args, attn: str, log_path, quiet: bool = False):
+        import torch
+
+        self.args, self.attn = args, attn
+        self.device = device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.cuda = cuda = device.type == "cuda"
+        self.dtype = dtype = args.dtype or ("bf16" if cuda else "fp32")
+        if attn in ("sdpa-flash", "sdpa-cudnn") and not cuda:
+            raise SystemExit(f"--attn {attn} needs a CUDA device (use sdpa-math or flashport on the CPU)")
+        data_bytes = stdlib_corpus()
+        digest = hashlib.sha256(data_bytes).hexdigest()[:16]
+        data = torch.frombuffer(bytearray(data_bytes), dtype=torch.uint8)
+        self.batches = Batches(data, args.seq, args.batch, args.seed, args.eval_batches)
+        torch.manual_seed(args.seed)  # the weights depend on the seed alone, never on --attn
+        self.model = build_model(argparse.Namespace(**{**vars(args), "attn": attn})).to(device)
+        self.opt = make_optimizer(self.model, args, cuda)
+        self.step_fn = torch.compile(self.model) if args.compile else self.model
+        self.autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16"
+                         else contextlib.nullcontext())
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        self.log = open(log_path, "w") if log_path else None
+        config = {k: v for k, v in vars(args).items() if k not in ("plot", "out")}
+        config.update(attn=attn, device=str(device), dtype=dtype, params=self.n_params, corpus_bytes=len(data),
+                      corpus_sha256=digest, python=sys.version.split()[0], torch=torch.__version__,
+                      gpu=torch.cuda.get_device_name(device) if cuda else None)
+        self.emit(dict(kind="config", **config))
+        self.header = (f"{attn}: {self.n_params / 1e6:.1f}M params, {args.layers}x{args.width} ({args.heads} "
+                       f"heads), batch {args.batch} x {args.seq}, {dtype} on {device}; corpus "
+                       f"{len(data) / 1e6:.1f} MB ({digest})")
+        self.pending = []  # per-step losses stay on the device until the next evaluation: no sync per step
+        self.timed_s, self.timed_tokens, self.last = 0.0, 0, {}
+        self.segments = []  # tokens/s of each timed segment (side-by-side mode)
+
+    def sync(self):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def emit(self, rec):
+        if self.log:
+            self.log.write(json.dumps(rec) + "\n")
+            self.log.flush()
+
+    def step(self, step: int):
+        import torch
+
+        lr = lr_at(step, self.args)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        x, y = self.batches.next_train()
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        with self.autocast, sdpa_context(self.attn):
+            loss = self.step_fn(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.pending.append((step, loss.detach(), lr))
+
+    def evaluate(self, step: int) -> str:
+        """Logs the pending steps and an eval record; returns the progress line."""
+        import torch
+
+        losses = [(s, l.item(), lr) for s, l, lr in self.pending]
+        for s, l, lr in losses:
+            self.emit(dict(kind="step", step=s, loss=l, lr=lr))
+        self.pending = []
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        with torch.no_grad(), self.autocast, sdpa_context(self.attn):
+            for x, y in self.batches.val_batches():
+                total += self.step_fn(x.to(self.device), y.to(self.device))
+        self.model.train()
+        val = total.item() / self.args.eval_batches
+        train_loss = sum(l for _, l, _ in losses) / len(losses) if losses else None
+        tps = self.timed_tokens / self.timed_s if self.timed_s > 0 else None
+        self.last = dict(kind="eval", step=step, train_loss=train_loss, val_loss=val, tokens_per_s=tps)
+        self.emit(self.last)
+        tl = f"{train_loss:.4f}" if train_loss is not None else "-"
+        return f"step {step:5d}  train {tl}  val {val:.4f}  " + (f"{tps:,.0f} tok/s" if tps else "")
+
+    def timed(self, steps, timed: bool):
+        """Trains `steps` (a range); when `timed`, their wall time between two synchronisations counts."""
+        if timed:
+            self.sync()
+            t0 = time.perf_counter()
+        for step in steps:
+            self.step(step)
+        if timed:
+            self.sync()
+            dt = time.perf_counter() - t0
+            tokens = len(steps) * self.args.batch * self.args.seq
+            self.timed_s += dt
+            self.timed_tokens += tokens
+            self.segments.append(tokens / dt)
+
+    def final(self) -> dict:
+        import statistics
+
+        import torch
+
+        warmup = min(self.args.warmup_steps, max(0, self.args.steps - 1))
+        rec = dict(kind="final", attn=self.attn, steps=self.args.steps, train_loss=self.last["train_loss"],
+                   val_loss=self.last["val_loss"], tokens_per_s=self.last["tokens_per_s"],
+                   timed_steps=self.args.steps - warmup,
+                   median_segment_tokens_per_s=statistics.median(self.segments) if self.segments else None,
+                   peak_mem_gib=torch.cuda.max_memory_allocated(self.device) / 2**30 if self.cuda else None)
+        self.emit(rec)
+        if self.log:
+            self.log.close()
+        return rec
+
+
+def log_path(args, attn: str, several: bool):
+    """--log as given for one backend; with several, '{attn}' in it is replaced, or _<attn> is added."""
+    if not args.log:
+        return None
+    if "{attn}" in args.log:
+        return args.log.replace("{attn}", attn)
+    if not several:
+        return args.log
+    root, ext = os.path.splitext(args.log)
+    return f"{root}_{attn}{ext or '.jsonl'}"
+
+
+def segments(args):
+    """The training steps cut at evaluations and (after warm-up) into --segment-steps pieces:
+    (first step, end, timed)."""
+    warmup = min(args.warmup_steps, max(0, args.steps - 1))  # at least one timed step
+    cuts = sorted({0, args.steps, warmup, *range(0, args.steps, args.eval_every),
+                   *range(warmup, args.steps, args.segment_steps)})
+    return [(a, b, a >= warmup) for a, b in zip(cuts, cuts[1:])]
+
+
+def train(args) -> list:
+    """Trains every backend of --attn. Several train side by side in one process: each trains the same
+    steps in turn, segment by segment (every backend sees the same batches), so a slow phase of the host
+    or GPU hits them all alike and their tokens/s compare within one run."""
     import torch
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = device.type == "cuda"
-    dtype = args.dtype or ("bf16" if cuda else "fp32")
-    if args.attn in ("sdpa-flash", "sdpa-cudnn") and not cuda:
-        raise SystemExit(f"--attn {args.attn} needs a CUDA device (use sdpa-math or flashport on the CPU)")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-
-    data_bytes = stdlib_corpus()
-    digest = hashlib.sha256(data_bytes).hexdigest()[:16]
-    data = torch.frombuffer(bytearray(data_bytes), dtype=torch.uint8)
-    batches = Batches(data, args.seq, args.batch, args.seed, args.eval_batches)
-
-    torch.manual_seed(args.seed)  # the weights depend on the seed alone, never on --attn
-    model = build_model(args).to(device)
-    opt = make_optimizer(model, args, cuda)
-    step_fn = torch.compile(model) if args.compile else model
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext())
-    n_params = sum(p.numel() for p in model.parameters())
-
-    log = open(args.log, "w") if args.log else None
-
-    def emit(rec):
-        if log:
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-
-    config = {k: v for k, v in vars(args).items() if k not in ("plot", "out")}
-    config.update(device=str(device), dtype=dtype, params=n_params, corpus_bytes=len(data), corpus_sha256=digest,
-                  python=sys.version.split()[0], torch=torch.__version__,
-                  gpu=torch.cuda.get_device_name(device) if cuda else None)
-    emit(dict(kind="config", **config))
-
-    def evaluate():
-        model.eval()
-        total = torch.zeros((), device=device)
-        with torch.no_grad(), autocast, sdpa_context(args.attn):
-            for x, y in batches.val_batches():
-                total += step_fn(x.to(device), y.to(device))
-        model.train()
-        return total.item() / args.eval_batches
-
+    several = len(args.attn) > 1
+    trainers = [Trainer(args, attn, log_path(args, attn, several)) for attn in args.attn]
     bar = None
     if args.steps >= 50 and not args.no_progress:
         try:
@@ -246,62 +349,23 @@ def train(args) -> dict:
         except ImportError:
             pass
     say = bar.write if bar else print
-    say(f"{args.attn}: {n_params / 1e6:.1f}M params, {args.layers}x{args.width} ({args.heads} heads), batch "
-        f"{args.batch} x {args.seq}, {dtype} on {device}; corpus {len(data) / 1e6:.1f} MB ({digest})")
-
-    warmup = min(args.warmup_steps, max(0, args.steps - 1))  # at least one timed step
-    pending = []  # per-step losses stay on the device until the next evaluation: no sync per step
-    timed_s, timed_tokens, t0 = 0.0, 0, None
-    last = {}
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    for step in range(args.steps + 1):
-        if step % args.eval_every == 0 or step == args.steps:
-            if t0 is not None:  # close the timed segment; evaluation is not training time
-                sync()
-                timed_s += time.perf_counter() - t0
-                t0 = None
-            losses = [(s, l.item(), lr) for s, l, lr in pending]
-            for s, l, lr in losses:
-                emit(dict(kind="step", step=s, loss=l, lr=lr))
-            pending = []
-            val = evaluate()
-            train_loss = sum(l for _, l, _ in losses) / len(losses) if losses else None
-            tps = timed_tokens / timed_s if timed_s > 0 else None
-            last = dict(kind="eval", step=step, train_loss=train_loss, val_loss=val, tokens_per_s=tps)
-            emit(last)
-            tl = f"{train_loss:.4f}" if train_loss is not None else "-"
-            say(f"step {step:5d}  train {tl}  val {val:.4f}  " + (f"{tps:,.0f} tok/s" if tps else ""))
-        if step == args.steps:
-            break
-        if step >= warmup and t0 is None:
-            sync()
-            t0 = time.perf_counter()
-        lr = lr_at(step, args)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        x, y = batches.next_train()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast, sdpa_context(args.attn):
-            loss = step_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        pending.append((step, loss.detach(), lr))
-        if step >= warmup:
-            timed_tokens += args.batch * args.seq
+    for t in trainers:
+        say(t.header)
+    if trainers[0].cuda:
+        torch.cuda.reset_peak_memory_stats(trainers[0].device)
+    for a, b, timed in segments(args):
+        if a % args.eval_every == 0:
+            for t in trainers:
+                say(("  " + t.attn + ": " if several else "") + t.evaluate(a))
+        for t in trainers:
+            t.timed(range(a, b), timed)
         if bar:
-            bar.update(1)
+            bar.update(b - a)
+    for t in trainers:
+        say(("  " + t.attn + ": " if several else "") + t.evaluate(args.steps))
     if bar:
         bar.close()
-    final = dict(kind="final", attn=args.attn, steps=args.steps, train_loss=last["train_loss"],
-                 val_loss=last["val_loss"], tokens_per_s=last["tokens_per_s"], timed_steps=args.steps - warmup,
-                 peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None)
-    emit(final)
-    if log:
-        log.close()
-    return final
+    return [t.final() for t in trainers]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +420,8 @@ def plot(paths, out) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--attn", default="flashport", choices=["flashport", "sdpa-flash", "sdpa-cudnn", "sdpa-math"])
+    ap.add_argument("--attn", nargs="+", default=["flashport"], choices=["flashport", "sdpa-flash", "sdpa-cudnn", "sdpa-math"],
+                    help="one backend, or several trained side by side in one process (segments in turn)")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
@@ -368,6 +433,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--warmup-steps", type=int, default=10, help="first steps left out of tokens/s")
+    ap.add_argument("--segment-steps", type=int, default=10,
+                    help="timed steps per segment: with several --attn, each trains a segment in turn")
     ap.add_argument("--device", help="default: cuda when available, else cpu")
     ap.add_argument("--dtype", choices=["bf16", "fp32"], help="default: bf16 autocast on CUDA, fp32 on the CPU")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -380,10 +447,14 @@ def main(argv=None) -> int:
         return plot(args.plot, args.out)
     if args.log:
         os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
-    final = train(args)
-    tps = final["tokens_per_s"]
-    print(f"final: train {final['train_loss']:.4f}  val {final['val_loss']:.4f}  "
-          + (f"{tps:,.0f} tokens/s over {final['timed_steps']} steps" if tps else ""))
+    finals = train(args)
+    best_sdpa = max((f["tokens_per_s"] or 0 for f in finals if f["attn"].startswith("sdpa-")), default=0)
+    for f in finals:
+        tps, med = f["tokens_per_s"], f["median_segment_tokens_per_s"]
+        vs = f"  {tps / best_sdpa:.3f}x the best SDPA" if tps and best_sdpa and len(finals) > 1 else ""
+        print(f"final{' ' + f['attn'] if len(finals) > 1 else ''}: train {f['train_loss']:.4f}  val "
+              f"{f['val_loss']:.4f}  " + (f"{tps:,.0f} tokens/s over {f['timed_steps']} steps (median segment "
+                                          f"{med:,.0f}){vs}" if tps else ""))
     return 0
 
 

@@ -200,10 +200,9 @@ if has ab && [[ -d .base ]]; then
   python3 scripts/ab_kernels.py --compare "$OUT/ab_base.jsonl" "$OUT/ab_new.jsonl" | tee "$OUT/ab.md"
 fi
 if has train; then
-  step "train_gpt: GPT-2 small, batch 8 x 1024, per attention backend"
-  for attn in ${TRAIN_ATTN:-flashport sdpa-flash sdpa-cudnn}; do
-    python3 examples/train_gpt.py --attn "$attn" ${TRAIN_ARGS:-} --log "$OUT/train_$attn.jsonl" 2>&1 | tail -4 || status=1
-  done
+  step "train_gpt: GPT-2 small, batch 8 x 1024, the attention backends side by side in one process"
+  python3 examples/train_gpt.py --attn ${TRAIN_ATTN:-flashport sdpa-flash sdpa-cudnn} ${TRAIN_ARGS:-} --no-progress \
+    --log "$OUT/train_{attn}.jsonl" 2>&1 | tail -12 || status=1
   python3 examples/train_gpt.py --plot "$OUT"/train_*.jsonl --out docs/train_gpt_loss.png 2>&1 | tail -8
   cp docs/train_gpt_loss.png "$OUT/" 2>/dev/null
 fi

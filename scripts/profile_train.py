@@ -147,7 +147,8 @@ def main() -> None:
                 walls.setdefault((r.attn, parts), []).append(r.wall_ms(args.timed, parts))
         for r in runs:
             w = sorted(walls[r.attn, parts])
-            print(f"  {parts:8s} {r.attn:11s} {w[len(w) // 2]:7.2f}  (all: {', '.join(f'{x:.2f}' for x in w)})"
+            spread = f"all: {', '.join(f'{x:.2f}' for x in w)}" if len(w) <= 7 else f"min {w[0]:.2f}, max {w[-1]:.2f}"
+            print(f"  {parts:8s} {r.attn:11s} {w[len(w) // 2]:7.2f}  ({spread})"
                   + (f"  {args.batch * args.seq / w[len(w) // 2] * 1e3:,.0f} tok/s" if parts == "all" else ""))
     walls = {a: w for (a, parts), w in walls.items() if parts == "all"}
     for r in runs:

@@ -60,3 +60,23 @@ def test_train_gpt_flashport_matches_sdpa_math(train_gpt, tmp_path, capsys):
 def test_train_gpt_rejects_gpu_only_backend_on_cpu(train_gpt):
     with pytest.raises(SystemExit, match="sdpa-cudnn needs a CUDA device"):
         train_gpt.main(TINY + ["--attn", "sdpa-cudnn"])
+
+
+def test_train_gpt_side_by_side_matches_separate_runs(train_gpt, tmp_path, capsys):
+    """Several --attn in one process train in turn, segment by segment: each log holds the same losses
+    as that backend's own run, and the summary compares their tokens/s."""
+    args = TINY + ["--steps", "5", "--segment-steps", "2"]
+    alone = str(tmp_path / "alone.jsonl")
+    assert train_gpt.main(args + ["--attn", "flashport", "--log", alone]) == 0
+    capsys.readouterr()
+    pattern = str(tmp_path / "both_{attn}.jsonl")
+    assert train_gpt.main(args + ["--attn", "flashport", "sdpa-math", "--log", pattern]) == 0
+    out = capsys.readouterr().out
+    assert "final flashport:" in out and "final sdpa-math:" in out and "x the best SDPA" in out
+    side = {a: [r["loss"] for r in records(pattern.replace("{attn}", a), "step")] for a in ("flashport", "sdpa-math")}
+    assert side["flashport"] == [r["loss"] for r in records(alone, "step")]
+    assert side["sdpa-math"] == pytest.approx(side["flashport"], abs=1e-4)
+    for a in side:
+        final = records(pattern.replace("{attn}", a), "final")[0]
+        assert final["attn"] == a and final["tokens_per_s"] > 0 and final["median_segment_tokens_per_s"] > 0
+        assert [e["step"] for e in records(pattern.replace("{attn}", a), "eval")] == [0, 2, 4, 5]
