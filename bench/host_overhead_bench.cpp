@@ -44,6 +44,44 @@ double median_us_per_call(const std::function<void()>& call, int calls, int batc
   return per_call[per_call.size() / 2];
 }
 
+/// Buffers and the forward / backward arguments of one causal bf16 call (b, s, h, d). `packed`: q, k, v
+/// are views into one (b, s, 3, h, d) projection (row stride 3 h d), as a GPT block makes them.
+struct AttnCall {
+  DeviceBuffer qkv, o, lse, dout, dq, dk, dv;
+  ForwardArgs fwd;
+  BackwardArgs bwd;
+  AttnCall(int64_t b, int64_t s, int64_t h, int64_t d, bool packed)
+      : qkv(3 * b * s * h * d * 2),
+        o(b * s * h * d * 2),
+        lse(b * h * s * 4),
+        dout(b * s * h * d * 2),
+        dq(b * s * h * d * 2),
+        dk(b * s * h * d * 2),
+        dv(b * s * h * d * 2) {
+    const Device gpu{DeviceType::cuda, 0};
+    auto view = [&](void* p, DType t, std::initializer_list<int64_t> shape) {
+      return TensorView::contiguous(p, t, shape, gpu);
+    };
+    auto input = [&](int which) {
+      char* base = static_cast<char*>(qkv.ptr);
+      if (!packed) return view(base + which * b * s * h * d * 2, DType::bf16, {b, s, h, d});
+      TensorView t = view(base + which * d * 2, DType::bf16, {b, s, h, d});
+      t.stride[0] = s * 3 * h * d, t.stride[1] = 3 * h * d;
+      return t;
+    };
+    fwd.q = input(0), fwd.k = input(1), fwd.v = input(2);
+    fwd.out = view(o.ptr, DType::bf16, {b, s, h, d});
+    fwd.lse = view(lse.ptr, DType::f32, {b, h, s});
+    fwd.options.causal = true;
+    bwd.q = fwd.q, bwd.k = fwd.k, bwd.v = fwd.v, bwd.out = fwd.out, bwd.lse = *fwd.lse;
+    bwd.dout = view(dout.ptr, DType::bf16, {b, s, h, d});
+    bwd.dq = view(dq.ptr, DType::bf16, {b, s, h, d});
+    bwd.dk = view(dk.ptr, DType::bf16, {b, s, h, d});
+    bwd.dv = view(dv.ptr, DType::bf16, {b, s, h, d});
+    bwd.options.causal = true;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -60,29 +98,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   const Device gpu{DeviceType::cuda, 0};
-  const int64_t b = 1, s = 128, h = 16, d = 64;
-  const size_t elems = b * s * h * d, bytes = elems * 2;
-  DeviceBuffer q(bytes), k(bytes), v(bytes), o(bytes), lse(b * h * s * 4), dout(bytes), dq(bytes), dk(bytes),
-      dv(bytes);
+  AttnCall small(1, 128, 16, 64, /*packed=*/false);
+  const ForwardArgs& fwd = small.fwd;
+  const BackwardArgs& bwd = small.bwd;
   auto view = [&](void* p, DType t, std::initializer_list<int64_t> shape) {
     return TensorView::contiguous(p, t, shape, gpu);
   };
-
-  ForwardArgs fwd;
-  fwd.q = view(q.ptr, DType::bf16, {b, s, h, d});
-  fwd.k = view(k.ptr, DType::bf16, {b, s, h, d});
-  fwd.v = view(v.ptr, DType::bf16, {b, s, h, d});
-  fwd.out = view(o.ptr, DType::bf16, {b, s, h, d});
-  fwd.lse = view(lse.ptr, DType::f32, {b, h, s});
-  fwd.options.causal = true;
-
-  BackwardArgs bwd;
-  bwd.q = fwd.q, bwd.k = fwd.k, bwd.v = fwd.v, bwd.out = fwd.out, bwd.lse = *fwd.lse;
-  bwd.dout = view(dout.ptr, DType::bf16, {b, s, h, d});
-  bwd.dq = view(dq.ptr, DType::bf16, {b, s, h, d});
-  bwd.dk = view(dk.ptr, DType::bf16, {b, s, h, d});
-  bwd.dv = view(dv.ptr, DType::bf16, {b, s, h, d});
-  bwd.options.causal = true;
 
   // Decode: one token against a 1k cache, GQA 32/8, d 128.
   const int64_t ctx = 1024, hq = 32, hk = 8, dh = 128;
@@ -111,7 +132,7 @@ int main(int argc, char** argv) {
       [&] { jit::free_async(jit::alloc_async(1 << 20, nullptr), nullptr); }, calls, batches);
   std::printf("    scratch cuMemAllocAsync + cuMemFreeAsync (1 MiB): %7.2f us\n", t_scratch);
   const double t_memset =
-      median_us_per_call([&] { jit::memset_async(dq.ptr, 0, 4096, nullptr); }, 8, batches * 4);
+      median_us_per_call([&] { jit::memset_async(small.dq.ptr, 0, 4096, nullptr); }, 8, batches * 4);
   std::printf("    memset_async (4 KiB):                           %7.2f us\n", t_memset);
   const double t_kv = median_us_per_call([&] { forward_kvcache(kv); }, calls, batches);
   std::printf("  forward_kvcache (1 token, 1k cache, GQA 32/8):    %7.2f us\n", t_kv);
@@ -121,31 +142,12 @@ int main(int argc, char** argv) {
   // these kernels take longer on the GPU than the call on the host.
   {
     const int64_t mb = model[0], ms = model[1], mh = model[2], md = model[3];
-    const size_t n = (size_t)(mb * ms * mh * md);
-    DeviceBuffer qkv(3 * n * 2), mo(n * 2), mlse(mb * mh * ms * 4), mdo(n * 2), mdq(n * 2), mdk(n * 2),
-        mdv(n * 2);
-    auto packed = [&](int which) {
-      TensorView t = view(static_cast<char*>(qkv.ptr) + which * md * 2, DType::bf16, {mb, ms, mh, md});
-      t.stride[0] = ms * 3 * mh * md, t.stride[1] = 3 * mh * md;
-      return t;
-    };
-    ForwardArgs mf;
-    mf.q = packed(0), mf.k = packed(1), mf.v = packed(2);
-    mf.out = view(mo.ptr, DType::bf16, {mb, ms, mh, md});
-    mf.lse = view(mlse.ptr, DType::f32, {mb, mh, ms});
-    mf.options.causal = true;
-    BackwardArgs mbw;
-    mbw.q = mf.q, mbw.k = mf.k, mbw.v = mf.v, mbw.out = mf.out, mbw.lse = *mf.lse;
-    mbw.dout = view(mdo.ptr, DType::bf16, {mb, ms, mh, md});
-    mbw.dq = view(mdq.ptr, DType::bf16, {mb, ms, mh, md});
-    mbw.dk = view(mdk.ptr, DType::bf16, {mb, ms, mh, md});
-    mbw.dv = view(mdv.ptr, DType::bf16, {mb, ms, mh, md});
-    mbw.options.causal = true;
+    AttnCall call(mb, ms, mh, md, /*packed=*/true);
     std::printf(
         "model shape b %lld, s %lld, h %lld, d %lld, q/k/v views of one qkv projection, 4 calls per batch:\n",
         (long long)mb, (long long)ms, (long long)mh, (long long)md);
-    std::printf("  forward:  %7.2f us\n", median_us_per_call([&] { forward(mf); }, 4, batches * 4));
-    std::printf("  backward: %7.2f us\n", median_us_per_call([&] { backward(mbw); }, 4, batches * 4));
+    std::printf("  forward:  %7.2f us\n", median_us_per_call([&] { forward(call.fwd); }, 4, batches * 4));
+    std::printf("  backward: %7.2f us\n", median_us_per_call([&] { backward(call.bwd); }, 4, batches * 4));
   }
 
   // Where the forward's time goes: validation into the problem block, the backend's support check,
@@ -163,7 +165,8 @@ int main(int argc, char** argv) {
   const double t_support =
       median_us_per_call([&] { (void)be->unsupported(p, Impl::automatic, false); }, calls, batches);
   std::printf("  backend support check:                            %7.2f us\n", t_support);
-  const double t_pointer = median_us_per_call([&] { (void)jit::pointer_device(q.ptr); }, calls, batches);
+  const double t_pointer =
+      median_us_per_call([&] { (void)jit::pointer_device(small.qkv.ptr); }, calls, batches);
   std::printf("    of which cuPointerGetAttribute:                 %7.2f us\n", t_pointer);
   AttnProblem with_lse = p;
   core::attach_lse(with_lse, *fwd.lse, gpu);
