@@ -197,7 +197,7 @@ class Trainer:
     """One attention backend's run: model, optimizer, batches, log. step() trains one step without
     synchronising; evaluate() scores the validation windows and logs the steps since the last one."""
 
-    def __init__(self, args, attn: str, log_path, quiet: bool = False):
+    def __init__(self, args, attn: str, log_path, corpus):
         import torch
 
         self.args, self.attn = args, attn
@@ -206,9 +206,7 @@ class Trainer:
         self.dtype = dtype = args.dtype or ("bf16" if cuda else "fp32")
         if attn in ("sdpa-flash", "sdpa-cudnn") and not cuda:
             raise SystemExit(f"--attn {attn} needs a CUDA device (use sdpa-math or flashport on the CPU)")
-        data_bytes = stdlib_corpus()
-        digest = hashlib.sha256(data_bytes).hexdigest()[:16]
-        data = torch.frombuffer(bytearray(data_bytes), dtype=torch.uint8)
+        data, digest = corpus
         self.batches = Batches(data, args.seq, args.batch, args.seed, args.eval_batches)
         torch.manual_seed(args.seed)  # the weights depend on the seed alone, never on --attn
         self.model = build_model(argparse.Namespace(**{**vars(args), "attn": attn})).to(device)
@@ -299,11 +297,11 @@ class Trainer:
 
         import torch
 
-        warmup = min(self.args.warmup_steps, max(0, self.args.steps - 1))
         rec = dict(kind="final", attn=self.attn, steps=self.args.steps, train_loss=self.last["train_loss"],
                    val_loss=self.last["val_loss"], tokens_per_s=self.last["tokens_per_s"],
-                   timed_steps=self.args.steps - warmup,
+                   timed_steps=self.timed_tokens // (self.args.batch * self.args.seq),
                    median_segment_tokens_per_s=statistics.median(self.segments) if self.segments else None,
+                   # the process's peak: with several --attn, every model's memory together
                    peak_mem_gib=torch.cuda.max_memory_allocated(self.device) / 2**30 if self.cuda else None)
         self.emit(rec)
         if self.log:
@@ -339,7 +337,9 @@ def train(args) -> list:
     import torch
 
     several = len(args.attn) > 1
-    trainers = [Trainer(args, attn, log_path(args, attn, several)) for attn in args.attn]
+    data_bytes = stdlib_corpus()  # read once: every backend trains on the same tensor
+    corpus = (torch.frombuffer(bytearray(data_bytes), dtype=torch.uint8), hashlib.sha256(data_bytes).hexdigest()[:16])
+    trainers = [Trainer(args, attn, log_path(args, attn, several), corpus) for attn in args.attn]
     bar = None
     if args.steps >= 50 and not args.no_progress:
         try:
