@@ -445,6 +445,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.plot:
         return plot(args.plot, args.out)
+    for name in ("segment_steps", "eval_every"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.log:
         os.makedirs(os.path.dirname(os.path.abspath(args.log)), exist_ok=True)
     finals = train(args)

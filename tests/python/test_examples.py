@@ -80,3 +80,10 @@ def test_train_gpt_side_by_side_matches_separate_runs(train_gpt, tmp_path, capsy
         final = records(pattern.replace("{attn}", a), "final")[0]
         assert final["attn"] == a and final["tokens_per_s"] > 0 and final["median_segment_tokens_per_s"] > 0
         assert [e["step"] for e in records(pattern.replace("{attn}", a), "eval")] == [0, 2, 4, 5]
+
+
+@pytest.mark.parametrize("flag", ["--segment-steps", "--eval-every"])
+def test_train_gpt_rejects_non_positive_step_counts(train_gpt, flag, capsys):
+    with pytest.raises(SystemExit):
+        train_gpt.main(TINY + [flag, "0"])
+    assert f"{flag} must be at least 1" in capsys.readouterr().err
