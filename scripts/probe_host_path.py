@@ -16,6 +16,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--shape", default="1,64,12,64")
 ap.add_argument("--calls", type=int, default=100)
 ap.add_argument("--rounds", type=int, default=7)
+ap.add_argument("--host-only", action="store_true",
+                help="time the host alone: the calls are made while a GPU sleep runs ahead of them, so none "
+                     "waits for the GPU (keep --calls to a few dozen: the driver's launch queue is finite)")
 args = ap.parse_args()
 b, s, h, d = map(int, args.shape.split(","))
 W = h * d
@@ -36,6 +39,13 @@ def sd_flash(q, k, v):
                                               is_causal=True).transpose(1, 2)
 
 
+def sd_cudnn(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True).transpose(1, 2)
+
+
 def ident(q, k, v):
     return q * 1
 
@@ -52,6 +62,8 @@ def view_inputs():
 
 def timed(fn, inputs, bwd):
     torch.cuda.synchronize()
+    if args.host_only:
+        torch.cuda._sleep(int(2e6 * 100))  # ~100 ms at ~2 GHz: the GPU is busy past the calls' launches
     t0 = time.perf_counter()
     for _ in range(args.calls):
         q, k, v = inputs()
@@ -59,14 +71,17 @@ def timed(fn, inputs, bwd):
             o = fn(q, k, v)
         if bwd:
             o.backward(g)
+    if not args.host_only:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / args.calls * 1e6
+    return dt / args.calls * 1e6
 
 
 leaf = leaf_inputs()
 for name, inputs in (("leaf", leaf), ("view", view_inputs)):
     for bwd in (False, True):
-        fns = {"base": ident, "flashport": fp, "sdpa-flash": sd_flash}
+        fns = {"base": ident, "flashport": fp, "sdpa-flash": sd_flash, "sdpa-cudnn": sd_cudnn}
         for fn in fns.values():
             timed(fn, inputs, bwd)
         res = {n: [] for n in fns}
@@ -74,9 +89,11 @@ for name, inputs in (("leaf", leaf), ("view", view_inputs)):
             for n, fn in fns.items():
                 res[n].append(timed(fn, inputs, bwd))
         med = {n: statistics.median(v) for n, v in res.items()}
-        print(f"{args.shape} {name:4s} {'fwd+bwd' if bwd else 'fwd':7s} base {med['base']:7.1f} us; beyond it: "
+        print(f"{args.shape}{' host alone' if args.host_only else ''} {name:4s} {'fwd+bwd' if bwd else 'fwd':7s} base {med['base']:7.1f} us; beyond it: "
               + ", ".join(f"{n} {med[n] - med['base']:7.1f}" for n in fns if n != "base"), flush=True)
 
+if args.host_only:
+    raise SystemExit(0)
 prof = cProfile.Profile()
 torch.cuda.synchronize()
 prof.enable()
