@@ -107,12 +107,12 @@ Knob<std::vector<HopperTileSetting>> hopper_tile(const EnvLookup& env) {
   for (size_t start = 0;;) {
     const size_t comma = std::min(text.find(',', start), text.size());
     const std::string entry = text.substr(start, comma - start);
-    if (!parse_ints(entry, ':', v) || (v.size() != 3 && v.size() != 4)) {
-      k.error = "expected comma-separated 'd:block_n:stages[:exp_emu]' entries, got '" + entry + "' in '" +
-                text + "'";
+    if (!parse_ints(entry, ':', v) || v.size() < 3 || v.size() > 5) {
+      k.error = "expected comma-separated 'd:block_n:stages[:exp_emu[:block_m]]' entries, got '" + entry +
+                "' in '" + text + "'";
       return k;
     }
-    k.value.push_back({v[0], v[1], v[2], v.size() == 4 ? v[3] : 0});
+    k.value.push_back({v[0], v[1], v[2], v.size() >= 4 ? v[3] : 0, v.size() == 5 ? v[4] : 0});
     if (comma == text.size()) break;
     start = comma + 1;
   }

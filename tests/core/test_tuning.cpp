@@ -132,8 +132,11 @@ TEST(Tuning, BackwardTile) {
 }
 
 TEST(Tuning, HopperTile) {
-  const auto entries = parse({{"FLASHPORT_HOPPER_TILE", "64:192:2,128:176:2:1"}}).hopper_tile.get();
-  ASSERT_EQ(entries.size(), 2u);
+  const auto entries = parse({{"FLASHPORT_HOPPER_TILE", "64:192:2,128:176:2:1,64:128:2:0:192"}}).hopper_tile.get();
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[0].block_m, 0);  // the kernel's default
+  EXPECT_EQ(entries[2].block_n, 128);
+  EXPECT_EQ(entries[2].block_m, 192);
   EXPECT_EQ(entries[0].d, 64);
   EXPECT_EQ(entries[0].block_n, 192);
   EXPECT_EQ(entries[0].stages, 2);
@@ -141,7 +144,7 @@ TEST(Tuning, HopperTile) {
   EXPECT_EQ(entries[1].d, 128);
   EXPECT_EQ(entries[1].exp_emu, 1);
   // Syntax only: whether a shape fits the kernel is the Hopper launcher's check.
-  for (const char* bad : {"64:192", "64:192:2:0:1", "64-192-2", "64:192:2,", "64:x:2"}) {
+  for (const char* bad : {"64:192", "64:192:2:0:1:5", "64-192-2", "64:192:2,", "64:x:2"}) {
     const Knob<std::vector<HopperTileSetting>> k = parse({{"FLASHPORT_HOPPER_TILE", bad}}).hopper_tile;
     EXPECT_THROW(k.get(), Error) << bad;
     try {

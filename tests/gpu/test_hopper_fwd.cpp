@@ -86,9 +86,9 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.k.batch_stride = 0; }));  // broadcast batch
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
   for (const auto& spec : hopper::variants(90)) EXPECT_TRUE(hopper::is_main_kernel(spec)) << spec.key();
-  // 2 dtypes x (5 head dims + 4 persistent + 3 persistent with O apart + 8 alternatives + the launch
-  // rule's short-key d 64 persistent shape)
-  EXPECT_EQ(hopper::variants(90).size(), 42u);
+  // 2 dtypes x (5 head dims + 4 persistent + 3 persistent with O apart + 9 alternatives + the launch
+  // rule's d 64 persistent shapes, 128 and 192 rows)
+  EXPECT_EQ(hopper::variants(90).size(), 46u);
   EXPECT_TRUE(hopper::variants(80).empty());
 }
 
@@ -119,6 +119,16 @@ TEST(HopperFwd, LongCausalAndFull) {
   expect_hopper_accurate(dense(DType::bf16, 1, 1024, 1024, 2, 1, 128));
   for (int64_t d : {64, 128, 256})
     expect_hopper_accurate(with(dense(DType::bf16, 1, 1024, 1024, 2, 2, d), kCausal));
+  // d 64 past 1k keys: 192-row blocks (three consumer warpgroups), dense on the persistent grid
+  // (partial last block: 1300 = 6 x 192 + 148), windowed and varlen with one CTA per block.
+  expect_hopper_accurate(with(dense(DType::bf16, 2, 1300, 1300, 3, 1, 64), kCausal));
+  expect_hopper_accurate(dense(DType::f16, 1, 700, 2100, 2, 2, 64));
+  expect_hopper_accurate(with(dense(DType::bf16, 1, 1100, 1500, 2, 1, 64), kWindowMasks[0]));
+  Case c = with(dense(DType::bf16, 1, 1, 1, 4, 2, 64), kCausal);
+  c.layout = Layout::varlen;
+  c.q_lens = {1200, 0, 450};
+  c.k_lens = {1300, 10, 1100};
+  expect_hopper_accurate(c);
 }
 
 // More query blocks than SMs (132 on an H200): a persistent CTA (FLASHPORT_HOPPER_PERSISTENT=1) runs

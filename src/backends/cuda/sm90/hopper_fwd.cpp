@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -30,7 +31,7 @@ constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
 constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
     const Tile t = tile_for(d);
-    if (t.block_m != kBlockM || t.block_n % 16 != 0 || t.block_n > 256 || t.stages < 2) return false;
+    if (!block_m_fits(d, t) || t.block_n % 16 != 0 || t.block_n > 256 || t.stages < 2) return false;
     if (smem_bytes(d, t) > kSmemLimit) return false;
   }
   return true;
@@ -56,7 +57,7 @@ bool separate_o(int d, const Shape& shape) {
 
 constexpr bool shape_fits(int d, Shape s) {
   const Tile t = s.tile;
-  return t.block_m == kBlockM && t.block_n >= 16 && t.block_n <= 256 && t.block_n % 16 == 0 &&
+  return block_m_fits(d, t) && t.block_n >= 16 && t.block_n <= 256 && t.block_n % 16 == 0 &&
          t.stages >= 2 && t.stages <= 8 && smem_bytes(d, t) <= kSmemLimit && s.exp_emu >= 0 && s.exp_emu <= 8;
 }
 
@@ -69,7 +70,7 @@ struct Alternative {
 constexpr Alternative kAlternatives[] = {
     {64, {{kBlockM, 128, 2}, 0}},  {64, {{kBlockM, 128, 3}, 0}},  {64, {{kBlockM, 128, 2}, 2}},
     {64, {{kBlockM, 128, 2}, 3}},  {64, {{kBlockM, 192, 2}, 2}},  {128, {{kBlockM, 176, 2}, 0}},
-    {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}},
+    {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}},  {64, {{kBlockMTall, 128, 2}, 0}},
 };
 
 constexpr bool alternatives_fit() {
@@ -85,7 +86,7 @@ struct ShapeTable {
   std::array<bool, 5> from_env;  // FLASHPORT_HOPPER_TILE set it (autotuning then leaves it alone)
 };
 
-/// FLASHPORT_HOPPER_TILE="d:block_n:stages[:exp_emu][,...]" (e.g. "64:192:2,128:176:2:0") replaces
+/// FLASHPORT_HOPPER_TILE="d:block_n:stages[:exp_emu[:block_m]][,...]" (e.g. "64:128:2:0:192,128:176:2") replaces
 /// the shape of the named head dims (for timing variants in one process); a head dim the kernel does not
 /// take or a shape over its limits is an Error naming the variable.
 const ShapeTable& shape_table() {
@@ -93,10 +94,11 @@ const ShapeTable& shape_table() {
     ShapeTable r{};
     for (int i = 0; i < 5; ++i) r.shapes[i] = {tile_for(kHeadDims[i]), 0};
     for (const core::HopperTileSetting& e : core::tuning().hopper_tile.get()) {
-      const Shape shape{{kBlockM, e.block_n, e.stages}, e.exp_emu};
+      const Shape shape{{e.block_m ? e.block_m : kBlockM, e.block_n, e.stages}, e.exp_emu};
       const auto* slot = std::find(std::begin(kHeadDims), std::end(kHeadDims), e.d);
       const std::string entry = std::to_string(e.d) + ":" + std::to_string(e.block_n) + ":" +
-                                std::to_string(e.stages) + ":" + std::to_string(e.exp_emu);
+                                std::to_string(e.stages) + ":" + std::to_string(e.exp_emu) + ":" +
+                                std::to_string(shape.tile.block_m);
       if (slot == std::end(kHeadDims))
         throw Error("FLASHPORT_HOPPER_TILE", "head dim " + std::to_string(e.d) +
                                                  " is not one of the Hopper kernel's 64, 96, 128, 192, 256");
@@ -104,7 +106,8 @@ const ShapeTable& shape_table() {
         throw Error("FLASHPORT_HOPPER_TILE",
                     "shape " + entry +
                         " breaks the Hopper kernel's limits (block_n a multiple of 16 up to "
-                        "256, 2..8 stages within shared memory, exp_emu 0..8)");
+                        "256, 2..8 stages within shared memory, exp_emu 0..8, block_m 128, or 192 at "
+                        "d 64 with block_n <= 128)");
       const size_t i = slot - std::begin(kHeadDims);
       r.shapes[i] = shape, r.from_env[i] = true;
     }
@@ -126,24 +129,29 @@ bool shape_from_env(int d) {
 }
 
 /// The launch rule measured on the H200 (bf16, batch x seqlen = 16k, heads x d = 2048; docs/HOPPER_NOTES.md,
-/// "Launch rule by sequence length"): short keys favour a narrower key tile at d 64 (block_n 128 up to
-/// 2k keys: +5 to +14% over 192), and query blocks of equal work favour the persistent grid with O
+/// "Launch rule by sequence length"): at d 64, short keys (up to kTallKeys) favour 128 x 128 blocks and
+/// longer ones 192 x 128 (kTallKeys); query blocks of equal work favour the persistent grid with O
 /// staged apart (mode 2: the next block's Q load and the epilogue overlap; +4 to +34% non-causal up to
 /// 2k at d 64, +1 to +19% at d 128 up to 8k). Causal blocks differ in work: the persistent schedule
 /// deals them heaviest first (attn_fwd_sm90.cu, tile_block), which wins only where blocks are few and
 /// short (2026-12-02, same grid: d 64 causal 512 / 1k +15% / +5%, d 128 causal 512 +6%; 2k and longer
 /// 3-8% slower, the launch order's L2 sharing lost), so causal takes mode 2 up to short_causal(d)
 /// queries; windowed and varlen problems keep one CTA per block.
-constexpr long long kShortKeys = 2048;
 
-/// The longest causal query length that takes the persistent grid, by head dim (0: never).
+/// The longest causal query length that takes the persistent grid, by head dim (0: never). d 64 past
+/// kTallKeys runs 192-row blocks, whose heaviest-first persistent grid measured 1.20x the one-CTA grid
+/// at 2 x 4k (132.7 vs 159.7 us, 12 heads) and even at 8 x 2k; longer causal rows were not measured
+/// there and keep one CTA per block (the 128-row tile lost 6% that way at 8k-16k).
 long long short_causal(int d) {
-  return d == 64 ? 1024 : d == 128 ? 512 : 0;
+  return d == 64 ? 4096 : d == 128 ? 512 : 0;
 }
 
-bool short_keys(const AttnProblem& p) {
-  return p.sk <= kShortKeys;
-}
+/// Keys above which d 64 runs 192 x 128 blocks (three consumer warpgroups): measured on the H200
+/// (2026-12-03, bf16, d 64; sweep_hopper_fwd.py, us, against the 128-row tile the rule ran before):
+/// 2 x 4k causal 132.7 vs 172.2, 2 x 4k 215.6 vs 271.5, 8 x 2k causal (16 heads) 219.8 vs 240.0,
+/// 16k causal 2330 vs 2559, 16k 4355 vs 5003; at 8 x 1k causal the 128 x 128 persistent tile stays
+/// ahead (58.1 vs 61.9).
+constexpr long long kTallKeys = 1024;
 
 /// FLASHPORT_HOPPER_PERSISTENT=0|1|2 forces the persistent mode (never at d 256, whose persistent
 /// build spills 8 bytes: a per-block counter, outside the key loop); unset, the launch rule above.
@@ -156,12 +164,12 @@ int persistent_for(const AttnProblem& p) {
   const bool short_causal_blocks =
       dense && p.window_left < 0 && p.window_right == 0 && p.sq <= short_causal(d);
   if (short_causal_blocks) return 2;
-  return equal_blocks && (d == 128 || (d == 64 && short_keys(p))) ? 2 : 0;
+  return equal_blocks && (d == 128 || d == 64) ? 2 : 0;
 }
 
 /// The rule's tile for `p` when neither FLASHPORT_HOPPER_TILE nor autotuning chose one.
 Shape rule_shape(const AttnProblem& p) {
-  if (p.d == 64 && short_keys(p)) return {{kBlockM, 128, 2}, 0};
+  if (p.d == 64) return p.sk > kTallKeys ? Shape{{kBlockMTall, 128, 2}, 0} : Shape{{kBlockM, 128, 2}, 0};
   return {tile_for((int)p.d), 0};
 }
 
@@ -209,6 +217,7 @@ struct Launch {
   FwdSm90Params prm{};
   TmaDesc tma_q{}, tma_k{}, tma_v{};
   unsigned grid[3] = {1, 1, 1};
+  unsigned threads = 0;
   int smem = 0;
 };
 
@@ -223,6 +232,7 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   shape.persistent = blocks < (1LL << 30) ? persistent_for(p) : 0;  // the kernel counts blocks in int
   Launch l;
   l.smem = smem_bytes(d, tile, separate_o(d, shape));
+  l.threads = (unsigned)threads_for(tile.block_m);
   std::string error;
   const Plans plans = plan_maps(p, tile, error);  // boxes of this tile: the kernel's TMA loads assume them
   const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
@@ -248,29 +258,37 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
 
 void run(Launch& l, void* stream) {
   void* args[] = {&l.prm, &l.tma_q, &l.tma_k, &l.tma_v};
-  jit::launch(*l.kernel, l.grid[0], l.grid[1], l.grid[2], kThreads, l.smem, stream, args);
+  jit::launch(*l.kernel, l.grid[0], l.grid[1], l.grid[2], l.threads, l.smem, stream, args);
 }
 
 // --- autotuning (FLASHPORT_AUTOTUNE=1) -----------------------------------------------------------
 
-/// "128x176x2", with "/emu<n>" when exponentials run on the FMA pipe.
+/// "128x176x2" (block_m x block_n x stages), with "/emu<n>" when exponentials run on the FMA pipe.
 std::string shape_text(const Shape& s) {
   std::string text = std::to_string(s.tile.block_m) + "x" + std::to_string(s.tile.block_n) + "x" +
                      std::to_string(s.tile.stages);
   return s.exp_emu ? text + "/emu" + std::to_string(s.exp_emu) : text;
 }
 
-/// The store's value "block_n:stages:exp_emu" and back; nullopt for text that is not three
-/// integers or a shape over the kernel's limits for `d`.
+/// The store's value "block_n:stages:exp_emu" (":block_m" added when it is not 128) and back;
+/// nullopt for text that is not three or four integers or a shape over the kernel's limits for `d`.
 std::string shape_value(const Shape& s) {
-  return std::to_string(s.tile.block_n) + ":" + std::to_string(s.tile.stages) + ":" +
-         std::to_string(s.exp_emu);
+  const std::string value =
+      std::to_string(s.tile.block_n) + ":" + std::to_string(s.tile.stages) + ":" + std::to_string(s.exp_emu);
+  return s.tile.block_m == kBlockM ? value : value + ":" + std::to_string(s.tile.block_m);
 }
 std::optional<Shape> parse_shape_value(int d, const std::string& value) {
-  int bn = 0, st = 0, emu = 0, used = 0;
-  if (std::sscanf(value.c_str(), "%d:%d:%d%n", &bn, &st, &emu, &used) != 3 || used != (int)value.size())
-    return std::nullopt;
-  const Shape shape{{kBlockM, bn, st}, emu};
+  int v[4] = {0, 0, 0, kBlockM}, n = 0;
+  const char *at = value.data(), *end = at + value.size();
+  while (n < 4) {
+    const auto [stop, ec] = std::from_chars(at, end, v[n]);
+    if (ec != std::errc() || stop == at) return std::nullopt;
+    ++n, at = stop;
+    if (at == end) break;
+    if (*at++ != ':') return std::nullopt;
+  }
+  if (n < 3 || at != end) return std::nullopt;
+  const Shape shape{{v[3], v[0], v[1]}, v[2]};
   return shape_fits(d, shape) ? std::optional<Shape>(shape) : std::nullopt;
 }
 
@@ -289,8 +307,8 @@ std::vector<Shape> candidates(int d) {
   std::vector<Shape> shapes = {{tile_for(d), 0}};
   for (const Alternative& a : kAlternatives) {
     const bool seen = std::any_of(shapes.begin(), shapes.end(), [&](const Shape& s) {
-      return std::tie(s.tile.block_n, s.tile.stages, s.exp_emu) ==
-             std::tie(a.shape.tile.block_n, a.shape.tile.stages, a.shape.exp_emu);
+      return std::tie(s.tile.block_m, s.tile.block_n, s.tile.stages, s.exp_emu) ==
+             std::tie(a.shape.tile.block_m, a.shape.tile.block_n, a.shape.tile.stages, a.shape.exp_emu);
     });
     if (a.d == d && !seen) shapes.push_back(a.shape);
   }
@@ -419,7 +437,7 @@ TunedShape autotune_shape(const AttnProblem& p) {
   const Shape shape = tuned_shape(p, device);
   Launch l = prepare(p, shape, device);
   run(l, p.stream);
-  return {shape.tile.block_n, shape.tile.stages, shape.exp_emu};
+  return {shape.tile.block_n, shape.tile.stages, shape.exp_emu, shape.tile.block_m};
 }
 
 std::vector<jit::KernelSpec> variants(int arch) {
@@ -433,6 +451,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
       if (separate_o_fits(d, tile_for(d))) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 2}));
     for (const Alternative& a : kAlternatives) specs.push_back(make_spec(elem_type, a.d, a.shape));
     specs.push_back(make_spec(elem_type, 64, {{kBlockM, 128, 2}, 0, 2}));  // the rule's short-key d 64 shape
+    specs.push_back(make_spec(elem_type, 64, {{kBlockMTall, 128, 2}, 0, 2}));  // three consumers, persistent
   }
   return specs;
 }

@@ -30,10 +30,10 @@ void launch(const AttnProblem& p, int arch);
 /// none: that call synchronises); head dims FLASHPORT_HOPPER_TILE names keep its shape.
 void forward(const AttnProblem& p);
 
-/// A forward shape chosen by autotuning: the tile (block_m is always 128) and how many eighths of
-/// the exponentials run on the FMA pipe.
+/// A forward shape chosen by autotuning: the tile and how many eighths of the exponentials run on
+/// the FMA pipe.
 struct TunedShape {
-  int block_n = 0, stages = 0, exp_emu = 0;
+  int block_n = 0, stages = 0, exp_emu = 0, block_m = 0;
 };
 
 /// The autotuned shape of `p`'s bucket (head dim, causal = window_right == 0, dtype, persistent

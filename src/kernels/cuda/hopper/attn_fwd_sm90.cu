@@ -1,7 +1,8 @@
 // Hopper (sm_90a) FlashAttention forward: a producer warpgroup streams Q once and K/V tiles through a
-// TMA + mbarrier ring; two consumer warpgroups (64 query rows each) compute S = Q K^T and O += P V with
-// wgmma and the online softmax in registers, overlapping one tile's softmax with the next tile's
-// GEMMs (intra-warpgroup) and with the other warpgroup's GEMMs (ping-pong). Shape from -D FP_DTYPE,
+// TMA + mbarrier ring; two consumer warpgroups (three at BLOCK_M 192; 64 query rows each) compute
+// S = Q K^T and O += P V with wgmma and the online softmax in registers, overlapping one tile's softmax
+// with the next tile's GEMMs (intra-warpgroup) and, with two consumers, with the other warpgroup's
+// GEMMs (ping-pong). Shape from -D FP_DTYPE,
 // FP_HEADDIM, FP_BLOCK_M, FP_BLOCK_N, FP_STAGES (tile_for in cuda/hopper/fwd_sm90_config.h);
 // FP_PERSISTENT=1 makes every CTA loop over query blocks (grid = SM count).
 #include "core/problem.h"
@@ -30,7 +31,7 @@ constexpr bool kSeparateO =
 /// The O staging buffer of kSeparateO (an empty base otherwise: no bytes).
 template <bool kOn>
 struct OStaging {
-  u16 o[kChunks][kBlockM][64];  // (BLOCK_M, HEAD_DIM), the layout of q
+  u16 o[kChunks][kTileM][64];  // (BLOCK_M, HEAD_DIM), the layout of q
   FP_DEV u16* o_staging(u16*) { return &o[0][0][0]; }
 };
 template <>
@@ -44,7 +45,7 @@ struct OStaging<false> {
 // wgmma descriptors need no base offset.
 
 struct alignas(1024) SharedStorage : OStaging<kSeparateO> {
-  u16 q[kChunks][kBlockM][64];                    // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
+  u16 q[kChunks][kTileM][64];                     // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
   u16 k[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
   u16 v[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
   u64 bar_q;                                      // Q landed (one phase per query block)
@@ -54,20 +55,25 @@ struct alignas(1024) SharedStorage : OStaging<kSeparateO> {
   u64 bar_v_full[kStages], bar_v_empty[kStages];
 };
 static_assert(sizeof(SharedStorage) + 1024 ==
-                  smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}, kSeparateO),
+                  smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO),
               "host and kernel disagree on the shared-memory size");
-static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kBlockN, kStages}, kSeparateO) <= kSmemLimit, "over 227 KB");
+static_assert(smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO) <= kSmemLimit, "over 227 KB");
 
+// Two consumers take turns issuing their GEMMs (ping-pong), so one's softmax overlaps the other's
+// GEMMs. Three (BLOCK_M 192) issue freely: the warp schedulers interleave them (FA3 does the same).
+constexpr bool kPingPong = kConsumers == 2;
 // Named barriers: ping-pong turn of consumer c (both consumers, 256 threads) and the epilogue of
 // consumer c (its 128 threads). Id 0 is __syncthreads.
-constexpr u32 kBarTurn = 1;        // + c
-constexpr u32 kBarEpilogue = 3;    // + c
-constexpr int kConsumerWarps = 8;  // arrivals that release a K or V stage
+constexpr u32 kBarTurn = 1;                              // + c
+constexpr u32 kBarEpilogue = 1 + (u32)kConsumers;        // + c
+constexpr int kConsumerWarps = 4 * kConsumers;           // arrivals that release a K or V stage
 
-// Register budgets after reallocation: 128 x 24 + 256 x 240 = 64512 <= 65536, and the kernel
-// starts with 168 per thread (__launch_bounds__(384, 1)), so the pool covers the increase.
+// Register budgets after reallocation: 128 x 24 + 256 x 240 = 64512 <= 65536 with two consumers
+// (the kernel starts with 168 per thread: __launch_bounds__(384, 1)), 128 x 24 + 384 x 160 = 64512
+// with three (starting at 128: __launch_bounds__(512, 1)), so the pool covers the increase.
 constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
+constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
 
 /// threadIdx.x read by a volatile asm: persistent CTAs would otherwise compute the epilogue's
 /// thread-dependent addresses once, before the loop over query blocks, and keep them (spilled)
@@ -76,6 +82,13 @@ FP_DEV int thread_index() {
   u32 tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   return (int)tid;
+}
+
+/// blockIdx.x read by a volatile asm, so a value derived from it is computed where it is read.
+FP_DEV int block_index_x() {
+  u32 x;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+  return (int)x;
 }
 
 FP_DEV u32 bar_addr(const u64& bar) {
@@ -97,7 +110,7 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
                    u32 q_count) {
   if (kPersistent) sm90::mbar_wait(bar_addr(s.bar_q_empty), (q_count & 1) ^ 1);
   const u32 bar_q = bar_addr(s.bar_q);
-  sm90::mbar_arrive_expect_tx(bar_q, kChunks * kBlockM * kChunkRowBytes);
+  sm90::mbar_arrive_expect_tx(bar_q, kChunks * kTileM * kChunkRowBytes);
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch)
     sm90::tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, 64 * ch, (int)blk.h, blk.q_row,
@@ -143,7 +156,7 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
 
 /// S = Q K^T for this warpgroup's 64 rows: HEAD_DIM / 16 wgmmas, the first overwriting S.
 FP_DEV void gemm_qk(float (&r_s)[kBlockN / 2], u64 desc_q, u64 desc_k) {
-  sm90::gemm_ss_kmajor<kBlockN, kHeadDim, kBlockM * kChunkRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
+  sm90::gemm_ss_kmajor<kBlockN, kHeadDim, kTileM * kChunkRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
 }
 
 /// O += P V: BLOCK_N / 16 wgmmas with P (bf16/f16 pairs in registers) as the A operand.
@@ -188,7 +201,7 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
     for (int h = 0; h < 2; ++h) {
       const int row = 64 * c + 16 * warp + g + 8 * h;  // row % 8 == g
       const u32 addr =
-          s_q + (j / 8) * kBlockM * kChunkRowBytes + row * kChunkRowBytes + (((j % 8) ^ g) << 4) + 4 * t4;
+          s_q + (j / 8) * kTileM * kChunkRowBytes + row * kChunkRowBytes + (((j % 8) ^ g) << 4) + 4 * t4;
       st_shared_u32(addr, Elem::pack(r_o[4 * j + 2 * h] * inv[h], r_o[4 * j + 2 * h + 1] * inv[h]));
     }
   }
@@ -200,17 +213,17 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
     const int idx = it * 128 + tid, row = 64 * c + idx / kUnits, u = idx % kUnits;
     const i64 i = blk.m0 + row;
     if (i >= blk.sq) continue;
-    const U32x4 v = ld_shared_16(s_q + (u / 8) * kBlockM * kChunkRowBytes + row * kChunkRowBytes +
+    const U32x4 v = ld_shared_16(s_q + (u / 8) * kTileM * kChunkRowBytes + row * kChunkRowBytes +
                                  (((u % 8) ^ (row % 8)) << 4));
     st_global_16(g_o + q_offset(p, p.o, blk.b, i, blk.h) + 8 * u, v);
   }
 }
 
 /// A query block that sees no key at all: O = 0 and LSE = -inf for its rows (threads `thread` of
-/// `threads`: all 384, or the 256 consumers of a persistent CTA).
+/// `threads`: the whole CTA, or the consumers of a persistent CTA).
 FP_DEV void store_empty(const AttnProblem& p, const Block& blk, int thread, int threads) {
   constexpr int kUnits = kHeadDim / 8;
-  const int rows = blk.sq - blk.m0 < kBlockM ? blk.sq - blk.m0 : kBlockM;
+  const int rows = blk.sq - blk.m0 < kTileM ? blk.sq - blk.m0 : kTileM;
   u16* g_o = static_cast<u16*>(p.o.ptr);
   for (int idx = thread; idx < rows * kUnits; idx += threads) {
     const i64 i = blk.m0 + idx / kUnits;
@@ -223,7 +236,7 @@ FP_DEV void store_empty(const AttnProblem& p, const Block& blk, int thread, int 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Consumer warpgroup c (0 or 1): rows 64c..64c+63 of the query block.
+// Consumer warpgroup c (0 .. kConsumers - 1): rows 64c..64c+63 of the query block.
 //
 // Per key tile n (after the first): wait K(n) and V(n+1); take the ping-pong turn; issue S(n) =
 // Q K(n)^T, then O += P(n+1) V(n+1) (the previous tile; tiles run downwards); hand the turn to the
@@ -233,7 +246,8 @@ FP_DEV void store_empty(const AttnProblem& p, const Block& blk, int thread, int 
 // consumer 1 grants consumer 0 the first turn; each tile after the first costs each consumer one
 // sync on its own barrier and one arrival on the other's, so exactly one grant (consumer 1's last)
 // is left pending after every block: a persistent CTA's next block uses it as its first grant, and
-// one is left pending when the CTA exits. (The first grant is given before the first block.)
+// one is left pending when the CTA exits. (The first grant is given before the first block.) Three
+// consumers skip the turns (kPingPong).
 
 FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c, Ring& ring,
                     u32& q_count) {
@@ -277,13 +291,13 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     // GEMM batches free of branches (ptxas would otherwise re-fence before the P V batch).
     sm90::mbar_wait(bar_addr(s.bar_k_full[stage]), phase);
     sm90::mbar_wait(bar_addr(s.bar_v_full[stage_v]), phase_v);
-    sm90::named_bar_sync(kBarTurn + c, 256);
+    if (kPingPong) sm90::named_bar_sync(kBarTurn + c, 256);
     sm90::wgmma_fence();
     gemm_qk(r_s, desc_q, sm90::desc_advance(desc_k, stage * kKVTileBytes));
     sm90::wgmma_commit();
     gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage_v * kKVTileBytes));
     sm90::wgmma_commit();
-    sm90::named_bar_arrive(kBarTurn + (1 - c), 256);
+    if (kPingPong) sm90::named_bar_arrive(kBarTurn + (1 - c), 256);
     sm90::wgmma_wait<1>();
     sm90::pin_registers(r_s);
     release(s.bar_k_empty[stage], lane);
@@ -393,9 +407,9 @@ FP_DEV int rounds(const SharedStorage& s) {
 
 }  // namespace flashport::cuda::hopper
 
-/// Grid (query blocks, hq, batch), or (SM count) with FP_PERSISTENT; 384 threads, smem_bytes(d, tile)
-/// of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 1)
+/// Grid (query blocks, hq, batch), or (SM count) with FP_PERSISTENT; threads_for(BLOCK_M) threads,
+/// smem_bytes(d, tile) of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThreads, 1)
     flashport_attn_fwd_sm90(const __grid_constant__ flashport::cuda::hopper::FwdSm90Params prm,
                             const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_q,
                             const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_k,
@@ -408,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 
   if (!make_block(p, blk, (int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z))
     return;  // query block past this sequence's end
   if (blk.n_max <= blk.n_min) {
-    store_empty(p, blk, (int)threadIdx.x, kThreads);
+    store_empty(p, blk, (int)threadIdx.x, kCtaThreads);
     return;
   }
 #endif
@@ -418,8 +432,8 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
   if (threadIdx.x == 0) {
     init_barriers(s);
-    s.m_blocks = (int)ceil_div(p.sq, kBlockM);
-    s.tiles = (int)(ceil_div(p.sq, kBlockM) * p.hq * p.batch);  // the host keeps it below 2^30
+    s.m_blocks = (int)ceil_div(p.sq, kTileM);
+    s.tiles = (int)(ceil_div(p.sq, kTileM) * p.hq * p.batch);  // the host keeps it below 2^30
   }
   __syncthreads();
   Ring ring{0, 0u};
@@ -442,15 +456,18 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kThreads, 
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
-    if (warpgroup == 2) sm90::named_bar_arrive(kBarTurn + 0, 256);  // consumer 0 takes the first turn
+    if (kPingPong && warpgroup == 2) sm90::named_bar_arrive(kBarTurn + 0, 256);  // consumer 0 starts
 #if !FP_PERSISTENT
+    // The block again, after the register reallocation: kept from before it, its fields would be
+    // allocated under the pre-split budget and spilled at BLOCK_M 192 (128 registers there).
+    make_block(p, blk, (int)gridDim.x - 1 - block_index_x(), (int)blockIdx.y, (int)blockIdx.z);
     consume(p, s, blk, warpgroup - 1, ring, q_count);
 #else
     for (int r = 0; r < rounds(s); ++r) {
       const int t = round_tile(s, r);
       if (t < 0 || !tile_block(p, s, t, blk)) continue;
       if (blk.n_max <= blk.n_min) {
-        store_empty(p, blk, thread_index() - 128, 256);
+        store_empty(p, blk, thread_index() - 128, 128 * kConsumers);
         continue;
       }
       consume(p, s, blk, warpgroup - 1, ring, q_count);

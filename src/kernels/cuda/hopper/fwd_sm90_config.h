@@ -7,15 +7,32 @@
 
 namespace flashport::cuda::hopper {
 
-/// Threads per CTA: warpgroup 0 produces (TMA), warpgroups 1 and 2 consume (wgmma + softmax).
-inline constexpr int kThreads = 384;
-/// Query rows per CTA: 64 per consumer warpgroup (the M of one wgmma).
+/// Query rows per CTA: 64 per consumer warpgroup (the M of one wgmma), two consumers.
 inline constexpr int kBlockM = 128;
+/// The taller block of d 64: three consumer warpgroups of 160 registers (FA3's d 64 shape). At d 64 the
+/// exponentials take as long as the two GEMMs (HOPPER_NOTES.md), and a third warpgroup gives the
+/// schedulers another softmax to run while the tensor pipe works, where two leave it waiting.
+inline constexpr int kBlockMTall = 192;
+
+/// Consumer warpgroups of a block_m-row tile, and the CTA's threads: warpgroup 0 produces (TMA), the
+/// others consume (wgmma + softmax).
+FP_HD constexpr int consumers_for(int block_m) {
+  return block_m / 64;
+}
+FP_HD constexpr int threads_for(int block_m) {
+  return 128 * (1 + consumers_for(block_m));
+}
 
 /// One forward tile shape. Only these and the element type / head dim specialise the kernel.
 struct Tile {
   int block_m, block_n, stages;
 };
+
+/// Whether the kernel builds `t`'s block_m at head dim d: 128 everywhere; 192 at d <= 64 with block_n
+/// <= 128, where O (32), S (64) and P (32) fit the 160 registers a consumer of four warpgroups gets.
+FP_HD constexpr bool block_m_fits(int d, Tile t) {
+  return t.block_m == kBlockM || (t.block_m == kBlockMTall && d <= 64 && t.block_n <= 128);
+}
 
 /// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
 /// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:

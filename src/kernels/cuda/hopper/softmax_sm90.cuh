@@ -24,7 +24,11 @@ constexpr int kChunks = head_dim_chunks(kHeadDim);
 constexpr int kPvN = kChunks * 64;
 constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk of a K or V tile
 constexpr int kKVTileBytes = kChunks * kKVChunkBytes;    // TMA bytes of a tile (OOB fill included)
-static_assert(FP_BLOCK_M == kBlockM, "two consumer warpgroups of 64 rows: BLOCK_M must be 128");
+constexpr int kTileM = FP_BLOCK_M;                    // query rows per CTA, 64 per consumer warpgroup
+constexpr int kConsumers = consumers_for(kTileM);     // consumer warpgroups
+constexpr int kCtaThreads = threads_for(kTileM);      // the producer warpgroup and the consumers
+static_assert(block_m_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}),
+              "BLOCK_M 128 (two consumer warpgroups), or 192 (three) at d <= 64 with BLOCK_N <= 128");
 static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kPvN <= 256, "wgmma K steps of 16, N = kPvN <= 256");
 static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256, "wgmma N = BLOCK_N, K steps of 16");
 static_assert(kStages >= 2, "the intra-warpgroup overlap holds K(n) and V(n+1) at once");
@@ -62,7 +66,7 @@ struct Block {
 FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
   blk.b = b;
   blk.h = h;
-  blk.m0 = mb * kBlockM;
+  blk.m0 = mb * kTileM;
   const SeqLens lens = guarded_lengths(p, blk.b);
   blk.sq = (int)clamp_i64(lens.q, 0, p.sq);
   blk.sk = (int)lens.k;  // within [0, p.sk]
@@ -73,7 +77,7 @@ FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
   blk.k_row = p.cu_seqlens_k ? p.cu_seqlens_k[blk.b] : 0;
   blk.k_batch = p.cu_seqlens_k ? 0 : blk.b;
   // Key tiles that hold a key some row of the block sees (empty: n_max <= n_min).
-  const int m1 = blk.m0 + kBlockM < blk.sq ? blk.m0 + kBlockM : blk.sq;
+  const int m1 = blk.m0 + kTileM < blk.sq ? blk.m0 + kTileM : blk.sq;
   const sem::KeyRange keys = sem::tile_keys(blk.m0, m1, blk.sq, blk.sk, p.window_left, p.window_right);
   if (keys.hi <= keys.lo) {
     blk.n_min = blk.n_max = 0;
@@ -88,7 +92,7 @@ FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
 /// Query row (within the sequence) of a consumer thread's half h: rows g and g + 8 of its warp's 16.
 /// Recomputed where needed rather than kept live across the main loop (registers are short at d = 256).
 FP_DEV int thread_row(const Block& blk, int h) {
-  const int tid = (int)threadIdx.x - 128;  // consumer threads 0..255: warpgroup c owns 64c..64c+63
+  const int tid = (int)threadIdx.x - 128;  // consumer threads from 0: warpgroup c owns rows 64c..64c+63
   return blk.m0 + 64 * (tid >> 7) + 16 * ((tid >> 5) & 3) + ((tid & 31) >> 2) + 8 * h;
 }
 
