@@ -42,8 +42,8 @@ struct BwdTileSetting {
   int block_m = 0, block_n = 0, warps = 0;
 };
 
-/// One entry of FLASHPORT_HOPPER_TILE "d:block_n:stages[:exp_emu[:block_m]]". Whether the shape fits the kernel is
-/// the Hopper launcher's check (it knows the kernel's limits).
+/// One entry of FLASHPORT_HOPPER_TILE "d:block_n:stages[:exp_emu[:block_m]]". Whether the shape fits the
+/// kernel is the Hopper launcher's check (it knows the kernel's limits).
 struct HopperTileSetting {
   int d = 0, block_n = 0, stages = 0, exp_emu = 0, block_m = 0;  // block_m 0: the kernel's default
 };

@@ -132,7 +132,8 @@ TEST(Tuning, BackwardTile) {
 }
 
 TEST(Tuning, HopperTile) {
-  const auto entries = parse({{"FLASHPORT_HOPPER_TILE", "64:192:2,128:176:2:1,64:128:2:0:192"}}).hopper_tile.get();
+  const auto entries =
+      parse({{"FLASHPORT_HOPPER_TILE", "64:192:2,128:176:2:1,64:128:2:0:192"}}).hopper_tile.get();
   ASSERT_EQ(entries.size(), 3u);
   EXPECT_EQ(entries[0].block_m, 0);  // the kernel's default
   EXPECT_EQ(entries[2].block_n, 128);

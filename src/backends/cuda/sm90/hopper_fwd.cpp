@@ -57,8 +57,8 @@ bool separate_o(int d, const Shape& shape) {
 
 constexpr bool shape_fits(int d, Shape s) {
   const Tile t = s.tile;
-  return block_m_fits(d, t) && t.block_n >= 16 && t.block_n <= 256 && t.block_n % 16 == 0 &&
-         t.stages >= 2 && t.stages <= 8 && smem_bytes(d, t) <= kSmemLimit && s.exp_emu >= 0 && s.exp_emu <= 8;
+  return block_m_fits(d, t) && t.block_n >= 16 && t.block_n <= 256 && t.block_n % 16 == 0 && t.stages >= 2 &&
+         t.stages <= 8 && smem_bytes(d, t) <= kSmemLimit && s.exp_emu >= 0 && s.exp_emu <= 8;
 }
 
 /// Timing alternatives, compiled by variants() so CI checks them for spills (ptxas, CUDA 13: none
@@ -70,7 +70,7 @@ struct Alternative {
 constexpr Alternative kAlternatives[] = {
     {64, {{kBlockM, 128, 2}, 0}},  {64, {{kBlockM, 128, 3}, 0}},  {64, {{kBlockM, 128, 2}, 2}},
     {64, {{kBlockM, 128, 2}, 3}},  {64, {{kBlockM, 192, 2}, 2}},  {128, {{kBlockM, 176, 2}, 0}},
-    {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}},  {64, {{kBlockMTall, 128, 2}, 0}},
+    {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}}, {64, {{kBlockMTall, 128, 2}, 0}},
 };
 
 constexpr bool alternatives_fit() {
@@ -86,9 +86,9 @@ struct ShapeTable {
   std::array<bool, 5> from_env;  // FLASHPORT_HOPPER_TILE set it (autotuning then leaves it alone)
 };
 
-/// FLASHPORT_HOPPER_TILE="d:block_n:stages[:exp_emu[:block_m]][,...]" (e.g. "64:128:2:0:192,128:176:2") replaces
-/// the shape of the named head dims (for timing variants in one process); a head dim the kernel does not
-/// take or a shape over its limits is an Error naming the variable.
+/// FLASHPORT_HOPPER_TILE="d:block_n:stages[:exp_emu[:block_m]][,...]" (e.g. "64:128:2:0:192,128:176:2")
+/// replaces the shape of the named head dims (for timing variants in one process); a head dim the kernel does
+/// not take or a shape over its limits is an Error naming the variable.
 const ShapeTable& shape_table() {
   static const ShapeTable table = [] {
     ShapeTable r{};

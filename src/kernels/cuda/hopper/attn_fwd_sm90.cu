@@ -64,9 +64,9 @@ static_assert(smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO) <
 constexpr bool kPingPong = kConsumers == 2;
 // Named barriers: ping-pong turn of consumer c (both consumers, 256 threads) and the epilogue of
 // consumer c (its 128 threads). Id 0 is __syncthreads.
-constexpr u32 kBarTurn = 1;                              // + c
-constexpr u32 kBarEpilogue = 1 + (u32)kConsumers;        // + c
-constexpr int kConsumerWarps = 4 * kConsumers;           // arrivals that release a K or V stage
+constexpr u32 kBarTurn = 1;                        // + c
+constexpr u32 kBarEpilogue = 1 + (u32)kConsumers;  // + c
+constexpr int kConsumerWarps = 4 * kConsumers;     // arrivals that release a K or V stage
 
 // Register budgets after reallocation: 128 x 24 + 256 x 240 = 64512 <= 65536 with two consumers
 // (the kernel starts with 168 per thread: __launch_bounds__(384, 1)), 128 x 24 + 384 x 160 = 64512

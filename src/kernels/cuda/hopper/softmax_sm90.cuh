@@ -24,9 +24,9 @@ constexpr int kChunks = head_dim_chunks(kHeadDim);
 constexpr int kPvN = kChunks * 64;
 constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk of a K or V tile
 constexpr int kKVTileBytes = kChunks * kKVChunkBytes;    // TMA bytes of a tile (OOB fill included)
-constexpr int kTileM = FP_BLOCK_M;                    // query rows per CTA, 64 per consumer warpgroup
-constexpr int kConsumers = consumers_for(kTileM);     // consumer warpgroups
-constexpr int kCtaThreads = threads_for(kTileM);      // the producer warpgroup and the consumers
+constexpr int kTileM = FP_BLOCK_M;                       // query rows per CTA, 64 per consumer warpgroup
+constexpr int kConsumers = consumers_for(kTileM);        // consumer warpgroups
+constexpr int kCtaThreads = threads_for(kTileM);         // the producer warpgroup and the consumers
 static_assert(block_m_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}),
               "BLOCK_M 128 (two consumer warpgroups), or 192 (three) at d <= 64 with BLOCK_N <= 128");
 static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kPvN <= 256, "wgmma K steps of 16, N = kPvN <= 256");
