@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3,decode,ab,trainprof
+# memory,fuzz,huge,fa3,decode,ab,trainprof,sweep
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -18,6 +18,7 @@
 # from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
 # copied from the workspace's shared/peers), and at the end times it beside flashport (FA3_SEQS, FA3_DIMS
 # narrow the grid); overhead_bench then imports it too.
+# `sweep` times the Hopper forward per launch setting at training shapes (SWEEP_SHAPES, SWEEP_SETTINGS).
 # BUILD_TARGETS narrows the build step to some ninja targets (e.g. host_overhead_bench).
 # CONCURRENT=1 runs the gpu and portable steps in the background beside python, fuzz and sanitize (a
 # correctness call: the GPU is shared, so take no timings from it).
@@ -214,6 +215,16 @@ if has trainprof; then
   for shape in ${TRAINPROF_SHAPES:-8x1024}; do
     python3 scripts/profile_train.py --batch "${shape%x*}" --seq "${shape#*x}" ${TRAINPROF_ARGS:---parts --kernels --ops} \
       2>&1 | tee "$OUT/trainprof_$shape.log" || status=1
+  done
+fi
+if has sweep; then
+  # The Hopper forward under each launch setting at training shapes (scripts/sweep_hopper_fwd.py), to
+  # re-derive the d 64 rule: SWEEP_SHAPES "b,s,h,d[:causal]" entries, SWEEP_SETTINGS its --settings.
+  step "Hopper forward launch settings at training shapes"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  for shape in ${SWEEP_SHAPES:-8,1024,12,64:causal 4,2048,16,64 8,2048,16,64:causal 2,4096,12,64:causal 2,4096,12,64}; do
+    python3 scripts/sweep_hopper_fwd.py --shape "${shape%%:*}" $([[ $shape == *:causal ]] && echo --causal) \
+      ${SWEEP_SETTINGS:+--settings "$SWEEP_SETTINGS"} 2>&1 | tee -a "$OUT/sweep.log" || status=1
   done
 fi
 if has memory; then

@@ -2,7 +2,7 @@
 FLASHPORT_HOPPER_PERSISTENT, read once per process, so one subprocess per setting), beside SDPA cuDNN:
 which tile and schedule a training shape wants.
 
-  python3 scripts/sweep_hopper_fwd.py --shape 8,1024,12,64 [--causal] [--settings "64:128:2/2,64:192:2:2/0"]
+  python3 scripts/sweep_hopper_fwd.py --shape 8,1024,12,64 [--causal] [--settings "64:128:2/2,64:128:2:0:192/2"]
 """
 import argparse
 import json
@@ -40,9 +40,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="8,1024,12,64", help="batch,seqlen,heads,head_dim")
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--settings", default="rule,64:128:2/2,64:128:2/0,64:128:3/2,64:128:2:2/2,64:128:2:3/2,"
-                    "64:192:2:2/2,64:192:2:2/0,64:176:2/2,64:112:2/2,64:96:2/2",
-                    help="comma list of TILE/PERSISTENT ('rule': neither set)")
+    ap.add_argument("--settings", default="rule,64:128:2/2,64:128:2/0,64:128:2:0:192/2,64:128:2:0:192/0,"
+                    "64:128:3/2,64:128:2:2/2,64:192:2/0,64:192:2:2/2,64:176:2/2,64:112:2/2",
+                    help="comma list of TILE/PERSISTENT ('rule': neither set); TILE is FLASHPORT_HOPPER_TILE's "
+                         "d:block_n:stages[:exp_emu[:block_m]]")
     args = ap.parse_args()
     b, s, h, d = map(int, args.shape.split(","))
     flops = 4 * b * h * s * s * d / (2 if args.causal else 1)
