@@ -9,6 +9,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 import flashport
 
@@ -32,18 +33,15 @@ def fp(q, k, v):
     return flashport.flash_attn_func(q, k, v, causal=True)
 
 
-def sd_flash(q, k, v):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=True).transpose(1, 2)
+def sdpa(backend):
+    """SDPA on one backend, as the GPT block calls it: (b, s, h, d) views transposed to (b, h, s, d)."""
+    from torch.nn.attention import sdpa_kernel
 
-
-def sd_cudnn(q, k, v):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=True).transpose(1, 2)
+    def fn(q, k, v):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True).transpose(1, 2)
+    return fn
 
 
 def ident(q, k, v):
@@ -81,7 +79,8 @@ def timed(fn, inputs, bwd):
 leaf = leaf_inputs()
 for name, inputs in (("leaf", leaf), ("view", view_inputs)):
     for bwd in (False, True):
-        fns = {"base": ident, "flashport": fp, "sdpa-flash": sd_flash, "sdpa-cudnn": sd_cudnn}
+        fns = {"base": ident, "flashport": fp, "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+               "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
         for fn in fns.values():
             timed(fn, inputs, bwd)
         res = {n: [] for n in fns}

@@ -270,6 +270,8 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true",
                     help="also time the forward alone and forward + backward (on tiny shapes: host cost per part)")
     args = ap.parse_args()
+    if args.phase_steps < 2:
+        ap.error("--phase-steps must be at least 2 (the first step of a round is left out)")
     runs = [Run(attn, args) for attn in args.attn]
     print(f"batch {args.batch} x {args.seq}, {args.layers} layers x {args.width} ({args.heads} heads): "
           f"wall ms/step, median of {args.rounds} interleaved rounds of {args.timed} steps")

@@ -27,19 +27,6 @@ bool parse_int(std::string_view text, int& out) {
   return !text.empty() && text[0] != '-' && ec == std::errc() && stop == end;
 }
 
-/// Ints separated by `sep` ("64:128:2"); false when any part is not one.
-bool parse_ints(std::string_view text, char sep, std::vector<int>& out) {
-  out.clear();
-  for (size_t start = 0;;) {
-    const size_t stop = text.find(sep, start);
-    int v = 0;
-    if (!parse_int(text.substr(start, stop - start), v)) return false;
-    out.push_back(v);
-    if (stop == std::string_view::npos) return true;
-    start = stop + 1;
-  }
-}
-
 std::string one_of(std::initializer_list<const char*> values) {
   std::string list;
   for (const char* v : values) list += std::string(list.empty() ? "" : ", ") + "'" + v + "'";
@@ -131,6 +118,19 @@ std::string megabytes(const std::string& text, uint64_t& mb) {
 }
 
 }  // namespace
+
+/// Whole decimal ints separated by `sep` ("64:128:2"); false when any part is not one.
+bool parse_ints(std::string_view text, char sep, std::vector<int>& out) {
+  out.clear();
+  for (size_t start = 0;;) {
+    const size_t stop = text.find(sep, start);
+    int v = 0;
+    if (!parse_int(text.substr(start, stop - start), v)) return false;
+    out.push_back(v);
+    if (stop == std::string_view::npos) return true;
+    start = stop + 1;
+  }
+}
 
 const EnvLookup& process_env() {
   static const EnvLookup lookup = [](const char* name) -> const char* { return std::getenv(name); };

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -103,5 +104,9 @@ uint64_t parse_cache_max_mb(const std::string& text, const std::string& name);
 /// FLASHPORT_CPU_ISA: "" (the widest the CPU runs), "amx", "avx512", "avx2" or "base": the cap on the CPU
 /// fast path's kernel copy (backends/cpu/fast_dispatch.cpp reads it on each call).
 Knob<std::string> cpu_isa_setting(const EnvLookup& env);
+
+/// Whole decimal ints (no sign) separated by `sep`, e.g. "64:128:2", into `out`; false when any part is
+/// not one (the knobs' syntax, shared with stored values such as the autotune store's).
+bool parse_ints(std::string_view text, char sep, std::vector<int>& out);
 
 }  // namespace flashport::core

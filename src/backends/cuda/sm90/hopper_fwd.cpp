@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -278,17 +277,9 @@ std::string shape_value(const Shape& s) {
   return s.tile.block_m == kBlockM ? value : value + ":" + std::to_string(s.tile.block_m);
 }
 std::optional<Shape> parse_shape_value(int d, const std::string& value) {
-  int v[4] = {0, 0, 0, kBlockM}, n = 0;
-  const char *at = value.data(), *end = at + value.size();
-  while (n < 4) {
-    const auto [stop, ec] = std::from_chars(at, end, v[n]);
-    if (ec != std::errc() || stop == at) return std::nullopt;
-    ++n, at = stop;
-    if (at == end) break;
-    if (*at++ != ':') return std::nullopt;
-  }
-  if (n < 3 || at != end) return std::nullopt;
-  const Shape shape{{v[3], v[0], v[1]}, v[2]};
+  std::vector<int> v;
+  if (!core::parse_ints(value, ':', v) || v.size() < 3 || v.size() > 4) return std::nullopt;
+  const Shape shape{{v.size() == 4 ? v[3] : kBlockM, v[0], v[1]}, v[2]};
   return shape_fits(d, shape) ? std::optional<Shape>(shape) : std::nullopt;
 }
 
