@@ -94,6 +94,10 @@ if has portable; then
   FLASHPORT_CUDA_BACKWARD=portable build-gpu/tests/flashport_tests_gpu --gtest_filter='GpuBackward*' \
     >"$OUT/gpu_portable_bwd.log" 2>&1 || status=1
   grep -E "PASSED|FAILED|Failure" "$OUT/gpu_portable_bwd.log" | head -20
+  # The Hopper backward's other dQ path (producer warps' reductions instead of bulk reduce-adds).
+  FLASHPORT_HOPPER_BWD_DQ=0 build-gpu/tests/flashport_tests_gpu --gtest_filter='HopperBwd.*' \
+    >"$OUT/gpu_hopper_bwd_dq0.log" 2>&1 || status=1
+  grep -E "PASSED|FAILED|Failure" "$OUT/gpu_hopper_bwd_dq0.log" | head -20
 fi
 return $status
 }

@@ -149,6 +149,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.bwd_stages = small_int(env, "FLASHPORT_BWD_STAGES", 1, 2, 0);
   t.decode_variant = small_int(env, "FLASHPORT_DECODE", 0, 5, 1);
   t.bwd_general = flag(env, "FLASHPORT_BWD_GENERAL");
+  t.hopper_bwd_dq = small_int(env, "FLASHPORT_HOPPER_BWD_DQ", 0, 1, 1);
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);

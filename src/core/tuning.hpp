@@ -61,6 +61,9 @@ struct Tuning {
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset
   Knob<int> bwd_stages{"FLASHPORT_BWD_STAGES", 0};  // 1, 2, 0 when unset
   Knob<bool> bwd_general{"FLASHPORT_BWD_GENERAL"};
+  // How the Hopper backward (d 64, 128) adds dQ: 0 producer warps' reductions, 1 (unset) bulk reduce-adds
+  // from a double-buffered staging tile (hopper_bwd::Tile::dq_mode)
+  Knob<int> hopper_bwd_dq{"FLASHPORT_HOPPER_BWD_DQ", 1};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};

@@ -46,6 +46,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_BWD_PIPE", ""},
                                     {"FLASHPORT_BWD_STAGES", ""},
                                     {"FLASHPORT_BWD_GENERAL", ""},
+                                    {"FLASHPORT_HOPPER_BWD_DQ", ""},
                                     {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
                                     {"FLASHPORT_KEEP_SCRATCH", ""},
@@ -60,6 +61,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
+    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);  // bulk reduce-adds
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -111,6 +113,10 @@ TEST(Tuning, SmallIntegers) {
     EXPECT_EQ(parse({{"FLASHPORT_DECODE", std::to_string(v)}}).decode_variant.get(), v);
   for (const char* bad : {"6", "-1", "on"})
     expect_rejected(parse({{"FLASHPORT_DECODE", bad}}).decode_variant, "FLASHPORT_DECODE", bad);
+  for (int v : {0, 1})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_DQ", std::to_string(v)}}).hopper_bwd_dq.get(), v);
+  for (const char* bad : {"2", "-1", "bulk"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_DQ", bad}}).hopper_bwd_dq, "FLASHPORT_HOPPER_BWD_DQ", bad);
   for (const char* bad : {"3", "-1", "x", "1 ", "+1"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_PERSISTENT", bad}}).hopper_persistent,
                     "FLASHPORT_HOPPER_PERSISTENT", bad);

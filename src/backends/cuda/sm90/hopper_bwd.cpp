@@ -8,6 +8,7 @@
 #include "backends/cuda/operand_align.hpp"
 #include "backends/cuda/sm90/tma_map.hpp"
 #include "backends/cuda/variants.hpp"
+#include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/hopper/bwd_sm90_config.h"
 
@@ -25,13 +26,26 @@ constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
     const Tile t = tile_for(d);
     if ((t.block_m != 64 && t.block_m != 128) || t.stages < 1) return false;
-    if (smem_bytes(d, t) > kSmemLimit) return false;
+    for (int dq_mode : {0, 1})
+      if (smem_bytes(d, Tile{t.block_m, t.stages, dq_mode}) > kSmemLimit) return false;
   }
   return true;
 }
 static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the kernel's limits");
 
-jit::KernelSpec make_spec(int elem_type, int d) {
+/// dQ modes a head dim's kernel can take: bulk reduce-adds need the tiled accumulator of the narrow kernel.
+bool bulk_dq_fits(int d) {
+  return !wide_kernel(d) && d % 64 == 0;
+}
+
+/// tile_for(d) with the dQ mode FLASHPORT_HOPPER_BWD_DQ picks (read once per process).
+Tile launch_tile(int d) {
+  Tile t = tile_for(d);
+  t.dq_mode = bulk_dq_fits(d) ? core::tuning().hopper_bwd_dq.get() : 0;
+  return t;
+}
+
+jit::KernelSpec make_spec(int elem_type, int d, int dq_mode) {
   const Tile t = tile_for(d);
   const bool wide = wide_kernel(d);
   return {wide ? kWideSource : kNarrowSource,
@@ -39,7 +53,8 @@ jit::KernelSpec make_spec(int elem_type, int d) {
           {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
            {"FP_HEADDIM", std::to_string(d)},
            {"FP_BLOCK_M", std::to_string(t.block_m)},
-           {"FP_STAGES", std::to_string(t.stages)}},
+           {"FP_STAGES", std::to_string(t.stages)},
+           {"FP_DQ_MODE", std::to_string(dq_mode)}},
           90};
 }
 
@@ -113,7 +128,7 @@ void launch_main(BwdParams& prm, int arch) {
   if (prm.accum_tiled != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
-  const Tile tile = tile_for(d);
+  const Tile tile = launch_tile(d);
   const int smem = smem_bytes(d, tile);
   std::string error;
   const Plans plans = plan_maps(p, error);
@@ -132,7 +147,7 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d);
+  const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
@@ -144,7 +159,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   if (arch != 90) return specs;
   for (int elem_type : {(int)kF16, (int)kBF16})
-    for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d));
+    for (int d : kHeadDims)
+      for (int dq_mode : {0, 1})
+        if (dq_mode == 0 || bulk_dq_fits(d)) specs.push_back(make_spec(elem_type, d, dq_mode));
   return specs;
 }
 

@@ -4,8 +4,9 @@
 // a ring guarded by mbarriers; two consumer warpgroups (64 keys each) run the five GEMMs per step with
 // wgmma in the transposed orientation, so that P^T and dS^T come out of S^T = K Q^T and dP^T = V dO^T
 // already in the register layout of the A operand of dV += P^T dO and dK += dS^T Q. dS^T also goes to
-// shared memory for dQ = dS K, whose fp32 partials two producer warps add to the accumulator in global
-// memory.
+// shared memory for dQ = dS K, whose fp32 tiles the consumers stage in shared memory and one producer
+// thread adds to the accumulator in global memory with bulk reduce-adds (FP_DQ_MODE 1, d 64 and 128;
+// mode 0 and d 96: two producer warps' vector reductions).
 // Shape from -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_M, FP_STAGES (tile_for in bwd_sm90_config.h).
 #include "cuda/hopper/bwd_sm90_common.cuh"
 
@@ -19,6 +20,15 @@ constexpr bool kDqSplitKeys = kPadD == 64;
 constexpr bool kTiledDq = kHeadDim == kPadD;  // the host's hopper_bwd::tiled_accumulator: d 64 and 128
 constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // K of one consumer's dQ GEMM
 static_assert(kBlockM == 64 && (kPadD == 64 || kPadD == 128), "tile_for's shapes only");
+#ifndef FP_DQ_MODE
+#define FP_DQ_MODE 0
+#endif
+constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE};
+constexpr bool kDqBulk = FP_DQ_MODE != 0;  // bulk reduce-adds from one producer thread (Tile::dq_mode)
+constexpr int kDqBuffers = dq_buffers(kTile);
+static_assert(!kDqBulk || kTiledDq,
+              "bulk dQ reductions need the tiled accumulator (the staged tile's order)");
+static_assert(!kDqBulk || kDqBuffers == 2, "bulk_drain_dq frees the previous step's buffer");
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory. Every tile is stored as 64-column chunks of rows x 128 bytes in the 128B-swizzle
@@ -31,24 +41,56 @@ struct alignas(1024) SharedStorage {
   u16 q[kStages][kChunks][kBlockM][64];
   u16 dout[kStages][kChunks][kBlockM][64];
   u16 ds[2][kBlockM / 64][kBlockN][64];  // double buffer: one barrier per step orders reuse
-  float dq[2][16][128][2];       // dQ tiles of the step in fragment order: [consumer][register pair][thread]
+  // The step's dQ tiles in fragment order: [buffer][consumer][register pair][thread].
+  float dq[kDqBuffers][2][16][128][2];
   float lse2[kStages][kBlockM];  // LSE * log2(e); +inf for rows without keys or past the end
   float dsum[kStages][kBlockM];  // D; 0 past the end
   u64 bar_kv;                    // K and V landed
   u64 bar_full[kStages];         // Q, dO bytes landed and 32 LSE/D lanes arrived
   u64 bar_empty[kStages];        // 256 consumer threads done with the stage
-  u64 bar_dq_full;               // 256 consumer threads stored the step's dQ
-  u64 bar_dq_empty;              // the 64 dQ threads read it
+  u64 bar_dq_full[kDqBuffers];   // 256 consumer threads stored the step's dQ
+  u64 bar_dq_empty[kDqBuffers];  // the 64 dQ threads (bulk: the bulk copy) read it
 };
-static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, Tile{kBlockM, kStages}),
+static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, kTile),
               "host and kernel disagree on the shared-memory size");
-static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kStages}) <= kSmemLimit, "over 227 KB");
+static_assert(smem_bytes(kHeadDim, kTile) <= kSmemLimit, "over 227 KB");
 
 constexpr u32 kBarDs = 1;       // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqThreads = 64;  // warps 2 and 3 of the producer warpgroup add dQ to global memory
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
+
+/// Thread 64 (bulk mode): every step's staged dQ tile added to its accumulator tile by bulk reduce-adds.
+/// The staging order is the accumulator's tile order (see drain_dq), so a step is one contiguous copy:
+/// 32 KB at d 128 (the consumers' column halves side by side), or at d 64 the two consumers' 16 KB
+/// partial tiles (split by keys) each added to the same 64 x 64 tile. Rows past the sequence hold zeros
+/// (P = 0 there) and land in the sequence's own padding rows of the tiled accumulator.
+FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
+  const AttnProblem& p = prm.bwd.p;
+  constexpr u32 kTileBytes = sizeof(s.dq[0]);
+  const i64 row0 = bwd::accum_row0(p, w.seq, w.b, true);
+  for (int t = 0; t < w.steps; ++t) {
+    const int buf = t % kDqBuffers;
+    sm90::mbar_wait(bar_addr(s.bar_dq_full[buf]), (u32)(t / kDqBuffers) & 1u);
+    float* g_tile =
+        prm.bwd.dq_accum + ((i64)step_head(w, t) * prm.bwd.rows_total + row0 + step_m0(w, t)) * kHeadDim;
+    const u32 s_tile = smem_addr(&s.dq[buf][0][0][0][0]);
+    if (kDqSplitKeys) {
+      sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes / 2);
+      sm90::bulk_reduce_add_f32(g_tile, s_tile + kTileBytes / 2, kTileBytes / 2);
+    } else {
+      sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes);
+    }
+    sm90::bulk_commit();
+    // The previous step's buffer is free once its copy has read it (this step's may still be read).
+    if (t > 0) {
+      sm90::bulk_wait_read<1>();
+      sm90::mbar_arrive(bar_addr(s.bar_dq_empty[(t - 1) % kDqBuffers]));
+    }
+  }
+  sm90::bulk_wait_all();
+}
 
 /// Warps 2 and 3 (thread `wt` of 64): every step's dQ tiles from s.dq, added to the fp32 accumulator with
 /// vector reductions. Keeping the reductions off the consumers keeps their proxy fence (before each dS^T
@@ -67,7 +109,7 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
   const i64 ld = prm.bwd.accum_ld;
   const int lane = wt & 31;
   const int row0 = 16 * (wt >> 5) + (lane >> 2), col0 = 2 * (lane & 3);
-  const u32 s_slot0 = smem_addr(&s.dq[0][0][0][0]) + 8u * (u32)wt;
+  const u32 s_slot0 = smem_addr(&s.dq[0][0][0][0][0]) + 8u * (u32)wt;
   constexpr int kSlots = kDqSplitKeys ? 32 : 64;  // by keys: slot k + 32 (consumer 1) is added to slot k
   constexpr int kBatch = kDqSplitKeys ? 4 : 8;    // loads in flight within the 40 registers
   for (int t = 0; t < w.steps; ++t) {
@@ -87,7 +129,7 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
       g_rows[rr] = g_row0 + r * ld;
       row_in[rr] = r < rows_left;
     }
-    sm90::mbar_wait(bar_addr(s.bar_dq_full), (u32)t & 1u);
+    sm90::mbar_wait(bar_addr(s.bar_dq_full[0]), (u32)t & 1u);
 #pragma unroll
     for (int k0 = 0; k0 < kSlots; k0 += kBatch) {
       Float2 v[kBatch];
@@ -110,7 +152,7 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
           red_add_f32x2_if(row_in[k & 3] && col + col0 < kHeadDim, g_rows[k & 3] + col, v[k - k0]);
       }
     }
-    sm90::mbar_arrive(bar_addr(s.bar_dq_empty));
+    sm90::mbar_arrive(bar_addr(s.bar_dq_empty[0]));
   }
 }
 
@@ -156,7 +198,7 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
     const u64 desc_k_dq = sm90::smem_desc(
         smem_addr(&s.k[0][0][0]) + (kDqSplitKeys ? c * 64 * kChunkRowBytes : c * kKVChunkBytes),
         kKVChunkBytes, 1024);
-    const u32 s_dq = smem_addr(&s.dq[c][0][tid][0]);  // register pair q at + q * 1024 bytes
+    const u32 s_dq = smem_addr(&s.dq[0][c][0][tid][0]);  // register pair q at + q * 1024 bytes
     sm90::mbar_wait(bar_addr(s.bar_kv), 0);
 
     for (int t = 0; t < w.steps; ++t) {
@@ -198,12 +240,15 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_p);
       sm90::pin_registers(r_ds);
       release(s.bar_empty[stage]);
-      // dQ to the drain warps: wait until they read the previous step's, then store in fragment order
+      // dQ to the drain: wait until the buffer's previous use was read, then store in fragment order
       // (consecutive threads, consecutive 8 bytes: conflict-free).
-      if (t > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty), (u32)(t - 1) & 1u);
+      const int dq_buf = t % kDqBuffers, dq_use = t / kDqBuffers;
+      if (dq_use > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty[dq_buf]), (u32)(dq_use - 1) & 1u);
+      const u32 s_dq_buf = s_dq + dq_buf * (u32)sizeof(s.dq[0]);
 #pragma unroll
-      for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
-      sm90::mbar_arrive(bar_addr(s.bar_dq_full));
+      for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq_buf + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
+      if (kDqBulk) sm90::fence_proxy_async();  // the bulk copy reads through the async proxy
+      sm90::mbar_arrive(bar_addr(s.bar_dq_full[dq_buf]));
     }
   }
   store_dk_dv<kPadD>(p, w, r_dk, r_dv, 64 * c, 0, tid);
@@ -211,13 +256,19 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
 
 /// The dQ hand-off: consumers stored the step's tiles (256 arrivals), the drain warps read them (64).
 FP_DEV void init_more_barriers(SharedStorage& s) {
-  sm90::mbar_init(bar_addr(s.bar_dq_full), 256);
-  sm90::mbar_init(bar_addr(s.bar_dq_empty), kDqThreads);
+  for (int b = 0; b < kDqBuffers; ++b) {
+    sm90::mbar_init(bar_addr(s.bar_dq_full[b]), 256);
+    sm90::mbar_init(bar_addr(s.bar_dq_empty[b]), kDqBulk ? 1 : kDqThreads);
+  }
 }
 
-/// Producer warps 2 and 3 drain dQ.
+/// Producer warps 2 and 3 drain dQ (bulk mode: thread 64 alone).
 FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
-  if (threadIdx.x >= 64) drain_dq(prm, s, w, (int)threadIdx.x - 64);
+  if (kDqBulk) {
+    if (threadIdx.x == 64) bulk_drain_dq(prm, s, w);
+  } else if (threadIdx.x >= 64) {
+    drain_dq(prm, s, w, (int)threadIdx.x - 64);
+  }
 }
 
 }  // namespace flashport::cuda::hopper_bwd

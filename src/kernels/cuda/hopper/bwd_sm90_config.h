@@ -30,10 +30,24 @@ FP_HD constexpr int block_n_for(int d) {
   return wide_kernel(d) ? 64 : 128;
 }
 
-/// One backward tile: query rows per step (the N of S^T = K Q^T) and Q/dO/LSE/D ring depth.
+/// One backward tile: query rows per step (the N of S^T = K Q^T), Q/dO/LSE/D ring depth, and how the
+/// narrow kernel's per-step dQ tiles reach the fp32 accumulator (`FP_DQ_MODE`):
+///   0  producer warps 2-3 add them with `red.global.add.v2.f32` (the only mode for a row-major
+///      accumulator: d 96; the wide kernel's consumers reduce their own);
+///   1  one producer thread adds the staged tile with bulk reduce-adds (`cp.reduce.async.bulk`): one
+///      instruction per 16-32 KB instead of 64-128 warp reductions, L2 taking whole lines; the staging
+///      tile double-buffered, so the consumers do not wait for the copy to read the previous step's.
+///      d 128 backward +15-20%, d 64 +0-3% (docs/BWD_NOTES.md, part 4); one buffer measured 1-3% below
+///      two at d 64 and the same at d 128.
 struct Tile {
   int block_m, stages;
+  int dq_mode = 0;
 };
+
+/// Staging buffers for the step's dQ tiles (narrow kernel).
+FP_HD constexpr int dq_buffers(Tile t) {
+  return t.dq_mode == 1 ? 2 : 1;
+}
 
 /// Per head dim (d == dv): 64 queries per step. Registers per consumer thread (setmaxnreg 232 narrow,
 /// 240 wide, with room for addresses):
@@ -59,8 +73,8 @@ FP_HD constexpr Tile tile_for(int d) {
 /// Bytes of the kernel's SharedStorage (the kernels static_assert equality) plus 1 KB for aligning its
 /// base to the 1024-byte swizzle period: K and V (block_n rows), stages x (Q, dO) (block_m rows), each
 /// row d/64 chunks of 128 bytes; stages x (LSE, D) (block_m floats); then
-///   narrow: two dS^T buffers (block_n keys x block_m queries, 2 bytes), the step's dQ (two 64 x 64 fp32
-///           tiles), 3 + 2 x stages mbarriers;
+///   narrow: two dS^T buffers (block_n keys x block_m queries, 2 bytes), dq_buffers x the step's dQ (two
+///           64 x 64 fp32 tiles), 1 + 2 x dq_buffers + 2 x stages mbarriers;
 ///   wide:   two P^T and two dS^T buffers (64 keys x 64 queries), 1 + 2 x stages mbarriers;
 /// padded to 1024.
 FP_HD constexpr int smem_bytes(int d, Tile t) {
@@ -69,8 +83,8 @@ FP_HD constexpr int smem_bytes(int d, Tile t) {
   const int chunk_rows = block_n * 2 + t.stages * t.block_m * 2;
   const int tiles = head_dim_chunks(d) * kChunkRowBytes * chunk_rows +
                     (wide ? 4 * 64 * 64 * 2 : 2 * block_n * t.block_m * 2);
-  const int rest =
-      (wide ? 0 : 2 * 64 * 64 * 4) + t.stages * t.block_m * 4 * 2 + 8 * ((wide ? 1 : 3) + 2 * t.stages);
+  const int rest = (wide ? 0 : dq_buffers(t) * 2 * 64 * 64 * 4) + t.stages * t.block_m * 4 * 2 +
+                   8 * ((wide ? 1 : 1 + 2 * dq_buffers(t)) + 2 * t.stages);
   return (tiles + rest + 1023) / 1024 * 1024 + 1024;
 }
 

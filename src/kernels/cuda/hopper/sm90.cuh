@@ -89,6 +89,28 @@ FP_DEV void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+/// Bulk asynchronous reduce-add (one thread issues): `bytes` (a multiple of 16) of fp32 at shared `s_src`
+/// added element-wise to global `g_dst` (16-byte aligned) in L2, tracked by the issuing thread's bulk
+/// groups. The shared source must have been published to the async proxy (fence_proxy_async by its
+/// writers, then a barrier).
+FP_DEV void bulk_reduce_add_f32(float* g_dst, u32 s_src, u32 bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(g_dst),
+               "r"(s_src), "r"(bytes)
+               : "memory");
+}
+FP_DEV void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+/// Waits until at most kPending of this thread's bulk groups still read their shared source.
+template <int kPending>
+FP_DEV void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+/// Waits until every bulk group of this thread has completed (its global writes performed).
+FP_DEV void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Named barriers (ids 1..15; 0 is __syncthreads). `count` = threads taking part, a multiple of 32.
 
