@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3,decode,ab,trainprof,sweep
+# memory,fuzz,huge,fa3,decode,ab,bwdab,trainprof,sweep
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -18,6 +18,7 @@
 # from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
 # copied from the workspace's shared/peers), and at the end times it beside flashport (FA3_SEQS, FA3_DIMS
 # narrow the grid); overhead_bench then imports it too.
+# `bwdab` times the backward under each value of one knob (scripts/ab_bwd.py; BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS).
 # `sweep` times the Hopper forward per launch setting at training shapes (SWEEP_SHAPES, SWEEP_SETTINGS).
 # BUILD_TARGETS narrows the build step to some ninja targets (e.g. host_overhead_bench).
 # CONCURRENT=1 runs the gpu and portable steps in the background beside python, fuzz and sanitize (a
@@ -203,6 +204,14 @@ if has ab && [[ -d .base ]]; then
     FLASHPORT_CUDA_FORWARD=portable python3 scripts/ab_kernels.py --tag "new$round" --out "$OUT/ab_new.jsonl" 2>&1 | tail -12
   done
   python3 scripts/ab_kernels.py --compare "$OUT/ab_base.jsonl" "$OUT/ab_new.jsonl" | tee "$OUT/ab.md"
+fi
+if has bwdab; then
+  # The backward under each value of one knob, one process per value, values alternating over rounds
+  # (scripts/ab_bwd.py): BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS (e.g. --dims 64 --seqlens 2048).
+  step "backward A/B: ${BWDAB_KNOB:-FLASHPORT_HOPPER_BWD_DQ} = ${BWDAB_VALUES:-0,1}"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  python3 scripts/ab_bwd.py --knob "${BWDAB_KNOB:-FLASHPORT_HOPPER_BWD_DQ}" --values "${BWDAB_VALUES:-0,1}" \
+    ${BWDAB_ARGS:-} --out "$OUT/ab_bwd.jsonl" 2>&1 | tee "$OUT/ab_bwd.md" || status=1
 fi
 if has train; then
   step "train_gpt: GPT-2 small, batch 8 x 1024, the attention backends side by side in one process"

@@ -1,0 +1,92 @@
+"""A/B of the CUDA backward under the values of one environment knob (e.g. FLASHPORT_HOPPER_BWD_DQ=0,1).
+
+The knobs that pick kernels are read once per process, so each value runs in its own child process; the
+values alternate over --rounds so that clock drift and a neighbour's load hit every value alike. A child
+times torch.autograd.grad of q, k, v through flashport.flash_attn_func (inputs with requires_grad, as in
+training) at bf16, batch x seqlen = --tokens, heads x d = --hidden, triton's do_bench median, and prints
+one JSON line per cell; the parent prints a markdown table of TFLOPS (FLOP model of docs/SPEC.md: the
+backward is 2.5 forwards) with every round's figure.
+
+    python3 scripts/ab_bwd.py --knob FLASHPORT_HOPPER_BWD_DQ --values 0,1 --dims 64,128
+"""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+
+
+def child(args):
+    import torch
+    from triton.testing import do_bench
+
+    import flashport
+
+    for d in args.dims:
+        for causal in args.causal:
+            for s in args.seqlens:
+                h, b = args.hidden // d, max(1, args.tokens // s)
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                           for _ in range(3))
+                out = flashport.flash_attn_func(q, k, v, causal=bool(causal))
+                dout = torch.randn_like(out)
+                ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25,
+                              rep=150, return_mode="median")
+                pairs = s * (s + 1) // 2 if causal else s * s
+                tflops = 2.5 * 2 * pairs * 2 * d * h * b / ms / 1e9
+                print(json.dumps({"value": os.environ.get(args.knob, ""), "d": d, "causal": causal, "s": s,
+                                  "tflops": round(tflops, 1)}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--knob", required=True, help="environment variable to vary")
+    ap.add_argument("--values", required=True, help="comma-separated values (an empty item: unset)")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", help="JSON lines of every child's cells")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    ints = lambda text: [int(x) for x in text.split(",") if x]
+    args.dims, args.seqlens, args.causal = ints(args.dims), ints(args.seqlens), ints(args.causal)
+    if args.child:
+        return child(args)
+
+    values = args.values.split(",")
+    results = collections.defaultdict(list)  # (d, causal, s, value) -> TFLOPS per round
+    sink = open(args.out, "a") if args.out else None
+    passthrough = [a for a in sys.argv[1:] if a != "--child"]
+    for rnd in range(args.rounds):
+        for value in values:
+            env = dict(os.environ)
+            env.pop(args.knob, None)
+            if value:
+                env[args.knob] = value
+            print(f"ab_bwd: round {rnd + 1}/{args.rounds}, {args.knob}={value or '(unset)'}", file=sys.stderr,
+                  flush=True)
+            proc = subprocess.run([sys.executable, __file__, "--child", *passthrough], env=env,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.exit(f"ab_bwd: {args.knob}={value} failed:\n{proc.stderr[-2000:]}")
+            for line in proc.stdout.splitlines():
+                if not line.startswith("{"):
+                    continue
+                row = json.loads(line)
+                results[(row["d"], row["causal"], row["s"], value)].append(row["tflops"])
+                if sink:
+                    sink.write(json.dumps({**row, "knob": args.knob, "round": rnd + 1}) + "\n")
+    cells = sorted({key[:3] for key in results})
+    print("| d | causal | s | " + " | ".join(f"{args.knob}={v or '(unset)'}" for v in values) + " |")
+    print("|---|---|---|" + "---|" * len(values))
+    for cell in cells:
+        figures = [" / ".join(f"{t:.0f}" for t in results[cell + (v,)]) for v in values]
+        print(f"| {cell[0]} | {'yes' if cell[1] else 'no'} | {cell[2]} | " + " | ".join(figures) + " |")
+
+
+if __name__ == "__main__":
+    main()
