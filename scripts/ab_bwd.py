@@ -17,24 +17,29 @@ import subprocess
 import sys
 
 
-def child(args):
+def time_backward(d, causal, s, tokens=16384, hidden=2048):
+    """(ms, TFLOPS) of one backward (grad of q, k, v through autograd) at bf16, batch x s = tokens,
+    heads x d = hidden; triton's do_bench median (its warmup absorbs a first call's JIT compile)."""
     import torch
     from triton.testing import do_bench
 
     import flashport
 
+    h, b = hidden // d, max(1, tokens // s)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    out = flashport.flash_attn_func(q, k, v, causal=bool(causal))
+    dout = torch.randn_like(out)
+    ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150,
+                  return_mode="median")
+    pairs = s * (s + 1) // 2 if causal else s * s
+    return ms, 2.5 * 2 * pairs * 2 * d * h * b / ms / 1e9
+
+
+def child(args):
     for d in args.dims:
         for causal in args.causal:
             for s in args.seqlens:
-                h, b = args.hidden // d, max(1, args.tokens // s)
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                           for _ in range(3))
-                out = flashport.flash_attn_func(q, k, v, causal=bool(causal))
-                dout = torch.randn_like(out)
-                ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25,
-                              rep=150, return_mode="median")
-                pairs = s * (s + 1) // 2 if causal else s * s
-                tflops = 2.5 * 2 * pairs * 2 * d * h * b / ms / 1e9
+                _, tflops = time_backward(d, causal, s, args.tokens, args.hidden)
                 print(json.dumps({"value": os.environ.get(args.knob, ""), "d": d, "causal": causal, "s": s,
                                   "tflops": round(tflops, 1)}), flush=True)
 

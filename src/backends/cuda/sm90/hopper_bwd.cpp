@@ -26,17 +26,12 @@ constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
     const Tile t = tile_for(d);
     if ((t.block_m != 64 && t.block_m != 128) || t.stages < 1) return false;
-    for (int dq_mode : {0, 1})
-      if (smem_bytes(d, Tile{t.block_m, t.stages, dq_mode}) > kSmemLimit) return false;
+    if (smem_bytes(d, t) > kSmemLimit) return false;
+    if (bulk_dq_fits(d) && smem_bytes(d, Tile{t.block_m, t.stages, 1}) > kSmemLimit) return false;
   }
   return true;
 }
 static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the kernel's limits");
-
-/// dQ modes a head dim's kernel can take: bulk reduce-adds need the tiled accumulator of the narrow kernel.
-bool bulk_dq_fits(int d) {
-  return !wide_kernel(d) && d % 64 == 0;
-}
 
 /// tile_for(d) with the dQ mode FLASHPORT_HOPPER_BWD_DQ picks (read once per process).
 Tile launch_tile(int d) {

@@ -26,7 +26,7 @@ static_assert(kBlockM == 64 && (kPadD == 64 || kPadD == 128), "tile_for's shapes
 constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE};
 constexpr bool kDqBulk = FP_DQ_MODE != 0;  // bulk reduce-adds from one producer thread (Tile::dq_mode)
 constexpr int kDqBuffers = dq_buffers(kTile);
-static_assert(!kDqBulk || kTiledDq,
+static_assert(!kDqBulk || (kTiledDq && bulk_dq_fits(kHeadDim)),
               "bulk dQ reductions need the tiled accumulator (the staged tile's order)");
 static_assert(!kDqBulk || kDqBuffers == 2, "bulk_drain_dq frees the previous step's buffer");
 

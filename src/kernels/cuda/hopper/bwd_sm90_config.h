@@ -44,6 +44,12 @@ struct Tile {
   int dq_mode = 0;
 };
 
+/// Whether head dim d's kernel can take dq_mode 1: the narrow kernel with a tiled accumulator (the staged
+/// tile's order is the accumulator's; hopper_bwd::tiled_accumulator gives d 64 and 128 that layout).
+FP_HD constexpr bool bulk_dq_fits(int d) {
+  return !wide_kernel(d) && d % 64 == 0;
+}
+
 /// Staging buffers for the step's dQ tiles (narrow kernel).
 FP_HD constexpr int dq_buffers(Tile t) {
   return t.dq_mode == 1 ? 2 : 1;
