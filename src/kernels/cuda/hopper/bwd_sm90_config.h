@@ -37,7 +37,7 @@ FP_HD constexpr int block_n_for(int d) {
 ///   1  one producer thread adds the staged tile with bulk reduce-adds (`cp.reduce.async.bulk`): one
 ///      instruction per 16-32 KB instead of 64-128 warp reductions, L2 taking whole lines; the staging
 ///      tile double-buffered, so the consumers do not wait for the copy to read the previous step's.
-///      d 128 backward +15-20%, d 64 +0-3% (docs/BWD_NOTES.md, part 4); one buffer measured 1-3% below
+///      d 128 backward +13-21%, d 64 -1 to +3% (docs/BWD_NOTES.md, part 4); one buffer measured 1-3% below
 ///      two at d 64 and the same at d 128.
 struct Tile {
   int block_m, stages;
