@@ -8,6 +8,10 @@ one JSON line per cell; the parent prints a markdown table of TFLOPS (FLOP model
 backward is 2.5 forwards) with every round's figure.
 
     python3 scripts/ab_bwd.py --knob FLASHPORT_HOPPER_BWD_DQ --values 0,1 --dims 64,128
+    python3 scripts/ab_bwd.py --knob FLASHPORT_CUDA_BACKWARD --values portable, --softcap 30 --alibi
+    python3 scripts/ab_bwd.py --knob arg:deterministic --values 0,1 --dims 64,128,256
+
+A knob `arg:NAME` is a command-line option of the child instead (--NAME VALUE), e.g. the deterministic flag.
 """
 import argparse
 import collections
@@ -17,9 +21,10 @@ import subprocess
 import sys
 
 
-def time_backward(d, causal, s, tokens=16384, hidden=2048):
+def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, deterministic=False):
     """(ms, TFLOPS) of one backward (grad of q, k, v through autograd) at bf16, batch x s = tokens,
-    heads x d = hidden; triton's do_bench median (its warmup absorbs a first call's JIT compile)."""
+    heads x d = hidden, with `softcap`, ALiBi (slopes 2^(-8 (h + 1) / heads)) and deterministic mode when asked; triton's
+    do_bench median (its warmup absorbs a first call's JIT compile)."""
     import torch
     from triton.testing import do_bench
 
@@ -27,7 +32,10 @@ def time_backward(d, causal, s, tokens=16384, hidden=2048):
 
     h, b = hidden // d, max(1, tokens // s)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    out = flashport.flash_attn_func(q, k, v, causal=bool(causal))
+    slopes = (torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+              if alibi else None)
+    out = flashport.flash_attn_func(q, k, v, causal=bool(causal), softcap=softcap, alibi_slopes=slopes,
+                                    deterministic=deterministic)
     dout = torch.randn_like(out)
     ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150,
                   return_mode="median")
@@ -39,8 +47,10 @@ def child(args):
     for d in args.dims:
         for causal in args.causal:
             for s in args.seqlens:
-                _, tflops = time_backward(d, causal, s, args.tokens, args.hidden)
-                print(json.dumps({"value": os.environ.get(args.knob, ""), "d": d, "causal": causal, "s": s,
+                _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap, args.alibi,
+                                          bool(args.deterministic))
+                value = getattr(args, args.knob[4:]) if args.knob.startswith("arg:") else os.environ.get(args.knob, "")
+                print(json.dumps({"value": str(value), "d": d, "causal": causal, "s": s,
                                   "tflops": round(tflops, 1)}), flush=True)
 
 
@@ -54,6 +64,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--softcap", type=float, default=0.0, help="softcap of every call (0: off)")
+    ap.add_argument("--alibi", action="store_true", help="ALiBi slopes on every call")
+    ap.add_argument("--deterministic", type=int, default=0, help="1: deterministic=True on every call")
     ap.add_argument("--out", help="JSON lines of every child's cells")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -68,13 +81,16 @@ def main():
     passthrough = [a for a in sys.argv[1:] if a != "--child"]
     for rnd in range(args.rounds):
         for value in values:
-            env = dict(os.environ)
-            env.pop(args.knob, None)
-            if value:
-                env[args.knob] = value
+            env, extra = dict(os.environ), []
+            if args.knob.startswith("arg:"):
+                extra = [f"--{args.knob[4:]}", value]
+            else:
+                env.pop(args.knob, None)
+                if value:
+                    env[args.knob] = value
             print(f"ab_bwd: round {rnd + 1}/{args.rounds}, {args.knob}={value or '(unset)'}", file=sys.stderr,
                   flush=True)
-            proc = subprocess.run([sys.executable, __file__, "--child", *passthrough], env=env,
+            proc = subprocess.run([sys.executable, __file__, "--child", *passthrough, *extra], env=env,
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"ab_bwd: {args.knob}={value} failed:\n{proc.stderr[-2000:]}")

@@ -207,11 +207,16 @@ if has ab && [[ -d .base ]]; then
 fi
 if has bwdab; then
   # The backward under each value of one knob, one process per value, values alternating over rounds
-  # (scripts/ab_bwd.py): BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS (e.g. --dims 64 --seqlens 2048).
-  step "backward A/B: ${BWDAB_KNOB:-FLASHPORT_HOPPER_BWD_DQ} = ${BWDAB_VALUES:-0,1}"
+  # (scripts/ab_bwd.py): BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS (e.g. --dims 64 --seqlens 2048); or several
+  # A/Bs in a row: BWDAB="knob|values|args;knob|values|args" (a knob arg:NAME passes --NAME VALUE).
   python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
-  python3 scripts/ab_bwd.py --knob "${BWDAB_KNOB:-FLASHPORT_HOPPER_BWD_DQ}" --values "${BWDAB_VALUES:-0,1}" \
-    ${BWDAB_ARGS:-} --out "$OUT/ab_bwd.jsonl" 2>&1 | tee "$OUT/ab_bwd.md" || status=1
+  IFS=';' read -ra bwdab_runs <<<"${BWDAB:-${BWDAB_KNOB:-FLASHPORT_HOPPER_BWD_DQ}|${BWDAB_VALUES:-0,1}|${BWDAB_ARGS:-}}"
+  for run in "${bwdab_runs[@]}"; do
+    IFS='|' read -r knob values args <<<"$run"
+    step "backward A/B: $knob = $values ($args)"
+    python3 scripts/ab_bwd.py --knob "$knob" --values "$values" $args --out "$OUT/ab_bwd.jsonl" 2>&1 |
+      tee -a "$OUT/ab_bwd.md" || status=1
+  done
 fi
 if has train; then
   step "train_gpt: GPT-2 small, batch 8 x 1024, the attention backends side by side in one process"

@@ -190,13 +190,13 @@ inline ::testing::AssertionResult same_bytes(const HostTensor& a, const HostTens
   return ::testing::AssertionFailure() << n << " of " << a.numel() << " elements differ";
 }
 
-/// Three deterministic runs: identical bits, and the first one accurate.
-inline void expect_deterministic(const Case& c) {
+/// `runs` deterministic runs on the same inputs: identical bits, and the first one accurate.
+inline void expect_deterministic(const Case& c, int runs = 3) {
   SCOPED_TRACE(c.describe());
   const BwdInputs in = make_bwd_inputs(c);
   const Grads first = run_gpu_backward(c, in, true);
   EXPECT_EQ(first.unwritten, 0) << "gradient elements unwritten";
-  for (int run = 1; run < 3; ++run) {
+  for (int run = 1; run < runs; ++run) {
     const Grads again = run_gpu_backward(c, in, true);
     EXPECT_TRUE(same_bytes(first.dq, again.dq)) << "dq, run " << run;
     EXPECT_TRUE(same_bytes(first.dk, again.dk)) << "dk, run " << run;

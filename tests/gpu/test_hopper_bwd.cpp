@@ -5,8 +5,10 @@
 // Covers head dims 64/96/128 (narrow kernel) and 256 (wide kernel) in fp16/bf16, seqlen 1, sq < sk and sq >
 // sk, rows without keys and keys without queries (exact zero gradients), windows, GQA 4:1 / 7:1 / MQA, varlen
 // with empty sequences, seqused_k, padded and transposed strides, and multi-block sequences (~1100 tokens, a
-// varlen batch of 20). GpuBackwardPortable.SmallFeatures keeps small portable-only cases (softcap, ALiBi,
-// dropout, d 160 / 192) in the *Small* set that gpu_suite.sh runs under compute-sanitizer.
+// varlen batch of 20), softcap and ALiBi (per head and per batch, alone, together and with windows, on
+// both kernels), and deterministic mode (bitwise over 50 runs, every dQ path).
+// GpuBackwardPortable.SmallFeatures keeps small portable-only cases (dropout, d 160 / 192) in the *Small* set
+// that gpu_suite.sh runs under compute-sanitizer.
 //
 // FLASHPORT_CUDA_BACKWARD=portable (read once per process) sends every case to the portable kernel:
 // the HopperBwd cases then still run, as an A/B check of the harness against the portable backward.
@@ -138,16 +140,16 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   }));
   EXPECT_FALSE(declines([=](AttnProblem& x) { x.seqused_k = index; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.softcap = 5.0f; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.deterministic = true; }));
+  EXPECT_FALSE(declines([=](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
   // Not covered.
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 80; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 192; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF32; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.softcap = 5.0f; }));
-  EXPECT_TRUE(declines([=](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.dropout_threshold = 1u << 28; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.deterministic = true; }));
   EXPECT_TRUE(declines([=](AttnProblem& x) {
     x.block_table = index, x.block_table_stride = 4, x.page_size = 256;
     x.kv_rows = 8;
@@ -180,7 +182,8 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.grad_v.ptr = static_cast<char*>(x.grad_v.ptr) + 8; }));
 
   const std::vector<jit::KernelSpec> specs = hopper_bwd::variants(90);
-  EXPECT_EQ(specs.size(), 12u);  // {f16, bf16} x (d {64, 128} x dQ modes {0, 1}, d 96, d 256)
+  // {f16, bf16} x (d {64, 128} x dQ modes {0, 1}, d 96, d 256) x score stage {plain, softcap + ALiBi}
+  EXPECT_EQ(specs.size(), 24u);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
     for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
@@ -343,16 +346,73 @@ TEST(HopperBwd, ManyBlocks) {
   expect_hopper_backward(c);
 }
 
+// Softcap (its derivative in dS) and ALiBi (per head, per batch) on both Hopper kernels: alone, together,
+// with causal and two-sided windows, GQA, sq > sk, varlen with empty sequences, and several key blocks.
+TEST(HopperBwd, SmallSoftcapAlibi) {
+  FP_SKIP_WITHOUT_SM90();
+  const Features features[] = {
+      kSoftcap,
+      {"softcap-window", false, 37, 5, 3.0, 0, 0.0},
+      kAlibi,
+      {"alibi-b-window", false, 50, 20, 0.0, 2, 0.0},
+      {"softcap-alibi-causal", true, -1, -1, 5.0, 2, 0.0},
+  };
+  int n = 0;
+  for (const Features& f : features) {
+    SCOPED_TRACE(f.name);
+    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_hopper_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
+    expect_hopper_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));  // 7:1, sq > sk
+    expect_hopper_backward(with(dense(dt, 1, 100, 150, 2, 2, 96), f));
+    expect_hopper_backward(with(dense(dt, 2, 90, 140, 4, 2, 256), f));
+  }
+  Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 128), features[4]), {0, 37, 130, 1, 0},
+                  {5, 0, 129, 64, 0});
+  expect_hopper_backward(v);
+  v.d = v.dv = 64, v.dtype = DType::f16;
+  expect_hopper_backward(with(v, features[3]));
+  expect_hopper_backward(with(dense(DType::bf16, 1, 700, 1100, 4, 2, 64), features[4]));
+  expect_hopper_backward(with(dense(DType::f16, 1, 600, 600, 2, 1, 256), features[1]));
+}
+
+// Deterministic mode: each 64-query dQ tile takes its key blocks' additions in key-block order (turn
+// counters), on every dQ path: bulk reduce-adds from one staging tile (d 128) or two per tile (d 64, split
+// by keys), the drain warps' reductions (d 96; d 64 / 128 too when gpu_suite reruns this suite with
+// FLASHPORT_HOPPER_BWD_DQ=0) and the wide kernel's consumers (d 256). Shapes with several key blocks per
+// query tile and several query tiles per CTA (GQA, causal, windows, varlen with empty sequences); 50 runs
+// each must give the same bits, the first accurate by the rule.
+TEST(HopperBwd, DeterministicBitwise) {
+  FP_SKIP_WITHOUT_SM90();
+  const Case cases[] = {
+      with(dense(DType::bf16, 1, 1100, 1100, 4, 2, 64), kCausal),
+      with(dense(DType::f16, 2, 700, 900, 4, 1, 128), kWindow),
+      with(dense(DType::bf16, 1, 600, 800, 2, 2, 96), kLeftWindow),
+      with(dense(DType::bf16, 1, 700, 700, 4, 2, 256), kCausal),
+      varlen(with(dense(DType::f16, 1, 1, 1, 4, 2, 128), {"softcap-alibi", true, -1, -1, 5.0, 2, 0.0}),
+             {0, 700, 37, 513, 1}, {13, 650, 0, 600, 1}),
+  };
+  for (const Case& c : cases)
+    if (expect_goes_to_hopper(c, make_inputs(c))) expect_deterministic(c, 50);
+}
+
+// The same turn-taking on small shapes, so that gpu_suite.sh runs it under compute-sanitizer (*Small*).
+TEST(HopperBwd, SmallDeterministic) {
+  FP_SKIP_WITHOUT_SM90();
+  const Case cases[] = {
+      with(dense(DType::bf16, 1, 200, 300, 2, 1, 64), kCausal),
+      with(dense(DType::f16, 1, 150, 300, 2, 2, 96), kWindow),
+      dense(DType::bf16, 1, 130, 200, 2, 1, 128),
+      with(dense(DType::f16, 1, 150, 200, 2, 1, 256), kCausal),
+  };
+  for (const Case& c : cases)
+    if (expect_goes_to_hopper(c, make_inputs(c))) expect_deterministic(c, 3);
+}
+
 // The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper
-// backward never takes: softcap, ALiBi, dropout (each with and without a window), d 160 and d 192.
+// backward never takes: dropout (alone, with a window, with every other feature), d 160 and d 192.
 TEST(GpuBackwardPortable, SmallFeatures) {
   FP_SKIP_WITHOUT_GPU();
-  const Features features[] = {
-      kSoftcap, {"softcap-window", false, 37, 5, 3.0, 0, 0.0},
-      kAlibi,   {"alibi-b-window", false, 50, 20, 0.0, 2, 0.0},
-      kDropout, {"dropout-window", true, 20, -1, 0.0, 0, 0.1},
-      kAll,
-  };
+  const Features features[] = {kDropout, {"dropout-window", true, 20, -1, 0.0, 0, 0.1}, kAll};
   int n = 0;
   for (const Features& f : features) {
     SCOPED_TRACE(f.name);
@@ -360,8 +420,7 @@ TEST(GpuBackwardPortable, SmallFeatures) {
     expect_portable_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
     expect_portable_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));
   }
-  Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), features[6]), {0, 37, 130, 1, 0},
-                  {5, 0, 129, 64, 0});
+  Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), kAll), {0, 37, 130, 1, 0}, {5, 0, 129, 64, 0});
   expect_portable_backward(v);
   for (int64_t d : {160, 192}) {
     expect_portable_backward(dense(DType::bf16, 1, 97, 130, 2, 1, d));

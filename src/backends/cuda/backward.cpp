@@ -69,15 +69,18 @@ void launch_backward(const AttnProblem& p) {
   prm.num_slices = family.launch.slices(prm, arch);
   const long long slice_floats = p.hq * prm.rows_total * prm.accum_ld;
 
-  // Scratch: D (hq * rows_total floats), then the dQ accumulator, 256-byte aligned.
+  // Scratch: D (hq * rows_total floats), then the dQ accumulator, 256-byte aligned, then the dQ tiles'
+  // turn counters (deterministic mode of a single-slice kernel), zeroed with the accumulator.
   const size_t dsum_bytes = ((size_t)(p.hq * prm.rows_total) * sizeof(float) + 255) / 256 * 256;
   const size_t accum_bytes = (size_t)(prm.num_slices * slice_floats) * sizeof(float);
-  char* scratch =
-      static_cast<char*>(jit::alloc_async(std::max<size_t>(dsum_bytes + accum_bytes, 256), p.stream));
+  const size_t count_bytes = (size_t)family.launch.dq_tile_counts(prm) * sizeof(int);
+  char* scratch = static_cast<char*>(
+      jit::alloc_async(std::max<size_t>(dsum_bytes + accum_bytes + count_bytes, 256), p.stream));
   prm.dsum = reinterpret_cast<float*>(scratch);
   prm.dq_accum = reinterpret_cast<float*>(scratch + dsum_bytes);
+  prm.dq_tile_count = count_bytes ? reinterpret_cast<int*>(scratch + dsum_bytes + accum_bytes) : nullptr;
   try {
-    if (accum_bytes) jit::memset_async(prm.dq_accum, 0, accum_bytes, p.stream);
+    if (accum_bytes + count_bytes) jit::memset_async(prm.dq_accum, 0, accum_bytes + count_bytes, p.stream);
     const unsigned aux_x = (unsigned)((p.sq + kAuxRows - 1) / kAuxRows);
     if (aux_x > 0) {
       const jit::Kernel& dot = cached_kernel(backward_dot_spec, device, 0, arch, p.in_type);

@@ -34,14 +34,16 @@ constexpr BackwardFamily kBackward[] = {
      nullptr,
      hopper_bwd::variants,
      hopper_bwd::is_main_kernel,
-     {hopper_bwd::tiled_accumulator, [](const BwdParams&, int) { return 1; }, hopper_bwd::launch_main}},
+     {hopper_bwd::tiled_accumulator, [](const BwdParams&, int) { return 1; }, hopper_bwd::launch_main,
+      hopper_bwd::dq_tile_counts}},
     {"portable",
      0,
      takes_every_call,
      nullptr,
      backward_main_variants,
      is_main_backward_kernel,
-     {[](const AttnProblem&) { return 0; }, backward_slices, launch_backward_main}},
+     {[](const AttnProblem&) { return 0; }, backward_slices, launch_backward_main,
+      [](const BwdParams&) { return 0LL; }}},
 };
 
 /// Prints why `family` declined, the first time this reason comes up in the process.

@@ -34,9 +34,10 @@ using ForwardFamily = KernelFamily<void (*)(const AttnProblem& p, int arch)>;
 
 /// A backward main kernel between the shared D and dQ-convert steps (backward.cpp).
 struct BackwardMain {
-  int (*accum_tiled)(const AttnProblem& p);       // BwdParams::accum_tiled it reads and writes
-  int (*slices)(const BwdParams& prm, int arch);  // BwdParams::num_slices it needs
-  void (*main)(BwdParams& prm, int arch);         // D in prm.dsum, dq_accum zeroed: writes dk, dv, dQ
+  int (*accum_tiled)(const AttnProblem& p);           // BwdParams::accum_tiled it reads and writes
+  int (*slices)(const BwdParams& prm, int arch);      // BwdParams::num_slices it needs
+  void (*main)(BwdParams& prm, int arch);             // D in prm.dsum, dq_accum zeroed: writes dk, dv, dQ
+  long long (*dq_tile_counts)(const BwdParams& prm);  // BwdParams::dq_tile_count's length (0: none)
 };
 using BackwardFamily = KernelFamily<BackwardMain>;
 

@@ -29,6 +29,11 @@ struct BwdParams {
   int num_slices;        // >= 1; > 1 only in deterministic mode
   int vec;               // 1: every operand row is 16-byte aligned (cp.async, 16-byte accesses)
   int batch_offset;      // batch entry of grid z = 0 (launches are chunked: grid z <= 65535)
+  // Deterministic mode of a single-slice kernel (the Hopper ones), else null: per 64-query dQ tile of
+  // the tiled row numbering (row (h * accum_rows_tiled + bwd::accum_row0(tiled) + m0) / 64), how many
+  // key blocks have added theirs. Zeroed with dq_accum; each key block waits for its turn (the count
+  // of key blocks before it that see the tile), so the additions happen in key-block order.
+  int* dq_tile_count;
 };
 
 /// `rows` rounded up to whole 64-row tiles of a tiled dQ accumulator.

@@ -40,7 +40,9 @@ Tile launch_tile(int d) {
   return t;
 }
 
-jit::KernelSpec make_spec(int elem_type, int d, int dq_mode) {
+/// `general`: the score stage with softcap and ALiBi (FP_BWD_GENERAL); problems without either take the
+/// variant without their code.
+jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general) {
   const Tile t = tile_for(d);
   const bool wide = wide_kernel(d);
   return {wide ? kWideSource : kNarrowSource,
@@ -49,7 +51,8 @@ jit::KernelSpec make_spec(int elem_type, int d, int dq_mode) {
            {"FP_HEADDIM", std::to_string(d)},
            {"FP_BLOCK_M", std::to_string(t.block_m)},
            {"FP_STAGES", std::to_string(t.stages)},
-           {"FP_DQ_MODE", std::to_string(dq_mode)}},
+           {"FP_DQ_MODE", std::to_string(dq_mode)},
+           {"FP_BWD_GENERAL", std::to_string(general)}},
           90};
 }
 
@@ -95,9 +98,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.d != p.dv) return "the Hopper backward needs d == dv";
   if (std::find(std::begin(kHeadDims), std::end(kHeadDims), p.d) == std::end(kHeadDims))
     return "the Hopper backward takes head dims 64, 96, 128, 256";
-  if (p.softcap != 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f)
-    return "softcap, ALiBi and dropout run on the portable backward";
-  if (p.deterministic) return "deterministic mode runs on the portable backward";
+  if (p.dropout_p > 0.0f) return "dropout runs on the portable backward";
   if (p.block_table || p.kv_batch_idx || p.leftpad_k)
     return "paged and kv-cache layouts have no backward here";
   if (!(p.scale > 0.0f)) return "the Hopper backward needs a positive softmax scale";
@@ -112,6 +113,10 @@ std::string unsupported(const AttnProblem& p, int arch) {
   std::string error;
   plan_maps(p, error);
   return error;
+}
+
+long long dq_tile_counts(const BwdParams& prm) {
+  return prm.p.deterministic ? prm.p.hq * accum_rows_tiled(prm.p) / 64 : 0;
 }
 
 int tiled_accumulator(const AttnProblem& p) {
@@ -142,7 +147,8 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode);
+  const int general = p.softcap != 0.0f || p.alibi != nullptr;
+  const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
@@ -156,7 +162,8 @@ std::vector<jit::KernelSpec> variants(int arch) {
   for (int elem_type : {(int)kF16, (int)kBF16})
     for (int d : kHeadDims)
       for (int dq_mode : {0, 1})
-        if (dq_mode == 0 || bulk_dq_fits(d)) specs.push_back(make_spec(elem_type, d, dq_mode));
+        for (int general : {0, 1})
+          if (dq_mode == 0 || bulk_dq_fits(d)) specs.push_back(make_spec(elem_type, d, dq_mode, general));
   return specs;
 }
 

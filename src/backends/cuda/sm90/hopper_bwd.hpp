@@ -15,13 +15,17 @@ namespace flashport::cuda::hopper_bwd {
 /// Empty when the Hopper backward covers `p` on a GPU of compute capability `arch` (major * 10 +
 /// minor); otherwise why not (the portable sm80+ backward then runs). Covers fp16/bf16, d == dv in
 /// {64, 96, 128, 256}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA, 16-byte
-/// aligned rows. Not: softcap, ALiBi, dropout, deterministic mode, paged or kv-cache layouts, nor batches of
-/// sequences so short that the tiled dQ accumulator's per-sequence padding would outgrow it.
+/// aligned rows, softcap and ALiBi, deterministic mode. Not: dropout, paged or kv-cache layouts, nor batches
+/// of sequences so short that the tiled dQ accumulator's per-sequence padding would outgrow it.
 std::string unsupported(const AttnProblem& p, int arch);
 
 /// BwdParams::accum_tiled for the kernel that runs `p`: the column-block width of its tiled dQ accumulator
 /// (64 at d 64 and 128, 128 at d 256), 0 for row-major (d 96).
 int tiled_accumulator(const AttnProblem& p);
+
+/// Deterministic mode: BwdParams::dq_tile_count's length, one turn counter per 64-query dQ tile of
+/// every query head (the tiled row numbering, whatever the accumulator's layout); 0 otherwise.
+long long dq_tile_counts(const BwdParams& prm);
 
 /// The backward family's launch (family.hpp): runs the main kernel on prm.p.stream for a problem
 /// unsupported(prm.p, arch) took. prm.dsum must hold D, prm.dq_accum must be zeroed (one slice, tiled

@@ -57,6 +57,7 @@ static_assert(smem_bytes(kHeadDim, kTile) <= kSmemLimit, "over 227 KB");
 
 constexpr u32 kBarDs = 1;       // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqThreads = 64;  // warps 2 and 3 of the producer warpgroup add dQ to global memory
+constexpr u32 kBarDqDrain = 2;  // named barrier of the 64 drain threads (deterministic mode)
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24.
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
@@ -65,24 +66,40 @@ constexpr int kConsumerRegs = 232;
 /// The staging order is the accumulator's tile order (see drain_dq), so a step is one contiguous copy:
 /// 32 KB at d 128 (the consumers' column halves side by side), or at d 64 the two consumers' 16 KB
 /// partial tiles (split by keys) each added to the same 64 x 64 tile. Rows past the sequence hold zeros
-/// (P = 0 there) and land in the sequence's own padding rows of the tiled accumulator.
+/// (P = 0 there) and land in the sequence's own padding rows of the tiled accumulator. Deterministic mode
+/// adds each tile in its turn and waits for the additions to be performed before passing the turn on.
 FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
   const AttnProblem& p = prm.bwd.p;
   constexpr u32 kTileBytes = sizeof(s.dq[0]);
   const i64 row0 = bwd::accum_row0(p, w.seq, w.b, true);
+  const bool deterministic = prm.bwd.dq_tile_count != nullptr;
   for (int t = 0; t < w.steps; ++t) {
     const int buf = t % kDqBuffers;
     sm90::mbar_wait(bar_addr(s.bar_dq_full[buf]), (u32)(t / kDqBuffers) & 1u);
-    float* g_tile =
-        prm.bwd.dq_accum + ((i64)step_head(w, t) * prm.bwd.rows_total + row0 + step_m0(w, t)) * kHeadDim;
+    const int h = step_head(w, t), m0 = step_m0(w, t);
+    float* g_tile = prm.bwd.dq_accum + ((i64)h * prm.bwd.rows_total + row0 + m0) * kHeadDim;
     const u32 s_tile = smem_addr(&s.dq[buf][0][0][0][0]);
+    int* counter = deterministic ? dq_tile_counter(prm.bwd, w, h, m0) : nullptr;
+    if (deterministic) {
+      wait_dq_turn(counter, dq_turn(p, w, m0));
+      sm90::fence_proxy_async_global();
+    }
     if (kDqSplitKeys) {
       sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes / 2);
+      if (deterministic) {  // two operations on one tile: ordered only by waiting for the first
+        sm90::bulk_commit();
+        sm90::bulk_wait_all();
+      }
       sm90::bulk_reduce_add_f32(g_tile, s_tile + kTileBytes / 2, kTileBytes / 2);
     } else {
       sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes);
     }
     sm90::bulk_commit();
+    if (deterministic) {
+      sm90::bulk_wait_all();
+      sm90::fence_proxy_async_global();
+      pass_dq_turn(counter);
+    }
     // The previous step's buffer is free once its copy has read it (this step's may still be read).
     if (t > 0) {
       sm90::bulk_wait_read<1>();
@@ -103,13 +120,15 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
 /// compile-time once unrolled. At d 64 and 128 the accumulator is tiled in this same order
 /// (BwdParams::accum_tiled = 64): slot k goes to float pair 64k + wt of the step's tile, so a warp's
 /// reduction covers 256 contiguous bytes. At d 96 (row-major, padded columns skipped) it covers 8 rows x
-/// 32 bytes, which L2 takes as 8 line reductions.
+/// 32 bytes, which L2 takes as 8 line reductions. Deterministic mode: thread 0 waits for the tile's
+/// turn, and passes it on once every drain thread's reductions are performed.
 FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int wt) {
   const AttnProblem& p = prm.bwd.p;
   const i64 ld = prm.bwd.accum_ld;
   const int lane = wt & 31;
   const int row0 = 16 * (wt >> 5) + (lane >> 2), col0 = 2 * (lane & 3);
   const u32 s_slot0 = smem_addr(&s.dq[0][0][0][0][0]) + 8u * (u32)wt;
+  const bool deterministic = prm.bwd.dq_tile_count != nullptr;
   constexpr int kSlots = kDqSplitKeys ? 32 : 64;  // by keys: slot k + 32 (consumer 1) is added to slot k
   constexpr int kBatch = kDqSplitKeys ? 4 : 8;    // loads in flight within the 40 registers
   for (int t = 0; t < w.steps; ++t) {
@@ -130,6 +149,11 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
       row_in[rr] = r < rows_left;
     }
     sm90::mbar_wait(bar_addr(s.bar_dq_full[0]), (u32)t & 1u);
+    int* counter = deterministic ? dq_tile_counter(prm.bwd, w, h, m0) : nullptr;
+    if (deterministic) {
+      if (wt == 0) wait_dq_turn(counter, dq_turn(p, w, m0));
+      sm90::named_bar_sync(kBarDqDrain, kDqThreads);
+    }
 #pragma unroll
     for (int k0 = 0; k0 < kSlots; k0 += kBatch) {
       Float2 v[kBatch];
@@ -151,6 +175,11 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
         else
           red_add_f32x2_if(row_in[k & 3] && col + col0 < kHeadDim, g_rows[k & 3] + col, v[k - k0]);
       }
+    }
+    if (deterministic) {  // every drain thread's reductions performed, then the turn passes on
+      __threadfence();
+      sm90::named_bar_sync(kBarDqDrain, kDqThreads);
+      if (wt == 0) pass_dq_turn(counter);
     }
     sm90::mbar_arrive(bar_addr(s.bar_dq_empty[0]));
   }
@@ -219,7 +248,7 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_s);
       sm90::pin_registers(r_dp);
 
-      scores_to_grads<kBlockM>(r_s, r_dp, p, s, w, stage, m0, 0, key0, tid);
+      scores_to_grads<kBlockM>(r_s, r_dp, p, s, w, step_head(w, t), stage, m0, 0, key0, tid);
       pack_operand<kBlockM>(r_s, r_p);
       pack_operand<kBlockM>(r_dp, r_ds);
       // Stored before the dK wgmma is issued: its A registers may not be read until it completes.

@@ -42,6 +42,8 @@ static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, Tile{kBlockM,
 static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kStages}) <= kSmemLimit, "over 227 KB");
 
 constexpr u32 kBarPds = 1;  // named barrier: both consumers' halves of P^T and dS^T stored (256 threads)
+constexpr u32 kBarDqTurn =
+    2;  // named barrier: the dQ tile's turn taken / both consumers added (deterministic)
 // 128 x 24 + 256 x 240 = 64512 <= 65536 registers: dK + dV + dQ are 192 per consumer thread.
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
@@ -72,9 +74,10 @@ FP_DEV void add_dq(const BwdSm90Params& prm, const Work& w, const float (&r_dq)[
 
 /// Consumer warpgroup c (0 or 1), see the file comment. Per step: S^T and dP^T for its 32 queries (one
 /// wgmma batch), P^T and dS^T into shared memory, a barrier of both consumers, dV, dK and dQ for its 128
-/// columns (one batch), release of the stage, dQ reductions.
+/// columns (one batch), release of the stage, dQ reductions (deterministic mode: in the tile's turn).
 FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int c, int tid) {
   const AttnProblem& p = prm.bwd.p;
+  const bool deterministic = prm.bwd.dq_tile_count != nullptr;
   float r_dk[kColsHalf / 2], r_dv[kColsHalf / 2];
 #pragma unroll
   for (int e = 0; e < kColsHalf / 2; ++e) r_dk[e] = r_dv[e] = 0.0f;
@@ -109,7 +112,7 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_s);
       sm90::pin_registers(r_dp);
 
-      scores_to_grads<kQHalf>(r_s, r_dp, p, s, w, stage, m0, kQHalf * c, w.n0, tid);
+      scores_to_grads<kQHalf>(r_s, r_dp, p, s, w, step_head(w, t), stage, m0, kQHalf * c, w.n0, tid);
       pack_operand<kQHalf>(r_s, r_p);
       pack_operand<kQHalf>(r_dp, r_ds);
       store_key_rows<kQHalf, kPdsChunkBytes>(s_p, r_p, 0, kQHalf * c, tid);
@@ -134,7 +137,17 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_dk);
       sm90::pin_registers(r_dv);
       release(s.bar_empty[stage]);
-      add_dq(prm, w, r_dq, step_head(w, t), m0, c, tid);
+      const int h = step_head(w, t);
+      if (deterministic) {  // thread 0 of consumer 0 waits for the tile's turn
+        if (c == 0 && tid == 0) wait_dq_turn(dq_tile_counter(prm.bwd, w, h, m0), dq_turn(p, w, m0));
+        sm90::named_bar_sync(kBarDqTurn, 256);
+      }
+      add_dq(prm, w, r_dq, h, m0, c, tid);
+      if (deterministic) {  // both consumers' reductions performed, then the turn passes on
+        __threadfence();
+        sm90::named_bar_sync(kBarDqTurn, 256);
+        if (c == 0 && tid == 0) pass_dq_turn(dq_tile_counter(prm.bwd, w, h, m0));
+      }
     }
   }
   store_dk_dv<kColsHalf>(p, w, r_dk, r_dv, 0, kColsHalf * c, tid);

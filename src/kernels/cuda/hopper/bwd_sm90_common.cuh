@@ -8,6 +8,7 @@
 // names the tiles and barriers the same way in both.
 #pragma once
 
+#include "attn/bwd_stages.h"
 #include "core/problem.h"
 #include "cuda/bwd_seq.cuh"
 #include "cuda/common/common.cuh"
@@ -32,6 +33,12 @@ constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk 
 constexpr int kQChunkBytes = kBlockM * kChunkRowBytes;   // one 64-column chunk of Q or dO
 constexpr int kQTileBytes = kChunks * kQChunkBytes;
 static_assert(kStages >= 1, "at least one Q / dO buffer");
+#ifndef FP_BWD_GENERAL
+#define FP_BWD_GENERAL 0
+#endif
+// 1: the score stage applies softcap and ALiBi (read from the problem; either may be off); 0: the host
+// launches this variant only when both are off, and their code is compiled out of the loop.
+constexpr bool kGeneral = FP_BWD_GENERAL != 0;
 
 constexpr int kConsumerThreads = 256;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;      // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
@@ -228,6 +235,50 @@ FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
       : "memory");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Deterministic mode (BwdParams::dq_tile_count): every dQ tile takes its key blocks' additions in
+// key-block order. A CTA waits for its turn on the tile's counter, adds, waits for its additions to be
+// performed, and passes the turn on. Waiting only on lower key blocks of the same (kv head, sequence),
+// which the hardware dispatched earlier, cannot deadlock.
+
+/// The turn counter of dQ tile (query head h, query block m0) of this CTA's sequence.
+FP_DEV int* dq_tile_counter(const BwdParams& prm, const Work& w, int h, int m0) {
+  const AttnProblem& p = prm.p;
+  const i64 row = (i64)h * accum_rows_tiled(p) + bwd::accum_row0(p, w.seq, w.b, true) + m0;
+  return prm.dq_tile_count + row / 64;
+}
+
+/// This CTA's turn at query block m0: the key blocks before its own that add to that block. They are
+/// contiguous up to this one (visible key ranges grow with the query), so the first is found by
+/// bisection over the same rule that gives each CTA its query blocks (make_work).
+FP_DEV int dq_turn(const AttnProblem& p, const Work& w, int m0) {
+  const int block = m0 / kBlockM, own = w.n0 / kBlockN;
+  int lo = 0, hi = own;  // the first key block that sees `block` lies in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    const sem::Tiles<int> seen = bwd::seeing_query_blocks(p, w.seq, mid * kBlockN, kBlockN, kBlockM);
+    if (seen.begin <= block && block < seen.end)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return own - lo;
+}
+
+/// Spins until `counter` reaches `turn` (acquire: the earlier blocks' additions are then visible).
+FP_DEV void wait_dq_turn(const int* counter, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen < turn);
+}
+
+/// Passes the turn on (release: after this thread's, and by cumulativity its barrier partners',
+/// additions).
+FP_DEV void pass_dq_turn(int* counter) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
+}
+
 FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
 }
@@ -240,15 +291,17 @@ FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
 // 16 * warp + g + 8h of the 64 at key0, query column q_off + 8j + 2 * (lane % 4) + x of the step.
 
 /// P^T = exp2(S^T * scale * log2 e - LSE * log2 e), 0 outside each query's visible keys, in r_s;
-/// dS^T = P^T (dP^T - D) in r_dp. LSE / D of a column pair come from one 8-byte shared load (the 4 lanes
-/// of a quad read different pairs, the 8 quads the same: broadcast). Visibility in 32 bits: key j is
-/// visible to query i iff shift - wl <= j - i <= shift + wr and j < len_k (SPEC's window around the
-/// bottom-right diagonal; sem::visible_keys), queries past the sequence get P = 0 from their LSE. The mask
-/// is applied to every tile, branch-free: a branch around it (for tiles every query sees whole) makes
-/// ptxas serialise all wgmmas of the loop (C7512, "insufficient register resources").
+/// dS^T = P^T (dP^T - D) in r_dp. kGeneral: the score is SPEC's softcap(scale S^T) - slope * |i + shift - j|
+/// (the shared policies of every other kernel) and dS^T takes softcap's derivative (attn::prob_grad). LSE / D
+/// of a column pair come from one 8-byte shared load (the 4 lanes of a quad read different pairs, the 8 quads
+/// the same: broadcast). Visibility in 32 bits: key j is visible to query i iff shift - wl <= j - i <= shift
+/// + wr and j < len_k (SPEC's window around the bottom-right diagonal; sem::visible_keys), queries past the
+/// sequence get P = 0 from their LSE. The mask is applied to every tile, branch-free: a branch around it (for
+/// tiles every query sees whole) makes ptxas serialise all wgmmas of the loop (C7512, "insufficient register
+/// resources").
 template <int kN, class S>
 FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const AttnProblem& p, const S& s,
-                            const Work& w, int stage, int m0, int q_off, int key0, int tid) {
+                            const Work& w, int h_step, int stage, int m0, int q_off, int key0, int tid) {
   const int lane = tid & 31, t4 = lane & 3;
   const int len_q = w.seq.len_q, len_k = w.seq.len_k;
   const float scale_log2 = p.scale * sem::kLog2e;
@@ -264,6 +317,10 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
   u32 span = (u32)(hi_off - lo_off);
   asm volatile("" : "+r"(rel0), "+r"(span));
   const bool key_in[2] = {key < len_k, key + 8 < len_k};
+  // kGeneral: the cap (0: off), the ALiBi slope of the step's head (0: off), query (j = 0, x = 0)'s diagonal.
+  const float cap = kGeneral ? p.softcap : 0.0f;
+  const float slope = kGeneral ? alibi_slope(p, w.b, h_step) : 0.0f;
+  const int diag0 = m0 + q_off + 2 * t4 + shift;
   const u32 s_lse2 = smem_addr(&s.lse2[stage][0]) + 4u * q_off,
             s_dsum = smem_addr(&s.dsum[stage][0]) + 4u * q_off;
 #pragma unroll
@@ -276,12 +333,23 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int e = 4 * j + 2 * h + x;
-        float arg = fmaf(r_s[e], scale_log2, -(x ? lse2.y : lse2.x));
+        float arg, capped = 0.0f;
+        if constexpr (kGeneral) {
+          capped = sem::softcap(r_s[e] * p.scale, cap);
+          const float bias = slope * (float)sem::alibi_distance(diag0 + 8 * j + x, key + 8 * h);
+          arg = fmaf(capped - bias, sem::kLog2e, -(x ? lse2.y : lse2.x));
+        } else {
+          arg = fmaf(r_s[e], scale_log2, -(x ? lse2.y : lse2.x));
+        }
         const u32 rel = (u32)(rel0 + 8 * h - 8 * j - x);
         if (!(key_in[h] && rel <= span)) arg = sem::kNegInf;
         const float prob = fast_exp2(arg);  // 2^-inf = 0
-        r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));
-        r_s[e] = prob;
+        if constexpr (kGeneral) {
+          attn::prob_grad(prob, true, 1.0f, r_dp[e], x ? dsum.y : dsum.x, cap, capped, r_s[e], r_dp[e]);
+        } else {
+          r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));
+          r_s[e] = prob;
+        }
       }
     }
   }

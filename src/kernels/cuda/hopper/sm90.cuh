@@ -89,6 +89,12 @@ FP_DEV void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+/// Orders global-memory accesses across the proxies: this thread's earlier generic accesses (an acquire
+/// load) before its later bulk operations, and its completed bulk writes before its later generic ones.
+FP_DEV void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
 /// Bulk asynchronous reduce-add (one thread issues): `bytes` (a multiple of 16) of fp32 at shared `s_src`
 /// added element-wise to global `g_dst` (16-byte aligned) in L2, tracked by the issuing thread's bulk
 /// groups. The shared source must have been published to the async proxy (fence_proxy_async by its
