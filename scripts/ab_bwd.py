@@ -8,10 +8,12 @@ one JSON line per cell; the parent prints a markdown table of TFLOPS (FLOP model
 backward is 2.5 forwards) with every round's figure.
 
     python3 scripts/ab_bwd.py --knob FLASHPORT_HOPPER_BWD_DQ --values 0,1 --dims 64,128
-    python3 scripts/ab_bwd.py --knob FLASHPORT_CUDA_BACKWARD --values portable, --softcap 30 --alibi
+    python3 scripts/ab_bwd.py --knob FLASHPORT_CUDA_BACKWARD --values portable, --softcap 30 --alibi 1
     python3 scripts/ab_bwd.py --knob arg:deterministic --values 0,1 --dims 64,128,256
+    python3 scripts/ab_bwd.py --knob arg:softcap --values 0,30 --pass fwd
 
 A knob `arg:NAME` is a command-line option of the child instead (--NAME VALUE), e.g. the deterministic flag.
+`--pass fwd` times the forward (inputs with requires_grad, FLOP model 1 forward) instead of the backward.
 """
 import argparse
 import collections
@@ -43,12 +45,33 @@ def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=Fa
     return ms, 2.5 * 2 * pairs * 2 * d * h * b / ms / 1e9
 
 
+def time_forward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False):
+    """(ms, TFLOPS) of one forward through flashport.flash_attn_func with inputs that require grad (as in
+    training), same shapes and options as time_backward."""
+    import torch
+    from triton.testing import do_bench
+
+    import flashport
+
+    h, b = hidden // d, max(1, tokens // s)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    slopes = (torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
+              if alibi else None)
+    ms = do_bench(lambda: flashport.flash_attn_func(q, k, v, causal=bool(causal), softcap=softcap,
+                                                    alibi_slopes=slopes), warmup=25, rep=150, return_mode="median")
+    pairs = s * (s + 1) // 2 if causal else s * s
+    return ms, 2 * pairs * 2 * d * h * b / ms / 1e9
+
+
 def child(args):
     for d in args.dims:
         for causal in args.causal:
             for s in args.seqlens:
-                _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap, args.alibi,
-                                          bool(args.deterministic))
+                if args.pass_ == "fwd":
+                    _, tflops = time_forward(d, causal, s, args.tokens, args.hidden, args.softcap, bool(args.alibi))
+                else:
+                    _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap,
+                                              bool(args.alibi), bool(args.deterministic))
                 value = getattr(args, args.knob[4:]) if args.knob.startswith("arg:") else os.environ.get(args.knob, "")
                 print(json.dumps({"value": str(value), "d": d, "causal": causal, "s": s,
                                   "tflops": round(tflops, 1)}), flush=True)
@@ -65,7 +88,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--softcap", type=float, default=0.0, help="softcap of every call (0: off)")
-    ap.add_argument("--alibi", action="store_true", help="ALiBi slopes on every call")
+    ap.add_argument("--alibi", type=int, default=0, help="1: ALiBi slopes on every call")
+    ap.add_argument("--pass", dest="pass_", choices=("bwd", "fwd"), default="bwd", help="what to time")
     ap.add_argument("--deterministic", type=int, default=0, help="1: deterministic=True on every call")
     ap.add_argument("--out", help="JSON lines of every child's cells")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -40,8 +40,7 @@ Tile launch_tile(int d) {
   return t;
 }
 
-/// `general`: the score stage with softcap and ALiBi (FP_BWD_GENERAL); problems without either take the
-/// variant without their code.
+/// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi).
 jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general) {
   const Tile t = tile_for(d);
   const bool wide = wide_kernel(d);
@@ -147,7 +146,7 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const int general = p.softcap != 0.0f || p.alibi != nullptr;
+  const int general = p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
   const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
@@ -162,7 +161,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
   for (int elem_type : {(int)kF16, (int)kBF16})
     for (int d : kHeadDims)
       for (int dq_mode : {0, 1})
-        for (int general : {0, 1})
+        for (int general : {0, 1, 2})
           if (dq_mode == 0 || bulk_dq_fits(d)) specs.push_back(make_spec(elem_type, d, dq_mode, general));
   return specs;
 }

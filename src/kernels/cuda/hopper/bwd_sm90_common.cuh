@@ -36,9 +36,11 @@ static_assert(kStages >= 1, "at least one Q / dO buffer");
 #ifndef FP_BWD_GENERAL
 #define FP_BWD_GENERAL 0
 #endif
-// 1: the score stage applies softcap and ALiBi (read from the problem; either may be off); 0: the host
-// launches this variant only when both are off, and their code is compiled out of the loop.
-constexpr bool kGeneral = FP_BWD_GENERAL != 0;
+// The score stage's transforms: 0 none (the host launches it only when softcap and ALiBi are off, and
+// their code is compiled out of the loop), 1 ALiBi, 2 softcap and ALiBi (a slope of 0 when ALiBi is off).
+// ALiBi alone pays one add and one multiply per element, softcap two more SFU operations.
+constexpr bool kAlibi = FP_BWD_GENERAL >= 1;
+constexpr bool kSoftcap = FP_BWD_GENERAL == 2;
 
 constexpr int kConsumerThreads = 256;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;      // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
@@ -291,8 +293,10 @@ FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
 // 16 * warp + g + 8h of the 64 at key0, query column q_off + 8j + 2 * (lane % 4) + x of the step.
 
 /// P^T = exp2(S^T * scale * log2 e - LSE * log2 e), 0 outside each query's visible keys, in r_s;
-/// dS^T = P^T (dP^T - D) in r_dp. kGeneral: the score is SPEC's softcap(scale S^T) - slope * |i + shift - j|
-/// (the shared policies of every other kernel) and dS^T takes softcap's derivative (attn::prob_grad). LSE / D
+/// dS^T = P^T (dP^T - D) in r_dp. With ALiBi / softcap (FP_BWD_GENERAL) the score is SPEC's
+/// cap tanh(scale S^T / cap) - slope |i + shift - j| and dS^T takes softcap's derivative 1 - tanh^2 through
+/// attn::prob_grad; tanh from fast_tanh_exp2 (the forward's LSE came from tanhf: they agree to ~1e-7 cap),
+/// the ALiBi distance in fp32 from one converted base per thread (exact below 2^24 tokens). LSE / D
 /// of a column pair come from one 8-byte shared load (the 4 lanes of a quad read different pairs, the 8 quads
 /// the same: broadcast). Visibility in 32 bits: key j is visible to query i iff shift - wl <= j - i <= shift
 /// + wr and j < len_k (SPEC's window around the bottom-right diagonal; sem::visible_keys), queries past the
@@ -317,10 +321,12 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
   u32 span = (u32)(hi_off - lo_off);
   asm volatile("" : "+r"(rel0), "+r"(span));
   const bool key_in[2] = {key < len_k, key + 8 < len_k};
-  // kGeneral: the cap (0: off), the ALiBi slope of the step's head (0: off), query (j = 0, x = 0)'s diagonal.
-  const float cap = kGeneral ? p.softcap : 0.0f;
-  const float slope = kGeneral ? alibi_slope(p, w.b, h_step) : 0.0f;
-  const int diag0 = m0 + q_off + 2 * t4 + shift;
+  // ALiBi: the step head's slope (0: off) and diag(query of j = 0, x = 0) - key(h = 0) as a float.
+  // Softcap: tanh's argument times 2 log2(e) is S^T * tanh_scale.
+  const float slope = kAlibi ? alibi_slope(p, w.b, h_step) : 0.0f;
+  const float diag_minus_key = kAlibi ? (float)(m0 + q_off + 2 * t4 + shift - key) : 0.0f;
+  const float cap = kSoftcap ? p.softcap : 0.0f;
+  const float tanh_scale = kSoftcap ? p.scale / cap * (2.0f * sem::kLog2e) : 0.0f;
   const u32 s_lse2 = smem_addr(&s.lse2[stage][0]) + 4u * q_off,
             s_dsum = smem_addr(&s.dsum[stage][0]) + 4u * q_off;
 #pragma unroll
@@ -333,19 +339,23 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int e = 4 * j + 2 * h + x;
-        float arg, capped = 0.0f;
-        if constexpr (kGeneral) {
-          capped = sem::softcap(r_s[e] * p.scale, cap);
-          const float bias = slope * (float)sem::alibi_distance(diag0 + 8 * j + x, key + 8 * h);
-          arg = fmaf(capped - bias, sem::kLog2e, -(x ? lse2.y : lse2.x));
+        float arg, th = 0.0f;  // th: tanh(scale S^T / cap)
+        if constexpr (kAlibi) {
+          float score = r_s[e] * p.scale;
+          if constexpr (kSoftcap) {
+            th = fast_tanh_exp2(r_s[e] * tanh_scale);
+            score = cap * th;
+          }
+          score -= slope * fabsf(diag_minus_key + (float)(8 * j + x - 8 * h));  // sem::alibi_distance
+          arg = fmaf(score, sem::kLog2e, -(x ? lse2.y : lse2.x));
         } else {
           arg = fmaf(r_s[e], scale_log2, -(x ? lse2.y : lse2.x));
         }
         const u32 rel = (u32)(rel0 + 8 * h - 8 * j - x);
         if (!(key_in[h] && rel <= span)) arg = sem::kNegInf;
         const float prob = fast_exp2(arg);  // 2^-inf = 0
-        if constexpr (kGeneral) {
-          attn::prob_grad(prob, true, 1.0f, r_dp[e], x ? dsum.y : dsum.x, cap, capped, r_s[e], r_dp[e]);
+        if constexpr (kSoftcap) {           // capped / cap = th: cap 1 and capped th give the factor 1 - th^2
+          attn::prob_grad(prob, true, 1.0f, r_dp[e], x ? dsum.y : dsum.x, 1.0f, th, r_s[e], r_dp[e]);
         } else {
           r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));
           r_s[e] = prob;
