@@ -23,44 +23,48 @@ import subprocess
 import sys
 
 
-def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, deterministic=False):
-    """(ms, TFLOPS) of one backward (grad of q, k, v through autograd) at bf16, batch x s = tokens,
-    heads x d = hidden, with `softcap`, ALiBi (slopes 2^(-8 (h + 1) / heads)) and deterministic mode when asked; triton's
-    do_bench median (its warmup absorbs a first call's JIT compile)."""
+def _inputs(d, causal, s, tokens, hidden, alibi):
+    """q, k, v (bf16, batch x s = tokens, heads x d = hidden, requiring grad as in training), the ALiBi
+    slopes 2^(-8 (h + 1) / heads) or None, and the forward's FLOPs (SPEC.md's model)."""
     import torch
-    from triton.testing import do_bench
-
-    import flashport
 
     h, b = hidden // d, max(1, tokens // s)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     slopes = (torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
               if alibi else None)
+    pairs = s * (s + 1) // 2 if causal else s * s
+    return q, k, v, slopes, 2 * pairs * 2 * d * h * b
+
+
+def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, deterministic=False):
+    """(ms, TFLOPS) of one backward (grad of q, k, v through autograd) at bf16, batch x s = tokens,
+    heads x d = hidden, with `softcap`, ALiBi and deterministic mode when asked; triton's do_bench median
+    (its warmup absorbs a first call's JIT compile). TFLOPS count 2.5 forwards."""
+    import torch
+    from triton.testing import do_bench
+
+    import flashport
+
+    q, k, v, slopes, flops = _inputs(d, causal, s, tokens, hidden, alibi)
     out = flashport.flash_attn_func(q, k, v, causal=bool(causal), softcap=softcap, alibi_slopes=slopes,
                                     deterministic=deterministic)
     dout = torch.randn_like(out)
     ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150,
                   return_mode="median")
-    pairs = s * (s + 1) // 2 if causal else s * s
-    return ms, 2.5 * 2 * pairs * 2 * d * h * b / ms / 1e9
+    return ms, 2.5 * flops / ms / 1e9
 
 
 def time_forward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False):
-    """(ms, TFLOPS) of one forward through flashport.flash_attn_func with inputs that require grad (as in
-    training), same shapes and options as time_backward."""
-    import torch
+    """(ms, TFLOPS) of one forward through flashport.flash_attn_func, same inputs and options as
+    time_backward."""
     from triton.testing import do_bench
 
     import flashport
 
-    h, b = hidden // d, max(1, tokens // s)
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    slopes = (torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda", dtype=torch.float32)
-              if alibi else None)
+    q, k, v, slopes, flops = _inputs(d, causal, s, tokens, hidden, alibi)
     ms = do_bench(lambda: flashport.flash_attn_func(q, k, v, causal=bool(causal), softcap=softcap,
                                                     alibi_slopes=slopes), warmup=25, rep=150, return_mode="median")
-    pairs = s * (s + 1) // 2 if causal else s * s
-    return ms, 2 * pairs * 2 * d * h * b / ms / 1e9
+    return ms, flops / ms / 1e9
 
 
 def child(args):
