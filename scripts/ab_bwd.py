@@ -12,8 +12,12 @@ backward is 2.5 forwards) with every round's figure.
     python3 scripts/ab_bwd.py --knob arg:deterministic --values 0,1 --dims 64,128,256
     python3 scripts/ab_bwd.py --knob arg:softcap --values 0,30 --pass fwd
 
+    python3 scripts/ab_bwd.py --knob arg:impl --values flashport,fa3 --softcap 30 --pass fwd
+
 A knob `arg:NAME` is a command-line option of the child instead (--NAME VALUE), e.g. the deterministic flag.
 `--pass fwd` times the forward (inputs with requires_grad, FLOP model 1 forward) instead of the backward.
+`--impl fa3` times FA3's `flash_attn_interface.flash_attn_func` (built by ../shared/peers; on PYTHONPATH) on
+the same inputs: softcap and deterministic pass through, ALiBi it does not have.
 """
 import argparse
 import collections
@@ -36,34 +40,48 @@ def _inputs(d, causal, s, tokens, hidden, alibi):
     return q, k, v, slopes, 2 * pairs * 2 * d * h * b
 
 
-def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, deterministic=False):
+def _attention(impl):
+    """flash_attn_func of flashport or of FA3 (same arguments here; FA3 has no alibi_slopes)."""
+    if impl == "fa3":
+        import flash_attn_interface
+
+        def fa3(q, k, v, causal, softcap, alibi_slopes, deterministic=False):
+            if alibi_slopes is not None:
+                raise SystemExit("ab_bwd: FA3 has no ALiBi")
+            return flash_attn_interface.flash_attn_func(q, k, v, causal=causal, softcap=softcap,
+                                                        deterministic=deterministic)
+        return fa3
+    import flashport
+
+    return lambda q, k, v, causal, softcap, alibi_slopes, deterministic=False: flashport.flash_attn_func(
+        q, k, v, causal=causal, softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic)
+
+
+def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, deterministic=False,
+                  impl="flashport"):
     """(ms, TFLOPS) of one backward (grad of q, k, v through autograd) at bf16, batch x s = tokens,
     heads x d = hidden, with `softcap`, ALiBi and deterministic mode when asked; triton's do_bench median
     (its warmup absorbs a first call's JIT compile). TFLOPS count 2.5 forwards."""
     import torch
     from triton.testing import do_bench
 
-    import flashport
-
     q, k, v, slopes, flops = _inputs(d, causal, s, tokens, hidden, alibi)
-    out = flashport.flash_attn_func(q, k, v, causal=bool(causal), softcap=softcap, alibi_slopes=slopes,
-                                    deterministic=deterministic)
+    out = _attention(impl)(q, k, v, bool(causal), softcap, slopes, deterministic)
     dout = torch.randn_like(out)
     ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150,
                   return_mode="median")
     return ms, 2.5 * flops / ms / 1e9
 
 
-def time_forward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False):
+def time_forward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, impl="flashport"):
     """(ms, TFLOPS) of one forward through flashport.flash_attn_func, same inputs and options as
     time_backward."""
     from triton.testing import do_bench
 
-    import flashport
-
     q, k, v, slopes, flops = _inputs(d, causal, s, tokens, hidden, alibi)
-    ms = do_bench(lambda: flashport.flash_attn_func(q, k, v, causal=bool(causal), softcap=softcap,
-                                                    alibi_slopes=slopes), warmup=25, rep=150, return_mode="median")
+    attention = _attention(impl)
+    ms = do_bench(lambda: attention(q, k, v, bool(causal), softcap, slopes), warmup=25, rep=150,
+                  return_mode="median")
     return ms, flops / ms / 1e9
 
 
@@ -72,10 +90,11 @@ def child(args):
         for causal in args.causal:
             for s in args.seqlens:
                 if args.pass_ == "fwd":
-                    _, tflops = time_forward(d, causal, s, args.tokens, args.hidden, args.softcap, bool(args.alibi))
+                    _, tflops = time_forward(d, causal, s, args.tokens, args.hidden, args.softcap, bool(args.alibi),
+                                             args.impl)
                 else:
                     _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap,
-                                              bool(args.alibi), bool(args.deterministic))
+                                              bool(args.alibi), bool(args.deterministic), args.impl)
                 value = getattr(args, args.knob[4:]) if args.knob.startswith("arg:") else os.environ.get(args.knob, "")
                 print(json.dumps({"value": str(value), "d": d, "causal": causal, "s": s,
                                   "tflops": round(tflops, 1)}), flush=True)
@@ -95,6 +114,7 @@ def main():
     ap.add_argument("--alibi", type=int, default=0, help="1: ALiBi slopes on every call")
     ap.add_argument("--pass", dest="pass_", choices=("bwd", "fwd"), default="bwd", help="what to time")
     ap.add_argument("--deterministic", type=int, default=0, help="1: deterministic=True on every call")
+    ap.add_argument("--impl", choices=("flashport", "fa3"), default="flashport", help="whose attention to time")
     ap.add_argument("--out", help="JSON lines of every child's cells")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

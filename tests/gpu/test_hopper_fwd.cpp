@@ -87,8 +87,8 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
   for (const auto& spec : hopper::variants(90)) EXPECT_TRUE(hopper::is_main_kernel(spec)) << spec.key();
   // 2 dtypes x (5 head dims + 4 persistent + 3 persistent with O apart + 9 alternatives + the launch
-  // rule's d 64 persistent shapes, 128 and 192 rows)
-  EXPECT_EQ(hopper::variants(90).size(), 46u);
+  // rule's d 64 persistent shapes, 128 and 192 rows + 2 transforms x the rule's 9 shapes)
+  EXPECT_EQ(hopper::variants(90).size(), 82u);
   EXPECT_TRUE(hopper::variants(80).empty());
 }
 
@@ -171,6 +171,17 @@ TEST(HopperFwd, SmallSoftcapAlibi) {
     SCOPED_TRACE(f.name);
     expect_hopper_accurate(with(dense(DType::bf16, 2, 113, 203, 2, 1, 128), f));
     expect_hopper_accurate(with(dense(DType::f16, 1, 200, 200, 2, 2, 64), f));
+  }
+  // The other kernels the launch rule picks with a transform compiled in: d 64 past 1k keys (192-row
+  // blocks, persistent when dense and non-causal), d 96 / 192 / 256, and causal sq > sk (ALiBi's
+  // diagonal shifted by sk - sq, first query block without keys).
+  for (const Features& f : {kSoftcap, kAlibi, kAlibiPerBatch}) {
+    SCOPED_TRACE(f.name);
+    expect_hopper_accurate(with(dense(DType::bf16, 1, 300, 1100, 2, 1, 64), f));
+    for (int d : {96, 192, 256}) expect_hopper_accurate(with(dense(DType::bf16, 1, 150, 170, 3, 1, d), f));
+    Features causal = f;
+    causal.causal = true;
+    expect_hopper_accurate(with(dense(DType::f16, 2, 250, 120, 2, 1, 128), causal));
   }
 }
 

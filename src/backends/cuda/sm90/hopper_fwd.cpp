@@ -47,7 +47,14 @@ struct Shape {
   Tile tile;
   int exp_emu;
   int persistent = 0;  // FP_PERSISTENT: 1 or 2 = grid of SM count, CTAs loop over query blocks
+  int transform = 0;   // FP_FWD_TRANSFORM: 0 plain, 1 ALiBi, 2 softcap (and ALiBi); set from the problem
 };
+
+/// The score transform `p` needs (softmax_sm90.cuh, kTransform): plain problems run a kernel without
+/// the softcap / ALiBi code in their loop.
+int transform_for(const AttnProblem& p) {
+  return p.softcap > 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
+}
 
 /// Whether the kernel of `shape` stages O in a buffer of its own (FP_PERSISTENT=2 where it fits).
 bool separate_o(int d, const Shape& shape) {
@@ -185,6 +192,7 @@ jit::KernelSpec make_spec(int elem_type, int d, Shape shape) {
                   {"FP_STAGES", std::to_string(t.stages)}};
   if (shape.exp_emu > 0) spec.defines.push_back({"FP_EXP_EMU", std::to_string(shape.exp_emu)});
   if (shape.persistent) spec.defines.push_back({"FP_PERSISTENT", std::to_string(shape.persistent)});
+  if (shape.transform) spec.defines.push_back({"FP_FWD_TRANSFORM", std::to_string(shape.transform)});
   return spec;
 }
 
@@ -229,6 +237,7 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
   const long long blocks = m_blocks * p.hq * p.batch;
   shape.persistent = blocks < (1LL << 30) ? persistent_for(p) : 0;  // the kernel counts blocks in int
+  shape.transform = transform_for(p);
   Launch l;
   l.smem = smem_bytes(d, tile, separate_o(d, shape));
   l.threads = (unsigned)threads_for(tile.block_m);
@@ -243,9 +252,9 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
   l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
   l.tma_v = encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
-  const jit::SpecKey key{
-      reinterpret_cast<const void*>(&make_spec),
-      {p.in_type, d, tile.block_m, tile.block_n, tile.stages, shape.exp_emu, shape.persistent}};
+  const jit::SpecKey key{reinterpret_cast<const void*>(&make_spec),
+                         {p.in_type, d, tile.block_m, tile.block_n, tile.stages, shape.exp_emu,
+                          shape.persistent, shape.transform}};
   l.kernel = &jit::get_cached(key, device, l.smem, [&] { return make_spec(p.in_type, d, shape); });
   if (shape.persistent) {
     l.grid[0] = (unsigned)std::min<long long>(blocks, jit::device_sm_count(device));
@@ -443,6 +452,15 @@ std::vector<jit::KernelSpec> variants(int arch) {
     for (const Alternative& a : kAlternatives) specs.push_back(make_spec(elem_type, a.d, a.shape));
     specs.push_back(make_spec(elem_type, 64, {{kBlockM, 128, 2}, 0, 2}));  // the rule's short-key d 64 shape
     specs.push_back(make_spec(elem_type, 64, {{kBlockMTall, 128, 2}, 0, 2}));  // three consumers, persistent
+    // Softcap / ALiBi kernels of the launch rule's shapes (rule_shape x persistent_for).
+    for (int transform : {1, 2}) {
+      for (int persistent : {0, 2}) {
+        specs.push_back(make_spec(elem_type, 64, {{kBlockM, 128, 2}, 0, persistent, transform}));
+        specs.push_back(make_spec(elem_type, 64, {{kBlockMTall, 128, 2}, 0, persistent, transform}));
+        specs.push_back(make_spec(elem_type, 128, {tile_for(128), 0, persistent, transform}));
+      }
+      for (int d : {96, 192, 256}) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 0, transform}));
+    }
   }
   return specs;
 }

@@ -253,8 +253,8 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
                     u32& q_count) {
   const int tid = thread_index() - 128 * (c + 1);
   const int lane = tid & 31;
-  const bool transform = p.softcap > 0.0f || p.alibi != nullptr;
-  const float to_log2 = transform ? kLog2e : p.scale * kLog2e;
+  const float to_log2 = scores_to_log2(p);
+  const float slope2 = kAlibi ? alibi_slope(p, blk.b, blk.h) * sem::kLog2e : 0.0f;  // ALiBi's, log2 units
 
   const u64 desc_q = sm90::smem_desc(smem_addr(&s.q[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
   const u64 desc_k = sm90::smem_desc(smem_addr(&s.k[0][0][0][0]), 16, 1024);
@@ -279,7 +279,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   sm90::wgmma_wait<0>();
   sm90::pin_registers(r_s);
   release(s.bar_k_empty[stage], lane);
-  prepare_scores(r_s, p, blk, n, transform);
+  prepare_scores(r_s, p, blk, n, slope2);
   online_softmax(r_s, st, to_log2, alpha);  // O is still 0: nothing to rescale
   convert_p<Elem>(r_s, r_p);
 
@@ -301,7 +301,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     sm90::wgmma_wait<1>();
     sm90::pin_registers(r_s);
     release(s.bar_k_empty[stage], lane);
-    prepare_scores(r_s, p, blk, n, transform);
+    prepare_scores(r_s, p, blk, n, slope2);
     const bool rescale = online_softmax(r_s, st, to_log2, alpha);
     sm90::pin_registers(r_s);
     // ptxas schedules WARPGROUP.DEPBAR (wgmma_wait) as early as its basic block allows, which

@@ -295,10 +295,11 @@ FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
 /// P^T = exp2(S^T * scale * log2 e - LSE * log2 e), 0 outside each query's visible keys, in r_s;
 /// dS^T = P^T (dP^T - D) in r_dp. With ALiBi / softcap (FP_BWD_GENERAL) the score is SPEC's
 /// cap tanh(scale S^T / cap) - slope |i + shift - j| and dS^T takes softcap's derivative 1 - tanh^2 through
-/// attn::prob_grad; tanh from fast_tanh_exp2 (the forward's LSE came from tanhf: they agree to ~1e-7 cap),
-/// the ALiBi distance in fp32 from one converted base per thread (exact below 2^24 tokens). LSE / D
-/// of a column pair come from one 8-byte shared load (the 4 lanes of a quad read different pairs, the 8 quads
-/// the same: broadcast). Visibility in 32 bits: key j is visible to query i iff shift - wl <= j - i <= shift
+/// attn::prob_grad; tanh from fast_tanh_exp2 (as in the Hopper forward; the portable one's tanhf agrees to
+/// ~1e-7 cap), the ALiBi distance in fp32 from one converted base per thread (exact below 2^24 tokens). LSE /
+/// D of a column pair come from one 8-byte shared load (the 4 lanes of a quad read different pairs, the 8
+/// quads the same: broadcast). Visibility in 32 bits: key j is visible to query i iff shift - wl <= j - i <=
+/// shift
 /// + wr and j < len_k (SPEC's window around the bottom-right diagonal; sem::visible_keys), queries past the
 /// sequence get P = 0 from their LSE. The mask is applied to every tile, branch-free: a branch around it (for
 /// tiles every query sees whole) makes ptxas serialise all wgmmas of the loop (C7512, "insufficient register

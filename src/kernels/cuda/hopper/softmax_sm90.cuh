@@ -48,6 +48,22 @@ static_assert(kExpEmu >= 0 && kExpEmu <= 8, "FP_EXP_EMU counts eighths of the co
 /// max|V| stay far inside fp32, and O/l and the LSE are unchanged (both carry the same stale m).
 constexpr float kRescaleSlack = 8.0f;
 
+#ifndef FP_FWD_TRANSFORM
+#define FP_FWD_TRANSFORM 0
+#endif
+/// The score transform compiled in (the host picks it per call): 0 none (softcap and ALiBi off), 1 ALiBi,
+/// 2 softcap, with ALiBi when slopes are given (a slope of 0 otherwise). ALiBi costs one add and one
+/// multiply per score, softcap two more SFU operations; the plain kernel carries none of their code.
+constexpr int kTransform = FP_FWD_TRANSFORM;
+constexpr bool kAlibi = kTransform >= 1;
+constexpr bool kSoftcap = kTransform == 2;
+static_assert(kTransform >= 0 && kTransform <= 2, "FP_FWD_TRANSFORM is 0, 1 or 2");
+
+/// Factor from the scores prepare_scores leaves to the log2 domain of the softmax.
+FP_DEV float scores_to_log2(const AttnProblem& p) {
+  return kTransform != 0 ? 1.0f : p.scale * sem::kLog2e;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Work of one CTA.
 
@@ -130,20 +146,31 @@ FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk) {
 // ---------------------------------------------------------------------------------------------
 // Scores. Fragment element e = 4j + 2h + x is row thread_row(h), column 8j + 2 (lane % 4) + x of the tile.
 
-/// SPEC steps 1-4 on the raw dots of key tile n: softcap and ALiBi through the shared policy when
-/// on (the caller then converts with log2(e) instead of scale * log2(e)), and -inf outside each
-/// row's visible keys when the tile is not entirely visible. Row ranges are recomputed per tile
-/// (a few integer operations) rather than held in registers across the loop.
+/// SPEC steps 1-4 on the raw dots of key tile n. Plain kernels leave the dots as they are (the caller
+/// converts with scale * log2 e); transform kernels (kTransform) turn them into log2-domain scores
+/// (the caller converts with 1): softcap as cap tanh(scale s / cap) with tanh from fast_tanh_exp2 (one
+/// ex2, one rcp; the Hopper backward recomputes P with the same formula, so the LSE it reads matches),
+/// ALiBi as -slope |i + sk - sq - j| with the distance in fp32 from one base per row (exact below
+/// 2^24 tokens). Then -inf outside each row's visible keys when the tile is not entirely visible. Row
+/// ranges are recomputed per tile (a few integer operations) rather than held across the loop.
 FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk, int n,
-                           bool transform) {
+                           float slope2) {
   const int j0 = n * kBlockN, col0 = 2 * (threadIdx.x & 3);
-  if (transform) {
-    const float slope = alibi_slope(p, blk.b, blk.h);
-    const int i[2] = {thread_row(blk, 0), thread_row(blk, 1)};
+  if constexpr (kTransform != 0) {
+    float cap2 = kSoftcap ? p.softcap * sem::kLog2e : 0.0f;
+    float arg_scale = kSoftcap ? p.scale / p.softcap * (2.0f * sem::kLog2e) : p.scale * sem::kLog2e;
+    // Computed per tile: hoisted out of the key loop, the three stay live beside O, S and P (spills
+    // at d 128 persistent and d 256).
+    asm volatile("" : "+f"(cap2), "+f"(arg_scale));
+    float diag[2];  // i + sk - sq - (j0 + col0) per row: the distance base of element column 0
+#pragma unroll
+    for (int h = 0; h < 2; ++h) diag[h] = (float)(thread_row(blk, h) + blk.sk - blk.sq - j0 - col0);
 #pragma unroll
     for (int e = 0; e < kBlockN / 2; ++e) {
-      const int j = j0 + 8 * (e / 4) + col0 + (e & 1);
-      r_s[e] = score<float>(p, r_s[e], p.scale, slope, i[(e >> 1) & 1], j, blk.sq, blk.sk);
+      float v = r_s[e] * arg_scale;
+      if constexpr (kSoftcap) v = cap2 * fast_tanh_exp2(v);
+      if constexpr (kAlibi) v -= slope2 * fabsf(diag[(e >> 1) & 1] - (float)(8 * (e / 4) + (e & 1)));
+      r_s[e] = v;
     }
   }
   const MaskBounds bounds = mask_bounds(p, blk);
