@@ -210,8 +210,8 @@ if has bwdab; then
   # (scripts/ab_bwd.py): BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS (e.g. --dims 64 --seqlens 2048); or several
   # A/Bs in a row: BWDAB="knob|values|args;knob|values|args" (a knob arg:NAME passes --NAME VALUE).
   python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
-  # With the fa3 step, FA3 is importable for `--knob arg:impl --values flashport,fa3`.
-  if has fa3 && fa3_ready; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
+  # FA3 (the fa3 step's build, or one started before this script) for `--knob arg:impl --values flashport,fa3`.
+  if [[ "${BWDAB:-}" == *arg:impl* ]] && fa3_ready; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   IFS=';' read -ra bwdab_runs <<<"${BWDAB:-${BWDAB_KNOB:-FLASHPORT_HOPPER_BWD_DQ}|${BWDAB_VALUES:-0,1}|${BWDAB_ARGS:-}}"
   for run in "${bwdab_runs[@]}"; do
     IFS='|' read -r knob values args <<<"$run"

@@ -295,11 +295,11 @@ FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
 /// P^T = exp2(S^T * scale * log2 e - LSE * log2 e), 0 outside each query's visible keys, in r_s;
 /// dS^T = P^T (dP^T - D) in r_dp. With ALiBi / softcap (FP_BWD_GENERAL) the score is SPEC's
 /// cap tanh(scale S^T / cap) - slope |i + shift - j| and dS^T takes softcap's derivative 1 - tanh^2 through
-/// attn::prob_grad; tanh from fast_tanh_exp2 (as in the Hopper forward; the portable one's tanhf agrees to
-/// ~1e-7 cap), the ALiBi distance in fp32 from one converted base per thread (exact below 2^24 tokens). LSE /
-/// D of a column pair come from one 8-byte shared load (the 4 lanes of a quad read different pairs, the 8
-/// quads the same: broadcast). Visibility in 32 bits: key j is visible to query i iff shift - wl <= j - i <=
-/// shift
+/// attn::prob_grad; tanh from fast_tanh (tanh.approx, as in the Hopper forward; 2^-11 relative of the
+/// portable forward's tanhf), the ALiBi distance in fp32 from one converted base per thread (exact below 2^24
+/// tokens). LSE / D of a column pair come from one 8-byte shared load (the 4 lanes of a quad read different
+/// pairs, the 8 quads the same: broadcast). Visibility in 32 bits: key j is visible to query i iff shift - wl
+/// <= j - i <= shift
 /// + wr and j < len_k (SPEC's window around the bottom-right diagonal; sem::visible_keys), queries past the
 /// sequence get P = 0 from their LSE. The mask is applied to every tile, branch-free: a branch around it (for
 /// tiles every query sees whole) makes ptxas serialise all wgmmas of the loop (C7512, "insufficient register
@@ -323,11 +323,11 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
   asm volatile("" : "+r"(rel0), "+r"(span));
   const bool key_in[2] = {key < len_k, key + 8 < len_k};
   // ALiBi: the step head's slope (0: off) and diag(query of j = 0, x = 0) - key(h = 0) as a float.
-  // Softcap: tanh's argument times 2 log2(e) is S^T * tanh_scale.
+  // Softcap: tanh's argument is S^T * tanh_scale.
   const float slope = kAlibi ? alibi_slope(p, w.b, h_step) : 0.0f;
   const float diag_minus_key = kAlibi ? (float)(m0 + q_off + 2 * t4 + shift - key) : 0.0f;
   const float cap = kSoftcap ? p.softcap : 0.0f;
-  const float tanh_scale = kSoftcap ? p.scale / cap * (2.0f * sem::kLog2e) : 0.0f;
+  const float tanh_scale = kSoftcap ? p.scale / cap : 0.0f;
   const u32 s_lse2 = smem_addr(&s.lse2[stage][0]) + 4u * q_off,
             s_dsum = smem_addr(&s.dsum[stage][0]) + 4u * q_off;
 #pragma unroll
@@ -344,7 +344,7 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
         if constexpr (kAlibi) {
           float score = r_s[e] * p.scale;
           if constexpr (kSoftcap) {
-            th = fast_tanh_exp2(r_s[e] * tanh_scale);
+            th = fast_tanh(r_s[e] * tanh_scale);
             score = cap * th;
           }
           score -= slope * fabsf(diag_minus_key + (float)(8 * j + x - 8 * h));  // sem::alibi_distance

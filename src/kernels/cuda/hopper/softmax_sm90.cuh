@@ -148,17 +148,18 @@ FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk) {
 
 /// SPEC steps 1-4 on the raw dots of key tile n. Plain kernels leave the dots as they are (the caller
 /// converts with scale * log2 e); transform kernels (kTransform) turn them into log2-domain scores
-/// (the caller converts with 1): softcap as cap tanh(scale s / cap) with tanh from fast_tanh_exp2 (one
-/// ex2, one rcp; the Hopper backward recomputes P with the same formula, so the LSE it reads matches),
-/// ALiBi as -slope |i + sk - sq - j| with the distance in fp32 from one base per row (exact below
-/// 2^24 tokens). Then -inf outside each row's visible keys when the tile is not entirely visible. Row
-/// ranges are recomputed per tile (a few integer operations) rather than held across the loop.
+/// (the caller converts with 1): softcap as cap tanh(scale s / cap) with fast_tanh (the Hopper backward
+/// recomputes P with the same instruction, so the LSE it reads matches), ALiBi as -slope |i + sk - sq - j|
+/// with the distance in fp32 from one base per row (exact below 2^24 tokens); `slope2` is the slope times
+/// log2 e, loaded once per block by the caller. Then -inf outside each row's visible keys when the tile is
+/// not entirely visible. Row ranges are recomputed per tile (a few integer operations) rather than held
+/// across the loop.
 FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk, int n,
                            float slope2) {
   const int j0 = n * kBlockN, col0 = 2 * (threadIdx.x & 3);
   if constexpr (kTransform != 0) {
     float cap2 = kSoftcap ? p.softcap * sem::kLog2e : 0.0f;
-    float arg_scale = kSoftcap ? p.scale / p.softcap * (2.0f * sem::kLog2e) : p.scale * sem::kLog2e;
+    float arg_scale = kSoftcap ? p.scale / p.softcap : p.scale * sem::kLog2e;
     // Computed per tile: hoisted out of the key loop, the three stay live beside O, S and P (spills
     // at d 128 persistent and d 256).
     asm volatile("" : "+f"(cap2), "+f"(arg_scale));
@@ -168,7 +169,7 @@ FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, cons
 #pragma unroll
     for (int e = 0; e < kBlockN / 2; ++e) {
       float v = r_s[e] * arg_scale;
-      if constexpr (kSoftcap) v = cap2 * fast_tanh_exp2(v);
+      if constexpr (kSoftcap) v = cap2 * fast_tanh(v);
       if constexpr (kAlibi) v -= slope2 * fabsf(diag[(e >> 1) & 1] - (float)(8 * (e / 4) + (e & 1)));
       r_s[e] = v;
     }
