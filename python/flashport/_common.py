@@ -26,10 +26,16 @@ def fp8_groups(shape, nheads_k: int, varlen: bool):
     return (b, s, nheads_k, h // nheads_k, d), (1, 3, 4)
 
 
-def fp8_descale(amax, fp8_name: str, where):
+def fp8_descale(amax, fp8_name: str, where, full_like):
     """The descale (x ~= fp8 * descale) from a group's amax: amax / fp8_max, and 1 where that is 0 (an
-    all-zero group, or an amax so small the quotient underflows), so x / descale stays finite."""
-    descale = amax / FP8_MAX[fp8_name]
+    all-zero group, or an amax so small the quotient underflows), so x / descale stays finite.
+
+    The quotient is correctly rounded on every device: the divisor is an array (`full_like`), because
+    torch's CUDA division by a Python scalar multiplies by its reciprocal, one ulp off in about half the
+    groups. x / descale then lands on the other side of an fp8 rounding tie for some elements (ties are
+    common: bf16 values over an fp8 maximum of 7 x 64 are short fractions), so the same inputs quantised
+    on the CPU and on the GPU differed by one fp8 step (6-12%) in a few elements."""
+    descale = amax / full_like(amax, FP8_MAX[fp8_name])
     return where(descale == 0, 1.0, descale)
 
 

@@ -184,7 +184,7 @@ def quantize(x, nheads_k: int, cu_seqlens=None, fp8: str = "float8_e4m3fn"):
         token_seq = np.searchsorted(cu[1:], np.arange(xf.shape[0]), side="right")
         amax = np.zeros((cu.shape[0] - 1, nheads_k), np.float32)
         np.maximum.at(amax, token_seq, np.abs(grouped).max(axis=axes, initial=0.0))
-    descale = fp8_descale(amax, fp8, np.where).astype(np.float32)
+    descale = fp8_descale(amax, fp8, np.where, np.full_like).astype(np.float32)
     if cu_seqlens is None:
         scaled = grouped / descale[:, None, :, None, None]
     else:

@@ -34,7 +34,7 @@ def quantize(x: Tensor, nheads_k: int, cu_seqlens: Optional[Tensor], fp8_dtype: 
             amax = grouped.abs().amax(dim=axes)
         else:
             amax = xf.new_zeros(grouped.shape[0], nheads_k)
-        descale = fp8_descale(amax, fp8_name, torch.where)
+        descale = fp8_descale(amax, fp8_name, torch.where, torch.full_like)
         x8 = (grouped / descale[:, None, :, None, None]).reshape(x.shape).to(fp8_dtype)
         if shared_batch:
             descale = descale.expand(shared_batch, nheads_k)
@@ -48,7 +48,7 @@ def quantize(x: Tensor, nheads_k: int, cu_seqlens: Optional[Tensor], fp8_dtype: 
     if total:
         token_amax = grouped.abs().amax(dim=axes)
         amax = amax.scatter_reduce(0, token_seq[:, None].expand(total, nheads_k), token_amax, reduce="amax")
-    descale = fp8_descale(amax, fp8_name, torch.where)
+    descale = fp8_descale(amax, fp8_name, torch.where, torch.full_like)
     x8 = (grouped / descale[token_seq][:, :, None, None]).reshape(x.shape).to(fp8_dtype)
     return x8, descale
 

@@ -61,12 +61,23 @@ FP_DEV int min_int(int a, int b) {
   return a < b ? a : b;
 }
 
+/// The order in which a dQ tile takes its key blocks' additions in deterministic mode: from the last
+/// key block down, except at d 96, whose drain warps (40 registers) spilled with the reversed dispatch
+/// it needs (key_block) and keep key-block order.
+constexpr bool kTurnsFromLast = kHeadDim != 96;
+
+/// This CTA's key block. With kTurnsFromLast, deterministic runs dispatch the key blocks of a (kv head,
+/// sequence) from the last down: a CTA then waits (dq_turn) only on CTAs dispatched before it.
+FP_DEV int key_block(const BwdParams& prm) {
+  return kTurnsFromLast && prm.dq_tile_count ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+}
+
 FP_DEV Work make_work(const BwdParams& prm) {
   const AttnProblem& p = prm.p;
   Work w;
   w.b = (int)blockIdx.z + prm.batch_offset;
   w.hk = (int)blockIdx.y;
-  w.n0 = (int)blockIdx.x * kBlockN;
+  w.n0 = key_block(prm) * kBlockN;
   w.group = (int)gqa_group(p);
   w.seq = bwd::sequence(p, w.b);
   w.m_begin = w.n_m = 0;
@@ -95,7 +106,7 @@ FP_DEV int step_m0(const Work& w, int t) {
 /// False when no key row of this CTA's block exists (nothing to write): the whole CTA returns before
 /// any barrier.
 FP_DEV bool block_has_keys(const BwdParams& prm) {
-  return (int)blockIdx.x * kBlockN < bwd::sequence(prm.p, (int)blockIdx.z + prm.batch_offset).rows_k;
+  return key_block(prm) * kBlockN < bwd::sequence(prm.p, (int)blockIdx.z + prm.batch_offset).rows_k;
 }
 
 /// The dynamic shared memory as S, its base rounded up to the 1024-byte swizzle period (the host adds
@@ -238,10 +249,14 @@ FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Deterministic mode (BwdParams::dq_tile_count): every dQ tile takes its key blocks' additions in
-// key-block order. A CTA waits for its turn on the tile's counter, adds, waits for its additions to be
-// performed, and passes the turn on. Waiting only on lower key blocks of the same (kv head, sequence),
-// which the hardware dispatched earlier, cannot deadlock.
+// Deterministic mode (BwdParams::dq_tile_count): every dQ tile takes its key blocks' additions in a fixed
+// order, from the highest key block down (kTurnsFromLast) or up. A CTA waits for its turn on the tile's
+// counter, adds, waits for its additions to be performed, and passes the turn on. It waits only on key
+// blocks of the same (kv head, sequence) that the hardware dispatched earlier (key_block), so it cannot
+// deadlock. Each CTA walks its query blocks upwards from its first, and under a causal mask that first
+// one is the diagonal, where the highest key block seeing a tile starts: from the last down, every turn
+// comes about when its CTA arrives. In key-block order every CTA of a causal problem waits for key block
+// 0 to walk up to its diagonal (0.47-0.61x FA3's deterministic backward at d 128 causal, H200).
 
 /// The turn counter of dQ tile (query head h, query block m0) of this CTA's sequence.
 FP_DEV int* dq_tile_counter(const BwdParams& prm, const Work& w, int h, int m0) {
@@ -250,21 +265,34 @@ FP_DEV int* dq_tile_counter(const BwdParams& prm, const Work& w, int h, int m0) 
   return prm.dq_tile_count + row / 64;
 }
 
-/// This CTA's turn at query block m0: the key blocks before its own that add to that block. They are
-/// contiguous up to this one (visible key ranges grow with the query), so the first is found by
-/// bisection over the same rule that gives each CTA its query blocks (make_work).
+/// This CTA's turn at query block m0: how many key blocks add to that block before this one. The key
+/// blocks that see it are contiguous, from the one holding the first key its first query row sees to the
+/// one holding the last key its last row sees (visible ranges move up with the row; the ends of the
+/// sequence without a window on that side): the blocks make_work's seeing_query_blocks gives (checked
+/// against it by brute force over lengths, windows and both block shapes when this was written). Closed
+/// form rather than a bisection over that rule: the drain warps that call it at d 96 have 40 registers.
 FP_DEV int dq_turn(const AttnProblem& p, const Work& w, int m0) {
-  const int block = m0 / kBlockM, own = w.n0 / kBlockN;
-  int lo = 0, hi = own;  // the first key block that sees `block` lies in [lo, hi]
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    const sem::Tiles<int> seen = bwd::seeing_query_blocks(p, w.seq, mid * kBlockN, kBlockN, kBlockM);
-    if (seen.begin <= block && block < seen.end)
-      hi = mid;
-    else
-      lo = mid + 1;
+  // Opaque copies: computed per call, not hoisted out of the caller's step loop and kept live there.
+  int len_q = w.seq.len_q, len_k = w.seq.len_k;
+  asm volatile("" : "+r"(len_q), "+r"(len_k));
+  const int own = w.n0 / kBlockN;
+  constexpr i64 kFar = 1 << 30;  // windows past every length (< 2^30) are unbounded
+  if (kTurnsFromLast) {
+    int last = (len_k + kBlockN - 1) / kBlockN - 1;
+    if (p.window_right >= 0) {
+      const i64 right = p.window_right < kFar ? p.window_right : kFar;
+      const int last_q = min_int(m0 + kBlockM, len_q) - 1;
+      last = min_int(last, (int)(((i64)last_q + right + (len_k - len_q)) / kBlockN));  // >= own
+    }
+    return last - own;
   }
-  return own - lo;
+  int first = 0;
+  if (p.window_left >= 0) {
+    const i64 left = p.window_left < kFar ? p.window_left : kFar;
+    const i64 lo = (i64)m0 + (len_k - len_q) - left;
+    first = lo > 0 ? (int)(lo / kBlockN) : 0;
+  }
+  return own - first;
 }
 
 /// Spins until `counter` reaches `turn` (acquire: the earlier blocks' additions are then visible).
