@@ -160,8 +160,9 @@ FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, cons
   if constexpr (kTransform != 0) {
     float cap2 = kSoftcap ? p.softcap * sem::kLog2e : 0.0f;
     float arg_scale = kSoftcap ? p.scale / p.softcap : p.scale * sem::kLog2e;
-    // Computed per tile: hoisted out of the key loop, the three stay live beside O, S and P (spills
-    // at d 128 persistent and d 256).
+    // Computed per tile rather than hoisted out of the key loop and kept live beside O, S and P. Added
+    // while chasing spills at d 128 persistent and d 256, which turned out to come from the slope's
+    // per-tile load (now the caller's, once per block); not re-measured without it.
     asm volatile("" : "+f"(cap2), "+f"(arg_scale));
     float diag[2];  // i + sk - sq - (j0 + col0) per row: the distance base of element column 0
 #pragma unroll
