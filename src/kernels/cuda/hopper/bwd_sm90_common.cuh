@@ -258,6 +258,9 @@ FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
 // comes about when its CTA arrives. In key-block order every CTA of a causal problem waits for key block
 // 0 to walk up to its diagonal (0.47-0.61x FA3's deterministic backward at d 128 causal, H200).
 
+/// Window sizes at or past this are unbounded: the host bounds sequence lengths by 2^30, so |j - i| < 2^30.
+constexpr int kFarWindow = 1 << 30;
+
 /// The turn counter of dQ tile (query head h, query block m0) of this CTA's sequence.
 FP_DEV int* dq_tile_counter(const BwdParams& prm, const Work& w, int h, int m0) {
   const AttnProblem& p = prm.p;
@@ -276,11 +279,10 @@ FP_DEV int dq_turn(const AttnProblem& p, const Work& w, int m0) {
   int len_q = w.seq.len_q, len_k = w.seq.len_k;
   asm volatile("" : "+r"(len_q), "+r"(len_k));
   const int own = w.n0 / kBlockN;
-  constexpr i64 kFar = 1 << 30;  // windows past every length (< 2^30) are unbounded
   if (kTurnsFromLast) {
     int last = (len_k + kBlockN - 1) / kBlockN - 1;
     if (p.window_right >= 0) {
-      const i64 right = p.window_right < kFar ? p.window_right : kFar;
+      const i64 right = p.window_right < kFarWindow ? p.window_right : kFarWindow;
       const int last_q = min_int(m0 + kBlockM, len_q) - 1;
       last = min_int(last, (int)(((i64)last_q + right + (len_k - len_q)) / kBlockN));  // >= own
     }
@@ -288,7 +290,7 @@ FP_DEV int dq_turn(const AttnProblem& p, const Work& w, int m0) {
   }
   int first = 0;
   if (p.window_left >= 0) {
-    const i64 left = p.window_left < kFar ? p.window_left : kFar;
+    const i64 left = p.window_left < kFarWindow ? p.window_left : kFarWindow;
     const i64 lo = (i64)m0 + (len_k - len_q) - left;
     first = lo > 0 ? (int)(lo / kBlockN) : 0;
   }
@@ -324,24 +326,24 @@ FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
 /// dS^T = P^T (dP^T - D) in r_dp. With ALiBi / softcap (FP_BWD_GENERAL) the score is SPEC's
 /// cap tanh(scale S^T / cap) - slope |i + shift - j| and dS^T takes softcap's derivative 1 - tanh^2 through
 /// attn::prob_grad; tanh from fast_tanh (tanh.approx, as in the Hopper forward; 2^-11 relative of the
-/// portable forward's tanhf), the ALiBi distance in fp32 from one converted base per thread (exact below 2^24
-/// tokens). LSE / D of a column pair come from one 8-byte shared load (the 4 lanes of a quad read different
-/// pairs, the 8 quads the same: broadcast). Visibility in 32 bits: key j is visible to query i iff shift - wl
-/// <= j - i <= shift
-/// + wr and j < len_k (SPEC's window around the bottom-right diagonal; sem::visible_keys), queries past the
-/// sequence get P = 0 from their LSE. The mask is applied to every tile, branch-free: a branch around it (for
-/// tiles every query sees whole) makes ptxas serialise all wgmmas of the loop (C7512, "insufficient register
-/// resources").
+/// portable forward's tanhf), the ALiBi distance in fp32 from one converted base per thread (exact below
+/// 2^24 tokens). LSE / D of a column pair come from one 8-byte shared load (the 4 lanes of a quad read
+/// different pairs, the 8 quads the same: broadcast). Visibility in 32 bits: key j is visible to query i iff
+/// shift - wl <= j - i <= shift + wr and j < len_k (SPEC's window around the bottom-right diagonal;
+/// sem::visible_keys), queries past the sequence get P = 0 from their LSE. The mask is applied to every
+/// tile, branch-free: a branch around it (for tiles every query sees whole) makes ptxas serialise all
+/// wgmmas of the loop (C7512, "insufficient register resources").
 template <int kN, class S>
 FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const AttnProblem& p, const S& s,
                             const Work& w, int h_step, int stage, int m0, int q_off, int key0, int tid) {
   const int lane = tid & 31, t4 = lane & 3;
   const int len_q = w.seq.len_q, len_k = w.seq.len_k;
   const float scale_log2 = p.scale * sem::kLog2e;
-  constexpr int kFar = 1 << 30;  // |j - i| < 2^30: the host bounds sequence lengths by 2^30
   const int shift = len_k - len_q;
-  const int lo_off = p.window_left < 0 || p.window_left >= kFar ? -kFar : shift - (int)p.window_left;
-  const int hi_off = p.window_right < 0 || p.window_right >= kFar ? kFar : shift + (int)p.window_right;
+  const int lo_off =
+      p.window_left < 0 || p.window_left >= kFarWindow ? -kFarWindow : shift - (int)p.window_left;
+  const int hi_off =
+      p.window_right < 0 || p.window_right >= kFarWindow ? kFarWindow : shift + (int)p.window_right;
   const int key = key0 + 16 * (tid >> 5) + (lane >> 2);  // key of the h = 0 elements (h = 1: + 8)
   // visible iff 0 <= diff - lo_off <= hi_off - lo_off (unsigned: one compare), diff = key - query;
   // rel0 is that offset for element (j = 0, h = 0, x = 0). Pinned here: otherwise ptxas computes the
