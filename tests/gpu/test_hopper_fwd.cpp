@@ -150,6 +150,14 @@ TEST(HopperFwd, ManyBlocks) {
   expect_hopper_accurate(c);
 }
 
+// The causal persistent schedule in more than one section (causal_section: the pairs of kv heads whose
+// K and V fit 32 MB, at least a block per CTA), each dealt in its own rounds.
+TEST(HopperFwd, CausalSections) {
+  FP_SKIP_WITHOUT_SM90();
+  expect_hopper_accurate(with(dense(DType::bf16, 32, 128, 1024, 8, 8, 64), kCausal));    // 132 + 124 pairs
+  expect_hopper_accurate(with(dense(DType::bf16, 32, 256, 256, 16, 16, 128), kCausal));  // 2 x 256 pairs
+}
+
 TEST(HopperFwd, SmallMasks) {
   FP_SKIP_WITHOUT_SM90();
   for (const Features& f : kWindowMasks) {  // window-left-only: the lowest key tiles are skipped

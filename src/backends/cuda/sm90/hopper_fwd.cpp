@@ -139,18 +139,10 @@ bool shape_from_env(int d) {
 /// longer ones 192 x 128 (kTallKeys); query blocks of equal work favour the persistent grid with O
 /// staged apart (mode 2: the next block's Q load and the epilogue overlap; +4 to +34% non-causal up to
 /// 2k at d 64, +1 to +19% at d 128 up to 8k). Causal blocks differ in work: the persistent schedule
-/// deals them heaviest first (attn_fwd_sm90.cu, tile_block), which wins only where blocks are few and
-/// short (2026-12-02, same grid: d 64 causal 512 / 1k +15% / +5%, d 128 causal 512 +6%; 2k and longer
-/// 3-8% slower, the launch order's L2 sharing lost), so causal takes mode 2 up to short_causal(d)
-/// queries; windowed and varlen problems keep one CTA per block.
-
-/// The longest causal query length that takes the persistent grid, by head dim (0: never). d 64 past
-/// kTallKeys runs 192-row blocks, whose heaviest-first persistent grid measured 1.20x the one-CTA grid
-/// at 2 x 4k (132.7 vs 159.7 us, 12 heads) and even at 8 x 2k; longer causal rows were not measured
-/// there and keep one CTA per block (the 128-row tile lost 6% that way at 8k-16k).
-long long short_causal(int d) {
-  return d == 64 ? 4096 : d == 128 ? 512 : 0;
-}
+/// deals them heaviest first within sections of heads whose K/V fit L2 (attn_fwd_sm90.cu, tile_block
+/// and round_tile), which measured (2026-12-04, same grid, against one CTA per block) +3 to +17% at
+/// d 64 and +5 to +12% at d 128 from 512 to 8k queries, even at 16k; so every dense causal problem at
+/// d 64 and 128 takes mode 2. Windowed and varlen problems keep one CTA per block.
 
 /// Keys above which d 64 runs 192 x 128 blocks (three consumer warpgroups): measured on the H200
 /// (2026-12-03, bf16, d 64; sweep_hopper_fwd.py, us, against the 128-row tile the rule ran before):
@@ -167,10 +159,8 @@ int persistent_for(const AttnProblem& p) {
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
   const bool dense = !p.cu_seqlens_q && !p.seqused_k;
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
-  const bool short_causal_blocks =
-      dense && p.window_left < 0 && p.window_right == 0 && p.sq <= short_causal(d);
-  if (short_causal_blocks) return 2;
-  return equal_blocks && (d == 128 || d == 64) ? 2 : 0;
+  const bool causal_blocks = dense && p.window_left < 0 && p.window_right == 0;
+  return (equal_blocks || causal_blocks) && (d == 128 || d == 64) ? 2 : 0;
 }
 
 /// The rule's tile for `p` when neither FLASHPORT_HOPPER_TILE nor autotuning chose one.
@@ -258,6 +248,7 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   l.kernel = &jit::get_cached(key, device, l.smem, [&] { return make_spec(p.in_type, d, shape); });
   if (shape.persistent) {
     l.grid[0] = (unsigned)std::min<long long>(blocks, jit::device_sm_count(device));
+    l.prm.section = causal_section(p.sk, p.d, p.dv, p.hq / p.hk, p.hq * p.batch, l.grid[0], m_blocks);
   } else {
     l.grid[0] = (unsigned)m_blocks, l.grid[1] = (unsigned)p.hq, l.grid[2] = (unsigned)p.batch;
   }

@@ -37,13 +37,14 @@ FP_HD constexpr bool block_m_fits(int d, Tile t) {
 /// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
 /// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:
 /// Q (block_m rows) + stages x (K, V) (block_n rows each), each row d/64 chunks of 128 bytes, then
-/// 2 + 4 x stages mbarriers of 8 bytes and 8 bytes of schedule, the struct padded to 1024.
+/// 2 + 4 x stages mbarriers of 8 bytes and 24 bytes of schedule (six ints), the struct padded
+/// to 1024.
 /// `separate_o`: persistent kernels with FP_PERSISTENT=2 stage O in a buffer of its own (block_m rows)
 /// so that Q can be reloaded while the last P V and the epilogue run.
 FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false) {
   const int chunks = head_dim_chunks(d);
   const int tiles = chunks * kChunkRowBytes * ((separate_o ? 2 : 1) * t.block_m + 2 * t.stages * t.block_n);
-  const int barriers = 8 * (3 + 4 * t.stages);
+  const int barriers = 8 * (5 + 4 * t.stages);
   return (tiles + barriers + 1023) / 1024 * 1024 + 1024;
 }
 
@@ -83,9 +84,45 @@ FP_HD constexpr Tile tile_for(int d) {
 }
 
 /// Kernel parameters besides the three tensor maps.
+/// K/V bytes one section of the causal persistent schedule may keep in L2 (of the H200's 50 MB; FA3's
+/// scheduler takes the same budget for its head swizzle).
+inline constexpr long long kL2SectionBytes = 32ll << 20;
+
+/// (sequence, head) pairs per section of the causal persistent schedule: the query heads of as many kv
+/// heads as keep K and V (sk keys of d + dv 16-bit columns) within `budget`, at least one kv head's, and
+/// at least as many as give each of the `ctas` persistent CTAs a block (a section of fewer blocks than
+/// CTAs leaves the others idle through it: 4-8 MB budgets ran d 64/128 causal at 0.3-0.9x); whole GQA
+/// groups (`group` query heads per kv head); at most all `pairs`, at least 1.
+FP_HD constexpr int causal_section(long long sk, long long d, long long dv, long long group, long long pairs,
+                                   long long ctas, long long m_blocks, long long budget = kL2SectionBytes) {
+  const long long kv_head_bytes = sk * (d + dv) * 2;
+  const long long kv_heads = kv_head_bytes > 0 ? budget / kv_head_bytes : 1;
+  const long long fit = (kv_heads > 1 ? kv_heads : 1) * group;
+  const long long per_round = m_blocks > 0 ? (ctas + m_blocks - 1) / m_blocks : 1;
+  const long long round = (per_round + group - 1) / group * group;
+  const long long heads = fit > round ? fit : round;
+  return (int)(heads < pairs ? heads : pairs > 1 ? pairs : 1);
+}
+
+/// Query block and (sequence, head) pair (sequence * hq + head) of tile `t` of the causal persistent
+/// schedule: pairs in sections of `section`, the last one possibly shorter; within a section the
+/// blocks by key count, largest first (block m_blocks - 1 of every pair of the section, then
+/// m_blocks - 2, ...). A bijection from [0, m_blocks * pairs) (tests/jit/test_hopper_schedule.cpp).
+struct CausalTile {
+  int m_block, pair;
+};
+FP_HD constexpr CausalTile causal_tile(int t, int m_blocks, int pairs, int section) {
+  const int first = t / (section * m_blocks) * section;  // the section's first pair
+  const int heads = pairs - first < section ? pairs - first : section;
+  const int i = t - first * m_blocks;
+  const int step = i / heads;
+  return {m_blocks - 1 - step, first + (i - step * heads)};
+}
+
 struct FwdSm90Params {
   AttnProblem p;
   TmaDims dims_q, dims_k, dims_v;
+  int section;  // causal_section() of the problem: pairs per section of the causal persistent schedule
 };
 
 }  // namespace flashport::cuda::hopper
