@@ -150,6 +150,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.decode_variant = small_int(env, "FLASHPORT_DECODE", 0, 5, 1);
   t.bwd_general = flag(env, "FLASHPORT_BWD_GENERAL");
   t.hopper_bwd_dq = small_int(env, "FLASHPORT_HOPPER_BWD_DQ", 0, 1, 1);
+  t.hopper_bwd_pipe = small_int(env, "FLASHPORT_HOPPER_BWD_PIPE", 0, 3, -1);
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);

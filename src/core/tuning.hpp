@@ -64,6 +64,9 @@ struct Tuning {
   // How the Hopper backward (d 64, 128) adds dQ: 0 producer warps' reductions, 1 (unset) bulk reduce-adds
   // from a double-buffered staging tile (hopper_bwd::Tile::dq_mode)
   Knob<int> hopper_bwd_dq{"FLASHPORT_HOPPER_BWD_DQ", 1};
+  // The Hopper backward's d 64 consumer loop (hopper_bwd::Tile::pipe, stages): 0 serial with 2 stages,
+  // 1 pipelined with 2, 2 pipelined with 3, 3 serial with 3; -1 (unset): the tile table's
+  Knob<int> hopper_bwd_pipe{"FLASHPORT_HOPPER_BWD_PIPE", -1};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};

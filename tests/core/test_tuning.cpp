@@ -47,6 +47,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_BWD_STAGES", ""},
                                     {"FLASHPORT_BWD_GENERAL", ""},
                                     {"FLASHPORT_HOPPER_BWD_DQ", ""},
+                                    {"FLASHPORT_HOPPER_BWD_PIPE", ""},
                                     {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
                                     {"FLASHPORT_KEEP_SCRATCH", ""},
@@ -61,7 +62,8 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
-    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);  // bulk reduce-adds
+    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);     // bulk reduce-adds
+    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);  // unset: the tile table's loop and stages
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -117,6 +119,11 @@ TEST(Tuning, SmallIntegers) {
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_DQ", std::to_string(v)}}).hopper_bwd_dq.get(), v);
   for (const char* bad : {"2", "-1", "bulk"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_DQ", bad}}).hopper_bwd_dq, "FLASHPORT_HOPPER_BWD_DQ", bad);
+  for (int v : {0, 1, 2, 3})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_PIPE", std::to_string(v)}}).hopper_bwd_pipe.get(), v);
+  for (const char* bad : {"4", "-1", "on"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_PIPE", bad}}).hopper_bwd_pipe, "FLASHPORT_HOPPER_BWD_PIPE",
+                    bad);
   for (const char* bad : {"3", "-1", "x", "1 ", "+1"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_PERSISTENT", bad}}).hopper_persistent,
                     "FLASHPORT_HOPPER_PERSISTENT", bad);

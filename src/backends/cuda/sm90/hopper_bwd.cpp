@@ -28,30 +28,38 @@ constexpr bool tile_table_fits() {
     if ((t.block_m != 64 && t.block_m != 128) || t.stages < 1) return false;
     if (smem_bytes(d, t) > kSmemLimit) return false;
     if (bulk_dq_fits(d) && smem_bytes(d, Tile{t.block_m, t.stages, 1}) > kSmemLimit) return false;
+    if (t.pipe && !pipe_fits(d, 0)) return false;
   }
   return true;
 }
 static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the kernel's limits");
 
-/// tile_for(d) with the dQ mode FLASHPORT_HOPPER_BWD_DQ picks (read once per process).
-Tile launch_tile(int d) {
+/// tile_for(d) for score transform `general`, with a dQ mode (FLASHPORT_HOPPER_BWD_DQ) and a loop setting
+/// (FLASHPORT_HOPPER_BWD_PIPE, -1: the table's).
+Tile launch_tile(int d, int general, int dq_mode, int pipe) {
   Tile t = tile_for(d);
-  t.dq_mode = bulk_dq_fits(d) ? core::tuning().hopper_bwd_dq.get() : 0;
+  t.dq_mode = bulk_dq_fits(d) ? dq_mode : 0;
+  if (pipe >= 0 && pipe_fits(d, 0)) {  // the knob: loop and stages
+    t.pipe = pipe == 1 || pipe == 2;
+    t.stages = pipe >= 2 ? 3 : 2;
+  }
+  if (!pipe_fits(d, general)) t.pipe = 0;  // softcap: the serial loop on the same stages
   return t;
 }
 
 /// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi).
-jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general) {
-  const Tile t = tile_for(d);
+jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe) {
+  const Tile t = tile_for(d);  // block_m
   const bool wide = wide_kernel(d);
   return {wide ? kWideSource : kNarrowSource,
           wide ? kWideEntry : kNarrowEntry,
           {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
            {"FP_HEADDIM", std::to_string(d)},
            {"FP_BLOCK_M", std::to_string(t.block_m)},
-           {"FP_STAGES", std::to_string(t.stages)},
+           {"FP_STAGES", std::to_string(stages)},
            {"FP_DQ_MODE", std::to_string(dq_mode)},
-           {"FP_BWD_GENERAL", std::to_string(general)}},
+           {"FP_BWD_GENERAL", std::to_string(general)},
+           {"FP_BWD_PIPE", std::to_string(pipe)}},
           90};
 }
 
@@ -127,7 +135,9 @@ void launch_main(BwdParams& prm, int arch) {
   if (prm.accum_tiled != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
-  const Tile tile = launch_tile(d);
+  const int general = p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
+  const Tile tile =
+      launch_tile(d, general, core::tuning().hopper_bwd_dq.get(), core::tuning().hopper_bwd_pipe.get());
   const int smem = smem_bytes(d, tile);
   std::string error;
   const Plans plans = plan_maps(p, error);
@@ -146,8 +156,8 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const int general = p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
-  const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general);
+  const jit::Kernel& kernel =
+      cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general, tile.stages, tile.pipe);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
@@ -161,8 +171,12 @@ std::vector<jit::KernelSpec> variants(int arch) {
   for (int elem_type : {(int)kF16, (int)kBF16})
     for (int d : kHeadDims)
       for (int dq_mode : {0, 1})
-        for (int general : {0, 1, 2})
-          if (dq_mode == 0 || bulk_dq_fits(d)) specs.push_back(make_spec(elem_type, d, dq_mode, general));
+        for (int general : {0, 1, 2}) {
+          if (dq_mode != 0 && !bulk_dq_fits(d)) continue;
+          // The table's tile per score transform (FLASHPORT_HOPPER_BWD_PIPE's other loops are not listed).
+          const Tile t = launch_tile(d, general, dq_mode, -1);
+          specs.push_back(make_spec(elem_type, d, dq_mode, general, t.stages, t.pipe));
+        }
   return specs;
 }
 

@@ -23,7 +23,13 @@ static_assert(kBlockM == 64 && (kPadD == 64 || kPadD == 128), "tile_for's shapes
 #ifndef FP_DQ_MODE
 #define FP_DQ_MODE 0
 #endif
-constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE};
+#ifndef FP_BWD_PIPE
+#define FP_BWD_PIPE 0
+#endif
+constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE, FP_BWD_PIPE};
+constexpr bool kPipe = FP_BWD_PIPE != 0;  // Tile::pipe: the next step's S^T / dP^T issued ahead
+static_assert(!kPipe || (pipe_fits(kHeadDim, FP_BWD_GENERAL) && kDqSplitKeys),
+              "the pipelined loop's registers fit at d 64 without softcap");
 constexpr bool kDqBulk = FP_DQ_MODE != 0;  // bulk reduce-adds from one producer thread (Tile::dq_mode)
 constexpr int kDqBuffers = dq_buffers(kTile);
 static_assert(!kDqBulk || (kTiledDq && bulk_dq_fits(kHeadDim)),
@@ -208,79 +214,152 @@ FP_DEV void gemm_dq(float (&acc)[32], u64 desc_ds, u64 desc_k) {
                            sm90::desc_advance(desc_k, kk * 16 * kChunkRowBytes), kk == 0 ? 0u : 1u);
 }
 
-/// Consumer warpgroup c (0 or 1). Per step: S^T and dP^T (one wgmma batch), P^T and dS^T in registers,
-/// dS^T to shared memory, dV and dK (register A operands), a barrier of both consumers, dQ for its
-/// 64 x 64 share, release of the stage, dQ atomics.
+/// One consumer warpgroup's view of the CTA: its descriptors and shared addresses, and the stages of a
+/// step as named functions, so that the serial and the pipelined loops below order the same stages.
+struct Consumer {
+  const BwdSm90Params& prm;
+  SharedStorage& s;
+  const Work& w;
+  int c, tid, key0;
+  u64 desc_k_rows, desc_v_rows, desc_k_dq;
+  u32 ds_off, s_dq;
+
+  FP_DEV Consumer(const BwdSm90Params& prm_, SharedStorage& s_, const Work& w_, int c_, int tid_)
+      : prm(prm_), s(s_), w(w_), c(c_), tid(tid_), key0(w_.n0 + 64 * c_) {
+    desc_k_rows = sm90::smem_desc(smem_addr(&s.k[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
+    desc_v_rows = sm90::smem_desc(smem_addr(&s.v[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
+    // dQ operands: dS^T rows (keys) 64c.. (by keys) or all, K columns (d) 64c.. (by columns) or all.
+    ds_off = kDqSplitKeys ? c * 64 * kChunkRowBytes : 0;
+    desc_k_dq = sm90::smem_desc(
+        smem_addr(&s.k[0][0][0]) + (kDqSplitKeys ? c * 64 * kChunkRowBytes : c * kKVChunkBytes),
+        kKVChunkBytes, 1024);
+    s_dq = smem_addr(&s.dq[0][c][0][tid][0]);  // register pair q at + q * 1024 bytes
+  }
+  FP_DEV u32 s_q(int t) const { return smem_addr(&s.q[t % kStages][0][0][0]); }
+  FP_DEV u32 s_do(int t) const { return smem_addr(&s.dout[t % kStages][0][0][0]); }
+
+  /// Waits for step t's stage, then issues S^T = K Q^T and dP^T = V dO^T (one commit group).
+  FP_DEV void issue_scores(int t, float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2]) {
+    sm90::mbar_wait(bar_addr(s.bar_full[t % kStages]), (u32)(t / kStages) & 1u);
+    sm90::wgmma_fence();
+    gemm_keys_by_queries(r_s, desc_k_rows, sm90::smem_desc(s_q(t), 16, 1024));
+    gemm_keys_by_queries(r_dp, desc_v_rows, sm90::smem_desc(s_do(t), 16, 1024));
+    sm90::wgmma_commit();
+  }
+
+  /// P^T and dS^T of step t from its S^T and dP^T (fp32, in place).
+  FP_DEV void grads(int t, float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2]) {
+    scores_to_grads<kBlockM>(r_s, r_dp, prm.bwd.p, s, w, step_head(w, t), t % kStages, step_m0(w, t), 0, key0,
+                             tid);
+  }
+
+  /// P^T and dS^T packed as register A operands; dS^T also to shared memory for dQ. Stored before the
+  /// dK wgmma is issued: its A registers may not be read until it completes.
+  FP_DEV void pack(int t, const float (&r_s)[kBlockM / 2], const float (&r_dp)[kBlockM / 2],
+                   u32 (&r_p)[kBlockM / 4], u32 (&r_ds)[kBlockM / 4]) {
+    pack_operand<kBlockM>(r_s, r_p);
+    pack_operand<kBlockM>(r_dp, r_ds);
+    store_key_rows<kBlockM, kDsChunkBytes>(smem_addr(&s.ds[t & 1][0][0][0]), r_ds, 64 * c, 0, tid);
+    sm90::fence_proxy_async();
+  }
+
+  /// dV += P^T dO, dK += dS^T Q, dQ = dS K (at d 128 after both consumers stored their dS^T halves).
+  FP_DEV void issue_accumulate(int t, const u32 (&r_p)[kBlockM / 4], const u32 (&r_ds)[kBlockM / 4],
+                               float (&r_dk)[kPadD / 2], float (&r_dv)[kPadD / 2], float (&r_dq)[32]) {
+    sm90::wgmma_fence();
+    gemm_accumulate_kv(r_dv, r_p, sm90::smem_desc(s_do(t), kQChunkBytes, 1024));
+    gemm_accumulate_kv(r_dk, r_ds, sm90::smem_desc(s_q(t), kQChunkBytes, 1024));
+    sm90::wgmma_commit();
+    if (!kDqSplitKeys) sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
+    gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[t & 1][0][0][0]) + ds_off, kDsChunkBytes, 1024), desc_k_dq);
+    sm90::wgmma_commit();
+  }
+
+  /// After step t's accumulating GEMMs completed: release its stage, hand its dQ tile to the drain once
+  /// the buffer's previous use was read (fragment order: consecutive threads, consecutive 8 bytes).
+  FP_DEV void finish(int t, const float (&r_dq)[32]) {
+    release(s.bar_empty[t % kStages]);
+    const int dq_buf = t % kDqBuffers, dq_use = t / kDqBuffers;
+    if (dq_use > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty[dq_buf]), (u32)(dq_use - 1) & 1u);
+    const u32 s_dq_buf = s_dq + dq_buf * (u32)sizeof(s.dq[0]);
+#pragma unroll
+    for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq_buf + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
+    if (kDqBulk) sm90::fence_proxy_async();  // the bulk copy reads through the async proxy
+    sm90::mbar_arrive(bar_addr(s.bar_dq_full[dq_buf]));
+  }
+};
+
+/// Pins every register a step's accumulating GEMMs read or write, after their wait: ptxas may then not
+/// touch them while the GEMMs run.
+FP_DEV void pin_accumulate(float (&r_dk)[kPadD / 2], float (&r_dv)[kPadD / 2], float (&r_dq)[32],
+                           u32 (&r_p)[kBlockM / 4], u32 (&r_ds)[kBlockM / 4]) {
+  sm90::pin_registers(r_dq);
+  sm90::pin_registers(r_dk);
+  sm90::pin_registers(r_dv);
+  sm90::pin_registers(r_p);
+  sm90::pin_registers(r_ds);
+}
+
+/// Consumer warpgroup c (0 or 1): every step's S^T and dP^T, P^T and dS^T, dV, dK and its dQ share.
+/// Serial: per step GEMMs, elementwise, GEMMs. Pipelined (kPipe): step t + 1's S^T / dP^T are issued
+/// ahead of step t's dV / dK / dQ, so step t + 1's elementwise stage runs while they do.
 FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int c, int tid) {
-  const AttnProblem& p = prm.bwd.p;
-  const int key0 = w.n0 + 64 * c;
   float r_dk[kPadD / 2], r_dv[kPadD / 2];
 #pragma unroll
   for (int e = 0; e < kPadD / 2; ++e) r_dk[e] = r_dv[e] = 0.0f;
 
   if (w.steps > 0) {
-    const u64 desc_k_rows = sm90::smem_desc(smem_addr(&s.k[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
-    const u64 desc_v_rows = sm90::smem_desc(smem_addr(&s.v[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
-    // dQ operands: dS rows (queries) 64c.. or all; K columns (d) 64c.. or all.
-    // dQ operands: dS^T rows (keys) 64c.. (by keys) or all, K columns (d) 64c.. (by columns) or all.
-    const u32 ds_off = kDqSplitKeys ? c * 64 * kChunkRowBytes : 0;
-    const u64 desc_k_dq = sm90::smem_desc(
-        smem_addr(&s.k[0][0][0]) + (kDqSplitKeys ? c * 64 * kChunkRowBytes : c * kKVChunkBytes),
-        kKVChunkBytes, 1024);
-    const u32 s_dq = smem_addr(&s.dq[0][c][0][tid][0]);  // register pair q at + q * 1024 bytes
+    Consumer cs(prm, s, w, c, tid);
+    float r_s[kBlockM / 2], r_dp[kBlockM / 2], r_dq[32];
+    u32 r_p[kBlockM / 4], r_ds[kBlockM / 4];
     sm90::mbar_wait(bar_addr(s.bar_kv), 0);
-
-    for (int t = 0; t < w.steps; ++t) {
-      const int stage = t % kStages, buf = t & 1;
-      const u32 phase = (u32)(t / kStages) & 1u;
-      const int m0 = step_m0(w, t);
-      const u32 s_q = smem_addr(&s.q[stage][0][0][0]), s_do = smem_addr(&s.dout[stage][0][0][0]);
-      float r_s[kBlockM / 2], r_dp[kBlockM / 2];
-      u32 r_p[kBlockM / 4], r_ds[kBlockM / 4];
-      float r_dq[32];
-
-      sm90::mbar_wait(bar_addr(s.bar_full[stage]), phase);
-      sm90::wgmma_fence();
-      gemm_keys_by_queries(r_s, desc_k_rows, sm90::smem_desc(s_q, 16, 1024));
-      gemm_keys_by_queries(r_dp, desc_v_rows, sm90::smem_desc(s_do, 16, 1024));
-      sm90::wgmma_commit();
+    if constexpr (kPipe) {
+      cs.issue_scores(0, r_s, r_dp);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(r_s);
       sm90::pin_registers(r_dp);
-
-      scores_to_grads<kBlockM>(r_s, r_dp, p, s, w, step_head(w, t), stage, m0, 0, key0, tid);
-      pack_operand<kBlockM>(r_s, r_p);
-      pack_operand<kBlockM>(r_dp, r_ds);
-      // Stored before the dK wgmma is issued: its A registers may not be read until it completes.
-      store_key_rows<kBlockM, kDsChunkBytes>(smem_addr(&s.ds[buf][0][0][0]), r_ds, 64 * c, 0, tid);
-      sm90::fence_proxy_async();
-
-      sm90::wgmma_fence();
-      gemm_accumulate_kv(r_dv, r_p, sm90::smem_desc(s_do, kQChunkBytes, 1024));
-      gemm_accumulate_kv(r_dk, r_ds, sm90::smem_desc(s_q, kQChunkBytes, 1024));
-      sm90::wgmma_commit();
-      if (!kDqSplitKeys) sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
-      gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[buf][0][0][0]) + ds_off, kDsChunkBytes, 1024), desc_k_dq);
-      sm90::wgmma_commit();
+      // Step t's elementwise stage (while step t - 1's dV / dK / dQ run), then step t - 1's hand-off.
+      auto grads_then_finish_previous = [&](int t) {
+        cs.grads(t, r_s, r_dp);
+        if (t > 0) {
+          sm90::wgmma_wait<0>();
+          pin_accumulate(r_dk, r_dv, r_dq, r_p, r_ds);
+          cs.finish(t - 1, r_dq);
+        }
+        cs.pack(t, r_s, r_dp, r_p, r_ds);
+      };
+      // The last step is peeled: issuing the next scores under a branch makes ptxas serialise the
+      // loop's wgmmas (C7514).
+      for (int t = 0; t + 1 < w.steps; ++t) {
+        grads_then_finish_previous(t);
+        cs.issue_scores(t + 1, r_s, r_dp);
+        cs.issue_accumulate(t, r_p, r_ds, r_dk, r_dv, r_dq);
+        sm90::wgmma_wait<2>();  // the oldest group: step t + 1's scores
+        sm90::pin_registers(r_s);
+        sm90::pin_registers(r_dp);
+      }
+      const int last = w.steps - 1;
+      grads_then_finish_previous(last);
+      cs.issue_accumulate(last, r_p, r_ds, r_dk, r_dv, r_dq);
       sm90::wgmma_wait<0>();
-      sm90::pin_registers(r_dq);
-      sm90::pin_registers(r_dk);
-      sm90::pin_registers(r_dv);
-      sm90::pin_registers(r_p);
-      sm90::pin_registers(r_ds);
-      release(s.bar_empty[stage]);
-      // dQ to the drain: wait until the buffer's previous use was read, then store in fragment order
-      // (consecutive threads, consecutive 8 bytes: conflict-free).
-      const int dq_buf = t % kDqBuffers, dq_use = t / kDqBuffers;
-      if (dq_use > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty[dq_buf]), (u32)(dq_use - 1) & 1u);
-      const u32 s_dq_buf = s_dq + dq_buf * (u32)sizeof(s.dq[0]);
-#pragma unroll
-      for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq_buf + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
-      if (kDqBulk) sm90::fence_proxy_async();  // the bulk copy reads through the async proxy
-      sm90::mbar_arrive(bar_addr(s.bar_dq_full[dq_buf]));
+      pin_accumulate(r_dk, r_dv, r_dq, r_p, r_ds);
+      cs.finish(last, r_dq);
+    } else {
+      for (int t = 0; t < w.steps; ++t) {
+        cs.issue_scores(t, r_s, r_dp);
+        sm90::wgmma_wait<0>();
+        sm90::pin_registers(r_s);
+        sm90::pin_registers(r_dp);
+        cs.grads(t, r_s, r_dp);
+        cs.pack(t, r_s, r_dp, r_p, r_ds);
+        cs.issue_accumulate(t, r_p, r_ds, r_dk, r_dv, r_dq);
+        sm90::wgmma_wait<0>();
+        pin_accumulate(r_dk, r_dv, r_dq, r_p, r_ds);
+        cs.finish(t, r_dq);
+      }
     }
   }
-  store_dk_dv<kPadD>(p, w, r_dk, r_dv, 64 * c, 0, tid);
+  store_dk_dv<kPadD>(prm.bwd.p, w, r_dk, r_dv, 64 * c, 0, tid);
 }
 
 /// The dQ hand-off: consumers stored the step's tiles (256 arrivals), the drain warps read them (64).

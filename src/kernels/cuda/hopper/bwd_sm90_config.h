@@ -39,10 +39,23 @@ FP_HD constexpr int block_n_for(int d) {
 ///      tile double-buffered, so the consumers do not wait for the copy to read the previous step's.
 ///      d 128 backward +13-21%, d 64 -1 to +3% (docs/BWD_NOTES.md, part 4); one buffer measured 1-3% below
 ///      two at d 64 and the same at d 128.
+///
+/// `pipe` (`FP_BWD_PIPE`, d 64 only): a consumer issues the next step's S^T and dP^T before this step's
+/// dV / dK / dQ, so its elementwise stage runs while those three GEMMs do (serial otherwise: GEMMs,
+/// elementwise, GEMMs). The registers fit at d 64 only (S^T + dP^T of the next step beside dQ and the
+/// packed P^T / dS^T in flight: 192); the ring needs a third stage, since stage t - 1 is released only
+/// once the next step's GEMMs are issued.
 struct Tile {
   int block_m, stages;
   int dq_mode = 0;
+  int pipe = 0;
 };
+
+/// Whether head dim d's kernel with score transform `general` (FP_BWD_GENERAL) can take pipe 1: the
+/// key-split dQ of the narrow kernel at d 64, without softcap (its tanh values spilled 48-88 bytes).
+FP_HD constexpr bool pipe_fits(int d, int general) {
+  return d == 64 && general != 2;
+}
 
 /// Whether head dim d's kernel can take dq_mode 1: the narrow kernel with a tiled accumulator (the staged
 /// tile's order is the accumulator's; hopper_bwd::tiled_accumulator gives d 64 and 128 that layout).
@@ -64,9 +77,13 @@ FP_HD constexpr int dq_buffers(Tile t) {
 ///   256  128     32     64   by columns (each 128; S^T and dP^T split by queries, 32 each)
 /// 128 queries per step at d 64 (S + dP 128 registers) spilled (ptxas, CUDA 13). d 192 would need the
 /// wide kernel's column split at 96 columns (not a whole swizzle atom): it stays on the portable kernel.
+/// d 64 runs the pipelined loop on three stages (H100, bf16, 16k tokens: 0.98-1.05x the serial loop on
+/// two, 1.01-1.05x from 2k; the pipelined loop on two stages 0.85-0.96x); with softcap, where the pipelined
+/// loop does not fit, the serial one on the same three stages.
 FP_HD constexpr Tile tile_for(int d) {
   switch (d) {
     case 64:
+      return {64, 3, 0, 1};
     case 96:
     case 128:
     case 256:
