@@ -77,9 +77,9 @@ FP_HD constexpr int dq_buffers(Tile t) {
 ///   256  128     32     64   by columns (each 128; S^T and dP^T split by queries, 32 each)
 /// 128 queries per step at d 64 (S + dP 128 registers) spilled (ptxas, CUDA 13). d 192 would need the
 /// wide kernel's column split at 96 columns (not a whole swizzle atom): it stays on the portable kernel.
-/// d 64 runs the pipelined loop on three stages (H100, bf16, 16k tokens: 0.98-1.05x the serial loop on
-/// two, 1.01-1.05x from 2k; the pipelined loop on two stages 0.85-0.96x); with softcap, where the pipelined
-/// loop does not fit, the serial one on the same three stages.
+/// d 64 runs the pipelined loop on three stages (H100, bf16, 16k tokens: 0.97-1.06x the serial loop on
+/// two, 1.02-1.06x from 4k but causal 8k 0.99; the pipelined loop on two stages 0.85-0.96x from 1k); with
+/// softcap, where the pipelined loop does not fit, the serial one on the same three stages.
 FP_HD constexpr Tile tile_for(int d) {
   switch (d) {
     case 64:
