@@ -120,15 +120,15 @@ def print_table(rows):
     if not rows:
         return
     print()
-    print("| mode | dtype | d | causal | seqlen | flashport GFLOPS | torch GFLOPS | flashport/torch | pass |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| mode | dtype | d | causal | seqlen | flashport GFLOPS | torch GFLOPS | flashport/torch | isa | pass |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ours = r["tflops"] * 1e3
         peer = r["peer_tflops"] * 1e3 if r.get("peer_tflops") else None
         ratio = f"{ours / peer:.2f}" if peer else "-"
         peer_s = f"{peer:.1f}" if peer else "missing"
         print(f"| {r.get('mode', 'fwd')} | {r['dtype']} | {r['d']} | {int(r['causal'])} | {r['sq']} | {ours:.1f} | "
-              f"{peer_s} | {ratio} | {'yes' if r['pass'] else 'NO'} |")
+              f"{peer_s} | {ratio} | {r.get('isa', '-')} | {'yes' if r['pass'] else 'NO'} |")
     print()
 
 

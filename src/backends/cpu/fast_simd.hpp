@@ -8,6 +8,14 @@
 // fast_backward.hpp. Keeping each ISA's copy in its own namespace keeps the One Definition Rule.
 
 #define FAST_INLINE inline __attribute__((always_inline))
+#define FAST_PRAGMA(x) _Pragma(#x)
+#define FAST_UNROLL(n) FAST_PRAGMA(GCC unroll n)
+// FAST_KUNROLL (optional, per ISA): how often the micro-kernel's reduction loop is unrolled.
+#ifdef FAST_KUNROLL
+#define FAST_UNROLL_REDUCTION FAST_UNROLL(FAST_KUNROLL)
+#else
+#define FAST_UNROLL_REDUCTION
+#endif
 
 inline constexpr int W = FAST_W;    // floats per vector register
 inline constexpr int MR = FAST_MR;  // micro-tile rows: one broadcast each per reduction step
@@ -103,6 +111,7 @@ __attribute__((optimize("fp-contract=fast"))) void gemm_tile(float* __restrict c
                                                              long long ldb, int kdim, float* __restrict aux,
                                                              Store mode) {
   vec_t acc[R][V] = {};
+  FAST_UNROLL_REDUCTION
   for (int k = 0; k < kdim; ++k) {
     const float* b_k = b + k * ldb;
     const float* a_k = a + k * a_ks;
