@@ -7,6 +7,7 @@
 #include "backends/cuda/arch.hpp"
 #include "backends/cuda/sm80/backward.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
+#include "backends/cuda/sm90/hopper_bwd.hpp"
 #include "backends/cuda/variants.hpp"
 #include "kernels/cuda/bwd_params.cuh"
 #include "kernels/cuda/hopper/bwd_sm90_config.h"
@@ -77,6 +78,25 @@ TEST(ArchLimits, HopperTilesFit) {
     EXPECT_LE(hopper::smem_bytes(d, hopper::tile_for(d)), limits(90).smem_per_block) << d;
   for (int d : {64, 96, 128, 256})
     EXPECT_LE(hopper_bwd::smem_bytes(d, hopper_bwd::tile_for(d)), limits(90).smem_per_block) << d;
+}
+
+/// The Hopper backward's compiled variants take the pipelined consumer loop (FP_BWD_PIPE=1) exactly at
+/// d 64 without softcap, every d 64 variant on three stages (softcap: the serial loop on them), the
+/// other head dims serial on two.
+TEST(ArchLimits, HopperBwdPipelinedLoopWhereItFits) {
+  auto define = [](const jit::KernelSpec& spec, const std::string& name) {
+    for (const auto& [k, v] : spec.defines)
+      if (k == name) return v;
+    return std::string("(unset)");
+  };
+  int pipelined = 0;
+  for (const jit::KernelSpec& spec : hopper_bwd::variants(90)) {
+    const bool d64 = define(spec, "FP_HEADDIM") == "64", softcap = define(spec, "FP_BWD_GENERAL") == "2";
+    EXPECT_EQ(define(spec, "FP_BWD_PIPE"), d64 && !softcap ? "1" : "0") << spec.key();
+    EXPECT_EQ(define(spec, "FP_STAGES"), d64 ? "3" : "2") << spec.key();
+    pipelined += define(spec, "FP_BWD_PIPE") == "1";
+  }
+  EXPECT_EQ(pipelined, 8);  // {f16, bf16} x dQ modes {0, 1} x score stage {plain, ALiBi}
 }
 
 }  // namespace

@@ -43,8 +43,8 @@ FP_HD constexpr int block_n_for(int d) {
 /// `pipe` (`FP_BWD_PIPE`, d 64 only): a consumer issues the next step's S^T and dP^T before this step's
 /// dV / dK / dQ, so its elementwise stage runs while those three GEMMs do (serial otherwise: GEMMs,
 /// elementwise, GEMMs). The registers fit at d 64 only (S^T + dP^T of the next step beside dQ and the
-/// packed P^T / dS^T in flight: 192); the ring needs a third stage, since stage t - 1 is released only
-/// once the next step's GEMMs are issued.
+/// packed P^T / dS^T in flight: 192). The ring needs a third stage: step t - 1's stage is released just
+/// before step t + 1's scores are issued, which on two stages is the stage they wait for.
 struct Tile {
   int block_m, stages;
   int dq_mode = 0;
