@@ -279,16 +279,17 @@ std::string self_path(const char* argv0) {
   return n > 0 ? std::string(buf, (size_t)n) : std::string(argv0);
 }
 
-std::string json(const Row& r, int threads, const std::string& isa, const Options& o, const std::string& driver) {
+std::string json(const Row& r, int threads, const std::string& isa, const Options& o,
+                 const std::string& driver) {
   char buf[1024];
   std::snprintf(
       buf, sizeof buf,
       "{\"backend\": \"cpu\", \"impl\": \"fast\", \"peer\": null, \"mode\": \"%s\", \"dtype\": \"%s\", "
       "\"b\": %lld, \"hq\": %lld, \"d\": %lld, \"sq\": %lld, \"sk\": %lld, \"causal\": %s, \"pass\": %s, "
       "\"max_err\": %.3g, \"ms\": %.4f, \"tflops\": %.6f, \"peer_ms\": null, \"peer_tflops\": null, "
-      "\"threads\": %d, \"isa\": \"%s\", \"driver\": \"%s\", \"rerun\": [\"--modes\", \"%s\", \"--dtypes\", \"%s\", "
-      "\"--dims\", \"%lld\", \"--seqlens\", \"%lld\", \"--causal\", \"%d\", \"--tokens\", \"%lld\", "
-      "\"--hidden\", \"%lld\", \"--reps\", \"%d\", \"--no-check\"]}",
+      "\"threads\": %d, \"isa\": \"%s\", \"driver\": \"%s\", \"rerun\": [\"--modes\", \"%s\", "
+      "\"--dtypes\", \"%s\", \"--dims\", \"%lld\", \"--seqlens\", \"%lld\", \"--causal\", \"%d\", "
+      "\"--tokens\", \"%lld\", \"--hidden\", \"%lld\", \"--reps\", \"%d\", \"--no-check\"]}",
       r.mode.c_str(), r.dtype.c_str(), (long long)r.b, (long long)r.h, (long long)r.d, (long long)r.s,
       (long long)r.s, r.causal ? "true" : "false", r.pass ? "true" : "false", r.max_err, r.ms, r.gflops / 1e3,
       threads, isa.c_str(), driver.c_str(), r.mode.c_str(), r.dtype.c_str(), (long long)r.d, (long long)r.s,
@@ -466,7 +467,8 @@ int main(int argc, char** argv) {
   for (const std::string& mode : o.modes) {
     for (const std::string& dt : o.dtypes) {
       const std::string isa = flashport::cpu::fast::forward_isa((int)parse_dtype(dt), /*decode=*/false);
-      std::printf("%s %s: the dispatcher's forward runs the %s kernels\n", mode.c_str(), dt.c_str(), isa.c_str());
+      std::printf("%s %s: the dispatcher's forward runs the %s kernels\n", mode.c_str(), dt.c_str(),
+                  isa.c_str());
       for (int64_t d : o.dims) {
         for (bool causal : o.causal) {
           for (int64_t s : o.seqlens) {
