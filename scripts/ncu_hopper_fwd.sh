@@ -2,6 +2,8 @@
 # Hardware counters behind the Hopper forward's benchmark cells (issue #5): Nsight Compute profiles one
 # launch of flashport_attn_fwd_sm90 per cell, after warm-up, and scripts/ncu_summary.py turns the raw pages
 # into one markdown table (duration, TFLOPS, tensor pipe, issue slots, XU/FMA, smem, DRAM, L2, stalls).
+# NCU_PASS=bwd profiles the backward's main kernel (flashport_attn_bwd_sm90; torch.autograd.grad per call)
+# instead, into ncu_hopper_bwd.md / .tar.gz.
 #
 # Usage, on the GPU machine after `python3 -m pip install --no-build-isolation --no-deps .`:
 #   OUT=/tmp/ncu-out bash scripts/ncu_hopper_fwd.sh
@@ -16,21 +18,24 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 T0=$SECONDS
 OUT=${OUT:-/tmp/ncu-out}
-WORK=${NCU_WORK:-${TMPDIR:-/tmp}/ncu_hopper_fwd.work}
+WORK=${NCU_WORK:-${TMPDIR:-/tmp}/ncu_hopper_${NCU_PASS:-fwd}.work}
 WARMUP=${WARMUP:-3}
 BUDGET=${NCU_BUDGET_S:-230}
 CELL_TIMEOUT=${NCU_CELL_TIMEOUT_S:-90}
 CELLS=${CELLS:-"64:2048:0 64:16384:0 64:16384:1 128:2048:0 128:2048:1 128:16384:1 256:2048:0"}
-KERNEL=flashport_attn_fwd_sm90
+PASS=${NCU_PASS:-fwd}
+export NCU_PASS=$PASS
+KERNEL=flashport_attn_${PASS}_sm90
+NAME=ncu_hopper_$PASS
 export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}  # gpu_suite.sh's: reuse its JIT cache
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$WORK"
 rm -f "$WORK"/*.csv "$WORK"/*.log "$WORK"/*.meta.json "$WORK"/*.ncu-rep "$WORK"/*.details.txt
-say() { echo "[ncu_hopper_fwd $((SECONDS - T0))s] $*"; }
+say() { echo "[$NAME $((SECONDS - T0))s] $*"; }
 skip_suite() {
   say "SKIPPED: $*"
-  echo "ncu_hopper_fwd skipped: $*" >"$OUT/ncu_hopper_fwd.md"
-  tar -C "$WORK" -czf "$OUT/ncu_hopper_fwd.tar.gz" . 2>/dev/null
+  echo "$NAME skipped: $*" >"$OUT/$NAME.md"
+  tar -C "$WORK" -czf "$OUT/$NAME.tar.gz" . 2>/dev/null
   exit 0
 }
 
@@ -168,16 +173,16 @@ for cell in $CELLS; do
   [[ $cell_state == ok ]] || NOTES+=(--note "d${d}_s${s}_c${c}: no counters ($cell_state; log in the tarball)")
 done
 
-python3 scripts/ncu_summary.py summarize "$WORK" --md "$WORK/ncu_hopper_fwd.md" "${NOTES[@]}" ||
+python3 scripts/ncu_summary.py summarize "$WORK" --md "$WORK/$NAME.md" "${NOTES[@]}" ||
   say "the summary found no cell with counters (or failed); raw outputs are in the tarball"
-cp "$WORK/ncu_hopper_fwd.md" "$OUT/ncu_hopper_fwd.md" 2>/dev/null ||
-  echo "ncu_hopper_fwd: no summary; see ncu_hopper_fwd.tar.gz" >"$OUT/ncu_hopper_fwd.md"
-tarball="$OUT/ncu_hopper_fwd.tar.gz"
+cp "$WORK/$NAME.md" "$OUT/$NAME.md" 2>/dev/null ||
+  echo "$NAME: no summary; see $NAME.tar.gz" >"$OUT/$NAME.md"
+tarball="$OUT/$NAME.tar.gz"
 tar -C "$WORK" -czf "$tarball" . 2>/dev/null
 if (($(stat -c %s "$tarball" 2>/dev/null || echo 0) > 15 * 1024 * 1024)); then  # the device tool returns <= 16 MiB
   say "tarball over 15 MiB: leaving the .ncu-rep files out"
   tar -C "$WORK" --exclude='*.ncu-rep' -czf "$tarball" .
 fi
-say "done: $ok_cells cell(s) with counters; $OUT/ncu_hopper_fwd.md, $tarball"
+say "done: $ok_cells cell(s) with counters; $OUT/$NAME.md, $tarball"
 ((ok_cells > 0)) || exit 1
 exit 0

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Nsight Compute evidence for the Hopper forward kernel (issue #5); used by scripts/ncu_hopper_fwd.sh.
+"""Nsight Compute evidence for the Hopper forward kernel (issue #5), or with NCU_PASS=bwd the Hopper backward's
+main kernel (issue #13); used by scripts/ncu_hopper_fwd.sh.
 
   run D SEQLEN CAUSAL [--warmup N] [--meta FILE]
       On the GPU, under ncu: N warm-up calls of flashport.flash_attn_func (the first JIT-compiles), then the
@@ -20,7 +21,8 @@ import os
 import re
 import sys
 
-KERNEL = "flashport_attn_fwd_sm90"
+BWD = os.environ.get("NCU_PASS", "fwd") == "bwd"  # the backward: torch.autograd.grad of q, k, v
+KERNEL = "flashport_attn_bwd_sm90" if BWD else "flashport_attn_fwd_sm90"
 MMA_FLOP_PER_SM_CLK = 4096  # dense bf16 wgmma on sm_90: 989 TFLOPS = 132 SMs * 4096 * 1.83 GHz
 
 # Column -> metric names, first present wins. The legend of the table names the one that was used.
@@ -61,9 +63,10 @@ _HZ_TO_GHZ = {"hz": 1e-9, "khz": 1e-6, "mhz": 1e-3, "ghz": 1.0}
 
 
 def flops(b, h, s, d, causal):
-    """SPEC.md's forward FLOP model, the one bench/gpu_bench.py flops() uses: causal counts visible pairs."""
+    """SPEC.md's forward FLOP model, the one bench/gpu_bench.py flops() uses: causal counts visible pairs; the
+    backward is 2.5 forwards."""
     pairs = s * (s + 1) // 2 if causal else s * s
-    return 2 * pairs * (d + d) * h * b
+    return 2 * pairs * (d + d) * h * b * (2.5 if BWD else 1.0)
 
 
 def number(text):
@@ -286,12 +289,19 @@ def cmd_run(args):
         d, s, causal = args.d, args.seqlen, bool(args.causal)
         h, b = 2048 // d, max(1, 16384 // s)
         torch.manual_seed(0)
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=BWD) for _ in range(3))
+        dout = torch.randn_like(q)
         knobs = {k: v for k, v in os.environ.items() if k.startswith("FLASHPORT_") and k != "FLASHPORT_CACHE_DIR"}
         meta = dict(d=d, s=s, causal=causal, b=b, h=h, device=torch.cuda.get_device_name(), warmup=args.warmup,
-                    env=knobs)
-        fwd = lambda: flashport.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-        with torch.no_grad():
+                    env=knobs, pass_="bwd" if BWD else "fwd")
+
+        def backward_of(out):  # the backward alone (one launch of KERNEL per call), dq returned
+            return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)[0]
+
+        with torch.enable_grad() if BWD else torch.no_grad():
+            fwd = lambda: flashport.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+            if BWD:
+                fwd = backward_of(fwd())
             for _ in range(args.warmup):
                 fwd()
             torch.cuda.synchronize()
@@ -301,11 +311,12 @@ def cmd_run(args):
             try:
                 qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
 
-                def cudnn():
+                def cudnn_fwd():
                     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
 
-                ref = cudnn().transpose(1, 2)
+                cudnn = backward_of(cudnn_fwd()) if BWD else cudnn_fwd
+                ref = cudnn()
                 meta["max_err"] = (out.float() - ref.float()).abs().max().item()
                 meta["cudnn_ms"] = time_call_ms(cudnn, torch)
             except Exception as e:  # a missing peer is reported missing, never invented

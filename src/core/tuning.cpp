@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <cstdlib>
@@ -106,6 +107,29 @@ Knob<std::vector<HopperTileSetting>> hopper_tile(const EnvLookup& env) {
   return k;
 }
 
+/// FLASHPORT_JIT_DEFINES: space-separated NAME or NAME=VALUE, NAME an identifier, VALUE without spaces.
+Knob<std::vector<std::string>> jit_defines(const EnvLookup& env) {
+  Knob<std::vector<std::string>> k{"FLASHPORT_JIT_DEFINES"};
+  const std::string text = text_of(env, k.name);
+  for (size_t start = 0; start < text.size();) {
+    const size_t space = std::min(text.find(' ', start), text.size());
+    const std::string entry = text.substr(start, space - start);
+    start = space + 1;
+    if (entry.empty()) continue;
+    const size_t name_end = std::min(entry.find('='), entry.size());
+    bool ok = name_end > 0 && !std::isdigit((unsigned char)entry[0]);
+    for (size_t i = 0; i < name_end; ++i)
+      ok = ok && (std::isalnum((unsigned char)entry[i]) || entry[i] == '_');
+    if (!ok) {
+      k.error = "expected space-separated NAME or NAME=VALUE defines, got '" + entry + "' in '" + text + "'";
+      k.value.clear();
+      return k;
+    }
+    k.value.push_back(entry);
+  }
+  return k;
+}
+
 /// `text` as a whole number of megabytes that fits in bytes, into `mb`; why not otherwise.
 std::string megabytes(const std::string& text, uint64_t& mb) {
   const char* end = text.data() + text.size();
@@ -155,6 +179,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);
   t.nvrtc_path = {"FLASHPORT_NVRTC_PATH", text_of(env, "FLASHPORT_NVRTC_PATH")};
+  t.jit_defines = jit_defines(env);
   t.hip_runtime = {"FLASHPORT_HIP_RUNTIME", text_of(env, "FLASHPORT_HIP_RUNTIME")};
   t.cuda_home = text_of(env, "CUDA_HOME");
   t.cuda_path = text_of(env, "CUDA_PATH");

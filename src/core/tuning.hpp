@@ -80,6 +80,8 @@ struct Tuning {
   // threshold someone else set is left alone. 0: the pool is not touched.
   Knob<bool> keep_scratch{"FLASHPORT_KEEP_SCRATCH", true};
   Knob<std::string> nvrtc_path{"FLASHPORT_NVRTC_PATH"};  // any path; "" when unset
+  // Extra NVRTC defines for timing ablations (e.g. FP_BWD_ABLATE=1): space-separated NAME[=VALUE] entries
+  Knob<std::vector<std::string>> jit_defines{"FLASHPORT_JIT_DEFINES"};
   // The HIP runtime the AMD backend opens; "" (unset): libamdhip64.so. The HIP backend tests point it at
   // a stand-in that runs the kernels on the CPU wave64 model (tests/hip/backend/fake_hip_runtime.cpp).
   Knob<std::string> hip_runtime{"FLASHPORT_HIP_RUNTIME"};

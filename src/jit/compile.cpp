@@ -121,6 +121,8 @@ std::vector<std::string> nvrtc_options(const KernelSpec& spec) {
   for (const auto& [name, value] : spec.defines) {
     options.push_back("-D" + name + (value.empty() ? "" : "=" + value));
   }
+  // FLASHPORT_JIT_DEFINES (timing ablations such as FP_BWD_ABLATE): part of the options, so of the cache key.
+  for (const std::string& define : core::tuning().jit_defines.get()) options.push_back("-D" + define);
   return options;
 }
 

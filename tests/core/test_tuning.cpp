@@ -71,6 +71,15 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
   }
 }
 
+TEST(Tuning, JitDefines) {
+  EXPECT_TRUE(parse({}).jit_defines.get().empty());
+  EXPECT_TRUE(parse({{"FLASHPORT_JIT_DEFINES", "  "}}).jit_defines.get().empty());
+  const std::vector<std::string> want = {"FP_BWD_ABLATE=3", "X_1", "Y=a=b"};
+  EXPECT_EQ(parse({{"FLASHPORT_JIT_DEFINES", " FP_BWD_ABLATE=3  X_1 Y=a=b"}}).jit_defines.get(), want);
+  for (const char* bad : {"=1", "1X=2", "A-B", "FP_BWD_ABLATE=1 -DX"})
+    expect_rejected(parse({{"FLASHPORT_JIT_DEFINES", bad}}).jit_defines, "FLASHPORT_JIT_DEFINES", bad);
+}
+
 TEST(Tuning, KernelChoice) {
   for (const char* name : {"FLASHPORT_CUDA_FORWARD", "FLASHPORT_CUDA_BACKWARD"}) {
     const bool forward = std::string(name) == "FLASHPORT_CUDA_FORWARD";

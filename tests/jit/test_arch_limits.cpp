@@ -80,15 +80,17 @@ TEST(ArchLimits, HopperTilesFit) {
     EXPECT_LE(hopper_bwd::smem_bytes(d, hopper_bwd::tile_for(d)), limits(90).smem_per_block) << d;
 }
 
+/// The value of define `name` in `spec`, "(unset)" without it.
+std::string define(const jit::KernelSpec& spec, const std::string& name) {
+  for (const auto& [k, v] : spec.defines)
+    if (k == name) return v;
+  return "(unset)";
+}
+
 /// The Hopper backward's compiled variants take the pipelined consumer loop (FP_BWD_PIPE=1) exactly at
 /// d 64 without softcap, every d 64 variant on three stages (softcap: the serial loop on them), the
 /// other head dims serial on two.
 TEST(ArchLimits, HopperBwdPipelinedLoopWhereItFits) {
-  auto define = [](const jit::KernelSpec& spec, const std::string& name) {
-    for (const auto& [k, v] : spec.defines)
-      if (k == name) return v;
-    return std::string("(unset)");
-  };
   int pipelined = 0;
   for (const jit::KernelSpec& spec : hopper_bwd::variants(90)) {
     const bool d64 = define(spec, "FP_HEADDIM") == "64", softcap = define(spec, "FP_BWD_GENERAL") == "2";
@@ -97,6 +99,21 @@ TEST(ArchLimits, HopperBwdPipelinedLoopWhereItFits) {
     pipelined += define(spec, "FP_BWD_PIPE") == "1";
   }
   EXPECT_EQ(pipelined, 8);  // {f16, bf16} x dQ modes {0, 1} x score stage {plain, ALiBi}
+}
+
+/// The narrow Hopper backward's timing-only ablations (FP_BWD_ABLATE, set through FLASHPORT_JIT_DEFINES;
+/// docs/BWD_NOTES.md part 7) still compile at d 64, all of them at once, without spilling.
+TEST(ArchLimits, HopperBwdAblationsCompile) {
+  for (jit::KernelSpec spec : hopper_bwd::variants(90)) {
+    if (define(spec, "FP_HEADDIM") != "64" || define(spec, "FP_BWD_GENERAL") != "0" ||
+        define(spec, "FP_DQ_MODE") != "1" || define(spec, "FP_DTYPE") != "bf16")
+      continue;
+    spec.defines.push_back({"FP_BWD_ABLATE", "15"});
+    const jit::CompileResult r = jit::compile(spec);
+    EXPECT_EQ(r.spill_bytes, 0) << spec.key();
+    return;
+  }
+  ADD_FAILURE() << "no bf16 d 64 plain bulk-dQ variant in hopper_bwd::variants(90)";
 }
 
 }  // namespace

@@ -30,6 +30,13 @@ constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE, FP_BWD_PIPE};
 constexpr bool kPipe = FP_BWD_PIPE != 0;  // Tile::pipe: the next step's S^T / dP^T issued ahead
 static_assert(!kPipe || (pipe_fits(kHeadDim, FP_BWD_GENERAL) && kDqSplitKeys),
               "the pipelined loop's registers fit at d 64 without softcap");
+// Timing-only ablations (FLASHPORT_JIT_DEFINES=FP_BWD_ABLATE=n, bit flags; the gradients are then wrong):
+// 1 no dQ reduce-adds to global memory (bulk mode), 2 no dQ GEMM and no dQ staging stores, 4 no elementwise
+// stage (P^T = S^T, dS^T = dP^T), 8 no dS^T stores to shared memory (with 2: no dQ work at all).
+#ifndef FP_BWD_ABLATE
+#define FP_BWD_ABLATE 0
+#endif
+constexpr int kAblate = FP_BWD_ABLATE;
 constexpr bool kDqBulk = FP_DQ_MODE != 0;  // bulk reduce-adds from one producer thread (Tile::dq_mode)
 constexpr int kDqBuffers = dq_buffers(kTile);
 static_assert(!kDqBulk || (kTiledDq && bulk_dq_fits(kHeadDim)),
@@ -90,7 +97,8 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
       wait_dq_turn(counter, dq_turn(p, w, m0));
       sm90::fence_proxy_async_global();
     }
-    if (kDqSplitKeys) {
+    if (kAblate & 1) {
+    } else if (kDqSplitKeys) {
       sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes / 2);
       if (deterministic) {  // two operations on one tile: ordered only by waiting for the first
         sm90::bulk_commit();
@@ -249,8 +257,9 @@ struct Consumer {
 
   /// P^T and dS^T of step t from its S^T and dP^T (fp32, in place).
   FP_DEV void grads(int t, float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2]) {
-    scores_to_grads<kBlockM>(r_s, r_dp, prm.bwd.p, s, w, step_head(w, t), t % kStages, step_m0(w, t), 0, key0,
-                             tid);
+    if (!(kAblate & 4))
+      scores_to_grads<kBlockM>(r_s, r_dp, prm.bwd.p, s, w, step_head(w, t), t % kStages, step_m0(w, t), 0,
+                               key0, tid);
   }
 
   /// P^T and dS^T packed as register A operands; dS^T also to shared memory for dQ. Stored before the
@@ -259,6 +268,7 @@ struct Consumer {
                    u32 (&r_p)[kBlockM / 4], u32 (&r_ds)[kBlockM / 4]) {
     pack_operand<kBlockM>(r_s, r_p);
     pack_operand<kBlockM>(r_dp, r_ds);
+    if (kAblate & 8) return;
     store_key_rows<kBlockM, kDsChunkBytes>(smem_addr(&s.ds[t & 1][0][0][0]), r_ds, 64 * c, 0, tid);
     sm90::fence_proxy_async();
   }
@@ -271,7 +281,9 @@ struct Consumer {
     gemm_accumulate_kv(r_dk, r_ds, sm90::smem_desc(s_q(t), kQChunkBytes, 1024));
     sm90::wgmma_commit();
     if (!kDqSplitKeys) sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
-    gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[t & 1][0][0][0]) + ds_off, kDsChunkBytes, 1024), desc_k_dq);
+    if (!(kAblate & 2))
+      gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[t & 1][0][0][0]) + ds_off, kDsChunkBytes, 1024),
+              desc_k_dq);
     sm90::wgmma_commit();
   }
 
@@ -283,7 +295,8 @@ struct Consumer {
     if (dq_use > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty[dq_buf]), (u32)(dq_use - 1) & 1u);
     const u32 s_dq_buf = s_dq + dq_buf * (u32)sizeof(s.dq[0]);
 #pragma unroll
-    for (int q = 0; q < 16; ++q) st_shared_f32x2(s_dq_buf + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
+    for (int q = 0; q < 16; ++q)
+      if (!(kAblate & 2)) st_shared_f32x2(s_dq_buf + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
     if (kDqBulk) sm90::fence_proxy_async();  // the bulk copy reads through the async proxy
     sm90::mbar_arrive(bar_addr(s.bar_dq_full[dq_buf]));
   }
