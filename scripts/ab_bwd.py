@@ -16,6 +16,9 @@ backward is 2.5 forwards) with every round's figure.
 
 A knob `arg:NAME` is a command-line option of the child instead (--NAME VALUE), e.g. the deterministic flag.
 `--pass fwd` times the forward (inputs with requires_grad, FLOP model 1 forward) instead of the backward.
+`--check` also compares each cell's gradients with PyTorch SDPA's (the flash backend; plain attention only) and
+prints the largest |difference| / max |SDPA gradient| per cell to stderr (a sanity check of a knob's kernel on
+these shapes, not the accuracy rule of the GPU suite).
 `--impl fa3` times FA3's `flash_attn_interface.flash_attn_func` (built by ../shared/peers; on PYTHONPATH) on
 the same inputs: softcap and deterministic pass through, ALiBi it does not have.
 """
@@ -57,8 +60,21 @@ def _attention(impl):
         q, k, v, causal=causal, softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic)
 
 
+def check_backward(q, k, v, dout, grads, causal):
+    """max over dq, dk, dv of max |grad - SDPA flash's| / max |SDPA flash's|."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        ref_out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=bool(causal))
+    refs = torch.autograd.grad(ref_out.transpose(1, 2), (q, k, v), dout)
+    return max(((g.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-30)).item()
+               for g, r in zip(grads, refs))
+
+
 def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, deterministic=False,
-                  impl="flashport"):
+                  impl="flashport", check=False):
     """(ms, TFLOPS) of one backward (grad of q, k, v through autograd) at bf16, batch x s = tokens,
     heads x d = hidden, with `softcap`, ALiBi and deterministic mode when asked; triton's do_bench median
     (its warmup absorbs a first call's JIT compile). TFLOPS count 2.5 forwards."""
@@ -70,6 +86,10 @@ def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=Fa
     dout = torch.randn_like(out)
     ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150,
                   return_mode="median")
+    if check and not softcap and not alibi:
+        err = check_backward(q, k, v, dout, torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), causal)
+        print(f"ab_bwd check: d {d} causal {causal} s {s}: max |grad - SDPA| / max |SDPA| = {err:.2e}",
+              file=sys.stderr, flush=True)
     return ms, 2.5 * flops / ms / 1e9
 
 
@@ -94,7 +114,7 @@ def child(args):
                                              args.impl)
                 else:
                     _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap,
-                                              bool(args.alibi), bool(args.deterministic), args.impl)
+                                              bool(args.alibi), bool(args.deterministic), args.impl, args.check)
                 value = getattr(args, args.knob[4:]) if args.knob.startswith("arg:") else os.environ.get(args.knob, "")
                 print(json.dumps({"value": str(value), "d": d, "causal": causal, "s": s,
                                   "tflops": round(tflops, 1)}), flush=True)
@@ -115,6 +135,7 @@ def main():
     ap.add_argument("--pass", dest="pass_", choices=("bwd", "fwd"), default="bwd", help="what to time")
     ap.add_argument("--deterministic", type=int, default=0, help="1: deterministic=True on every call")
     ap.add_argument("--impl", choices=("flashport", "fa3"), default="flashport", help="whose attention to time")
+    ap.add_argument("--check", action="store_true", help="compare each cell's gradients with SDPA's (stderr)")
     ap.add_argument("--out", help="JSON lines of every child's cells")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -142,6 +163,9 @@ def main():
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"ab_bwd: {args.knob}={value} failed:\n{proc.stderr[-2000:]}")
+            for line in proc.stderr.splitlines():
+                if line.startswith("ab_bwd check"):
+                    print(f"{line} [{args.knob}={value or '(unset)'}]", file=sys.stderr, flush=True)
             for line in proc.stdout.splitlines():
                 if not line.startswith("{"):
                     continue

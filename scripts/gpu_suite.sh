@@ -99,6 +99,10 @@ if has portable; then
   FLASHPORT_HOPPER_BWD_DQ=0 build-gpu/tests/flashport_tests_gpu --gtest_filter='HopperBwd.*' \
     >"$OUT/gpu_hopper_bwd_dq0.log" 2>&1 || status=1
   grep -E "PASSED|FAILED|Failure" "$OUT/gpu_hopper_bwd_dq0.log" | head -20
+  # 128 queries per step at d 64 (opt-in, FLASHPORT_HOPPER_BWD_BLOCK_M; docs/BWD_NOTES.md part 7).
+  FLASHPORT_HOPPER_BWD_BLOCK_M=128 build-gpu/tests/flashport_tests_gpu --gtest_filter='HopperBwd.*' \
+    >"$OUT/gpu_hopper_bwd_m128.log" 2>&1 || status=1
+  grep -E "PASSED|FAILED|Failure" "$OUT/gpu_hopper_bwd_m128.log" | head -20
 fi
 return $status
 }

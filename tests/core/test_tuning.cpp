@@ -62,8 +62,9 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
-    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);     // bulk reduce-adds
-    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);  // unset: the tile table's loop and stages
+    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);       // bulk reduce-adds
+    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);    // unset: the tile table's loop and stages
+    EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);  // unset: the tile table's queries per step
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -133,6 +134,11 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"4", "-1", "on"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_PIPE", bad}}).hopper_bwd_pipe, "FLASHPORT_HOPPER_BWD_PIPE",
                     bad);
+  for (int v : {64, 128})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_BLOCK_M", std::to_string(v)}}).hopper_bwd_block_m.get(), v);
+  for (const char* bad : {"32", "0", "-1", "128 "})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_BLOCK_M", bad}}).hopper_bwd_block_m,
+                    "FLASHPORT_HOPPER_BWD_BLOCK_M", bad);
   for (const char* bad : {"3", "-1", "x", "1 ", "+1"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_PERSISTENT", bad}}).hopper_persistent,
                     "FLASHPORT_HOPPER_PERSISTENT", bad);

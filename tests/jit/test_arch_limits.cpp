@@ -116,5 +116,25 @@ TEST(ArchLimits, HopperBwdAblationsCompile) {
   ADD_FAILURE() << "no bf16 d 64 plain bulk-dQ variant in hopper_bwd::variants(90)";
 }
 
+/// 128 queries per step at d 64 (FLASHPORT_HOPPER_BWD_BLOCK_M=128, hopper_bwd::tile_128_queries) compiles
+/// for every element type and score stage. ptxas keeps two values of the plain variant in 8 bytes of stack
+/// (reloaded once per step); more than that would be a new spill.
+TEST(ArchLimits, HopperBwd128QueriesCompile) {
+  const hopper_bwd::Tile t = hopper_bwd::tile_128_queries();
+  int compiled = 0;
+  for (jit::KernelSpec spec : hopper_bwd::variants(90)) {
+    if (define(spec, "FP_HEADDIM") != "64" || define(spec, "FP_DQ_MODE") != "1") continue;
+    for (auto& [k, v] : spec.defines) {
+      if (k == "FP_BLOCK_M") v = std::to_string(t.block_m);
+      if (k == "FP_STAGES") v = std::to_string(t.stages);
+      if (k == "FP_BWD_PIPE") v = std::to_string(t.pipe);
+    }
+    const jit::CompileResult r = jit::compile(spec);
+    EXPECT_LE(r.spill_bytes, 16) << spec.key();
+    ++compiled;
+  }
+  EXPECT_EQ(compiled, 6);  // {f16, bf16} x score stage {plain, ALiBi, softcap}
+}
+
 }  // namespace
 }  // namespace flashport::cuda

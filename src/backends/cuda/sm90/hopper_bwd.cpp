@@ -33,10 +33,13 @@ constexpr bool tile_table_fits() {
   return true;
 }
 static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the kernel's limits");
+static_assert(smem_bytes(64, tile_128_queries()) <= kSmemLimit, "128 queries per step at d 64 over 227 KB");
 
-/// tile_for(d) for score transform `general`, with a dQ mode (FLASHPORT_HOPPER_BWD_DQ) and a loop setting
-/// (FLASHPORT_HOPPER_BWD_PIPE, -1: the table's).
-Tile launch_tile(int d, int general, int dq_mode, int pipe) {
+/// tile_for(d) for score transform `general`, with a dQ mode (FLASHPORT_HOPPER_BWD_DQ), a loop setting
+/// (FLASHPORT_HOPPER_BWD_PIPE, -1: the table's) and queries per step (FLASHPORT_HOPPER_BWD_BLOCK_M, 0: the
+/// table's; 128 where tile_128_queries applies: d 64, bulk dQ, not deterministic).
+Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, bool deterministic = false) {
+  if (block_m == 128 && d == 64 && dq_mode == 1 && !deterministic) return tile_128_queries();
   Tile t = tile_for(d);
   t.dq_mode = bulk_dq_fits(d) ? dq_mode : 0;
   if (pipe >= 0 && pipe_fits(d, 0)) {  // the knob: loop and stages
@@ -48,14 +51,13 @@ Tile launch_tile(int d, int general, int dq_mode, int pipe) {
 }
 
 /// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi).
-jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe) {
-  const Tile t = tile_for(d);  // block_m
+jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe, int block_m) {
   const bool wide = wide_kernel(d);
   return {wide ? kWideSource : kNarrowSource,
           wide ? kWideEntry : kNarrowEntry,
           {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
            {"FP_HEADDIM", std::to_string(d)},
-           {"FP_BLOCK_M", std::to_string(t.block_m)},
+           {"FP_BLOCK_M", std::to_string(block_m)},
            {"FP_STAGES", std::to_string(stages)},
            {"FP_DQ_MODE", std::to_string(dq_mode)},
            {"FP_BWD_GENERAL", std::to_string(general)},
@@ -69,8 +71,7 @@ struct Plans {
 
 /// Tensor-map plans (varlen: one batch of total rows; coordinates start at cu_seqlens[b]). Sets
 /// `error` on the first failure.
-Plans plan_maps(const AttnProblem& p, std::string& error) {
-  const Tile tile = tile_for((int)p.d);
+Plans plan_maps(const AttnProblem& p, std::string& error, const Tile& tile) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
   const long long batch = varlen ? 1 : p.batch;
@@ -118,7 +119,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   for (const Operand* t : {&p.q, &p.k, &p.v, &p.dout, &p.grad_k, &p.grad_v})
     if (!rows_aligned(*t)) return "the Hopper backward needs 16-byte aligned rows of q, k, v, dout, dk, dv";
   std::string error;
-  plan_maps(p, error);
+  plan_maps(p, error, tile_for((int)p.d));
   return error;
 }
 
@@ -137,10 +138,11 @@ void launch_main(BwdParams& prm, int arch) {
   const int d = (int)p.d;
   const int general = p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
   const Tile tile =
-      launch_tile(d, general, core::tuning().hopper_bwd_dq.get(), core::tuning().hopper_bwd_pipe.get());
+      launch_tile(d, general, core::tuning().hopper_bwd_dq.get(), core::tuning().hopper_bwd_pipe.get(),
+                  core::tuning().hopper_bwd_block_m.get(), p.deterministic);
   const int smem = smem_bytes(d, tile);
   std::string error;
-  const Plans plans = plan_maps(p, error);
+  const Plans plans = plan_maps(p, error, tile);
   const bool varlen = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
   const int block_n = block_n_for(d);
@@ -156,8 +158,8 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const jit::Kernel& kernel =
-      cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general, tile.stages, tile.pipe);
+  const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general,
+                                            tile.stages, tile.pipe, tile.block_m);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
@@ -175,7 +177,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
           if (dq_mode != 0 && !bulk_dq_fits(d)) continue;
           // The table's tile per score transform (FLASHPORT_HOPPER_BWD_PIPE's other loops are not listed).
           const Tile t = launch_tile(d, general, dq_mode, -1);
-          specs.push_back(make_spec(elem_type, d, dq_mode, general, t.stages, t.pipe));
+          specs.push_back(make_spec(elem_type, d, dq_mode, general, t.stages, t.pipe, t.block_m));
         }
   return specs;
 }

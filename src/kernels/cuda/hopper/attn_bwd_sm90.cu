@@ -13,13 +13,17 @@
 namespace flashport::cuda::hopper_bwd {
 
 constexpr int kDsChunkBytes = kBlockN * kChunkRowBytes;  // 64 queries of dS^T for all keys
-// dQ (64 queries x kPadD) = dS K is split between the consumers as two 64 x 64 tiles: at kPadD 128 by
+// dQ (kBlockM queries x kPadD) = dS K is split between the consumers as two 64 x 64 tiles: at kPadD 128 by
 // columns (each over all 128 keys: the consumers first wait for each other's half of dS^T), at kPadD 64
-// by keys (each over its own 64 keys, no wait; the dQ warps add the two partial tiles).
-constexpr bool kDqSplitKeys = kPadD == 64;
+// by keys (each over its own 64 keys, no wait; the dQ warps add the two partial tiles), or with 128
+// queries per step (d 64, Tile::block_m 128) by query rows (each 64 queries over all 128 keys, after
+// the same wait): one tile per 64 queries, half the reduce-add traffic of the key split.
+constexpr bool kDqSplitQueries = kBlockM == 128;
+constexpr bool kDqSplitKeys = kPadD == 64 && !kDqSplitQueries;
 constexpr bool kTiledDq = kHeadDim == kPadD;  // the host's hopper_bwd::tiled_accumulator: d 64 and 128
 constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // K of one consumer's dQ GEMM
-static_assert(kBlockM == 64 && (kPadD == 64 || kPadD == 128), "tile_for's shapes only");
+static_assert((kBlockM == 64 && (kPadD == 64 || kPadD == 128)) || (kBlockM == 128 && kPadD == 64),
+              "tile_for's shapes and block_m 128 at d 64 only");
 #ifndef FP_DQ_MODE
 #define FP_DQ_MODE 0
 #endif
@@ -41,7 +45,8 @@ constexpr bool kDqBulk = FP_DQ_MODE != 0;  // bulk reduce-adds from one producer
 constexpr int kDqBuffers = dq_buffers(kTile);
 static_assert(!kDqBulk || (kTiledDq && bulk_dq_fits(kHeadDim)),
               "bulk dQ reductions need the tiled accumulator (the staged tile's order)");
-static_assert(!kDqBulk || kDqBuffers == 2, "bulk_drain_dq frees the previous step's buffer");
+static_assert(!kDqSplitQueries || (kDqBulk && !kPipe && kTiledDq),
+              "128 queries per step: bulk dQ into the tiled accumulator, the serial loop");
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory. Every tile is stored as 64-column chunks of rows x 128 bytes in the 128B-swizzle
@@ -71,9 +76,11 @@ static_assert(smem_bytes(kHeadDim, kTile) <= kSmemLimit, "over 227 KB");
 constexpr u32 kBarDs = 1;       // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqThreads = 64;  // warps 2 and 3 of the producer warpgroup add dQ to global memory
 constexpr u32 kBarDqDrain = 2;  // named barrier of the 64 drain threads (deterministic mode)
-// 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24.
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+// 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24. With 128
+// queries per step (bulk dQ: one producer thread drains) 128 x 24 + 256 x 240: the consumers spilled
+// 40 bytes under 232.
+constexpr int kProducerRegs = kDqSplitQueries ? 24 : 40;
+constexpr int kConsumerRegs = kDqSplitQueries ? 240 : 232;
 
 /// Thread 64 (bulk mode): every step's staged dQ tile added to its accumulator tile by bulk reduce-adds.
 /// The staging order is the accumulator's tile order (see drain_dq), so a step is one contiguous copy:
@@ -85,7 +92,8 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
   const AttnProblem& p = prm.bwd.p;
   constexpr u32 kTileBytes = sizeof(s.dq[0]);
   const i64 row0 = bwd::accum_row0(p, w.seq, w.b, true);
-  const bool deterministic = prm.bwd.dq_tile_count != nullptr;
+  // 128 queries per step: never deterministic (the turns count 64-query tiles; the host takes 64).
+  const bool deterministic = !kDqSplitQueries && prm.bwd.dq_tile_count != nullptr;
   for (int t = 0; t < w.steps; ++t) {
     const int buf = t % kDqBuffers;
     sm90::mbar_wait(bar_addr(s.bar_dq_full[buf]), (u32)(t / kDqBuffers) & 1u);
@@ -98,6 +106,9 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
       sm90::fence_proxy_async_global();
     }
     if (kAblate & 1) {
+    } else if (kDqSplitQueries) {
+      // Rows m0 + 64.. all past the sequence hold zeros: their tile may lie past its padded rows.
+      sm90::bulk_reduce_add_f32(g_tile, s_tile, m0 + 64 < w.seq.len_q ? kTileBytes : kTileBytes / 2);
     } else if (kDqSplitKeys) {
       sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes / 2);
       if (deterministic) {  // two operations on one tile: ordered only by waiting for the first
@@ -114,8 +125,12 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
       sm90::fence_proxy_async_global();
       pass_dq_turn(counter);
     }
-    // The previous step's buffer is free once its copy has read it (this step's may still be read).
-    if (t > 0) {
+    // The previous step's buffer is free once its copy has read it (this step's may still be read); a
+    // single buffer once this step's copy has.
+    if (kDqBuffers == 1) {
+      sm90::bulk_wait_read<0>();
+      sm90::mbar_arrive(bar_addr(s.bar_dq_empty[0]));
+    } else if (t > 0) {
       sm90::bulk_wait_read<1>();
       sm90::mbar_arrive(bar_addr(s.bar_dq_empty[(t - 1) % kDqBuffers]));
     }
@@ -237,10 +252,12 @@ struct Consumer {
     desc_k_rows = sm90::smem_desc(smem_addr(&s.k[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
     desc_v_rows = sm90::smem_desc(smem_addr(&s.v[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
     // dQ operands: dS^T rows (keys) 64c.. (by keys) or all, K columns (d) 64c.. (by columns) or all.
-    ds_off = kDqSplitKeys ? c * 64 * kChunkRowBytes : 0;
-    desc_k_dq = sm90::smem_desc(
-        smem_addr(&s.k[0][0][0]) + (kDqSplitKeys ? c * 64 * kChunkRowBytes : c * kKVChunkBytes),
-        kKVChunkBytes, 1024);
+    // By queries: dS^T chunk c (queries 64c..), all keys and columns of K.
+    ds_off = kDqSplitKeys ? c * 64 * kChunkRowBytes : kDqSplitQueries ? c * kDsChunkBytes : 0;
+    desc_k_dq = sm90::smem_desc(smem_addr(&s.k[0][0][0]) + (kDqSplitKeys      ? c * 64 * kChunkRowBytes
+                                                            : kDqSplitQueries ? 0
+                                                                              : c * kKVChunkBytes),
+                                kKVChunkBytes, 1024);
     s_dq = smem_addr(&s.dq[0][c][0][tid][0]);  // register pair q at + q * 1024 bytes
   }
   FP_DEV u32 s_q(int t) const { return smem_addr(&s.q[t % kStages][0][0][0]); }

@@ -63,9 +63,18 @@ FP_HD constexpr bool bulk_dq_fits(int d) {
   return !wide_kernel(d) && d % 64 == 0;
 }
 
-/// Staging buffers for the step's dQ tiles (narrow kernel).
+/// Staging buffers for the step's dQ tiles (narrow kernel): two for bulk reduce-adds of 64-query steps,
+/// one at 128 queries per step (two would exceed 227 KB).
 FP_HD constexpr int dq_buffers(Tile t) {
-  return t.dq_mode == 1 ? 2 : 1;
+  return t.dq_mode == 1 && t.block_m == 64 ? 2 : 1;
+}
+
+/// Whether head dim d can take 128 queries per step (block_m 128, FLASHPORT_HOPPER_BWD_BLOCK_M): d 64
+/// with bulk dQ, the serial loop on two stages, not deterministic (the turns count 64-query tiles).
+/// Registers per consumer thread: S^T + dP^T 128 (64 keys x 128 queries each), dK + dV 64, dQ 32 (split
+/// by query rows). Shared memory: K, V 32 KB, Q / dO 64 KB, dS^T 64 KB, one dQ staging tile 32 KB.
+FP_HD constexpr Tile tile_128_queries() {
+  return {128, 2, 1, 0};
 }
 
 /// Per head dim (d == dv): 64 queries per step. Registers per consumer thread (setmaxnreg 232 narrow,
