@@ -117,8 +117,7 @@ TEST(ArchLimits, HopperBwdAblationsCompile) {
 }
 
 /// 128 queries per step at d 64 (FLASHPORT_HOPPER_BWD_BLOCK_M=128, hopper_bwd::tile_128_queries) compiles
-/// for every element type and score stage. ptxas keeps two values of the plain variant in 8 bytes of stack
-/// (reloaded once per step); more than that would be a new spill.
+/// for every element type and score stage without spilling (scores_to_grads pins its key index there).
 TEST(ArchLimits, HopperBwd128QueriesCompile) {
   const hopper_bwd::Tile t = hopper_bwd::tile_128_queries();
   int compiled = 0;
@@ -130,7 +129,7 @@ TEST(ArchLimits, HopperBwd128QueriesCompile) {
       if (k == "FP_BWD_PIPE") v = std::to_string(t.pipe);
     }
     const jit::CompileResult r = jit::compile(spec);
-    EXPECT_LE(r.spill_bytes, 16) << spec.key();
+    EXPECT_EQ(r.spill_bytes, 0) << spec.key();
     ++compiled;
   }
   EXPECT_EQ(compiled, 6);  // {f16, bf16} x score stage {plain, ALiBi, softcap}

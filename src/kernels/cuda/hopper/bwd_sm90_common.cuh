@@ -344,7 +344,9 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
       p.window_left < 0 || p.window_left >= kFarWindow ? -kFarWindow : shift - (int)p.window_left;
   const int hi_off =
       p.window_right < 0 || p.window_right >= kFarWindow ? kFarWindow : shift + (int)p.window_right;
-  const int key = key0 + 16 * (tid >> 5) + (lane >> 2);  // key of the h = 0 elements (h = 1: + 8)
+  int key = key0 + 16 * (tid >> 5) + (lane >> 2);  // key of the h = 0 elements (h = 1: + 8)
+  // 128 queries per step: ptxas hoisted key + 8 and key - 2 t4 out of the step loop and spilled them.
+  if constexpr (kN == 128 && !kSoftcap) asm volatile("" : "+r"(key));
   // visible iff 0 <= diff - lo_off <= hi_off - lo_off (unsigned: one compare), diff = key - query;
   // rel0 is that offset for element (j = 0, h = 0, x = 0). Pinned here: otherwise ptxas computes the
   // per-element offsets ahead of the wgmma wait and keeps them live beside S and dP (spills at d 64).
