@@ -69,8 +69,9 @@ FP_HD constexpr int dq_buffers(Tile t) {
   return t.dq_mode == 1 && t.block_m == 64 ? 2 : 1;
 }
 
-/// Whether head dim d can take 128 queries per step (block_m 128, FLASHPORT_HOPPER_BWD_BLOCK_M): d 64
-/// with bulk dQ, the serial loop on two stages, not deterministic (the turns count 64-query tiles).
+/// The d 64 tile of 128 queries per step (FLASHPORT_HOPPER_BWD_BLOCK_M=128; docs/BWD_NOTES.md part 7): bulk
+/// dQ split by query rows, the serial loop on two stages; never deterministic (the turns count 64-query
+/// tiles).
 /// Registers per consumer thread: S^T + dP^T 128 (64 keys x 128 queries each), dK + dV 64, dQ 32 (split
 /// by query rows). Shared memory: K, V 32 KB, Q / dO 64 KB, dS^T 64 KB, one dQ staging tile 32 KB.
 FP_HD constexpr Tile tile_128_queries() {
@@ -84,7 +85,8 @@ FP_HD constexpr Tile tile_128_queries() {
 ///   96   128     64     32   by columns (each 64 of the padded 128, all 128 keys)
 ///   128  128     64     32   by columns
 ///   256  128     32     64   by columns (each 128; S^T and dP^T split by queries, 32 each)
-/// 128 queries per step at d 64 (S + dP 128 registers) spilled (ptxas, CUDA 13). d 192 would need the
+/// 128 queries per step at d 64 with the key split (dQ 64 registers) spilled; split by query rows it fits
+/// (tile_128_queries, opt-in, 240 registers). d 192 would need the
 /// wide kernel's column split at 96 columns (not a whole swizzle atom): it stays on the portable kernel.
 /// d 64 runs the pipelined loop on three stages (H100, bf16, 16k tokens: 0.97-1.06x the serial loop on
 /// two, 1.02-1.06x from 4k but causal 8k 0.99; the pipelined loop on two stages 0.85-0.96x from 1k); with
