@@ -92,17 +92,16 @@ if has portable; then
   # On sm_90 the backward tests above run the Hopper main kernel wherever it applies; this reruns them
   # with the portable kernel forced, so both stay covered on this GPU.
   step "gpu backward suite with the portable kernel forced"
-  FLASHPORT_CUDA_BACKWARD=portable build-gpu/tests/flashport_tests_gpu --gtest_filter='GpuBackward*' \
-    >"$OUT/gpu_portable_bwd.log" 2>&1 || status=1
-  grep -E "PASSED|FAILED|Failure" "$OUT/gpu_portable_bwd.log" | head -20
+  # rerun LOG FILTER VAR=VALUE: the GPU tests matching FILTER with one knob set.
+  rerun() {
+    env "$3" build-gpu/tests/flashport_tests_gpu --gtest_filter="$2" >"$OUT/$1" 2>&1 || status=1
+    grep -E "PASSED|FAILED|Failure" "$OUT/$1" | head -20
+  }
+  rerun gpu_portable_bwd.log 'GpuBackward*' FLASHPORT_CUDA_BACKWARD=portable
   # The Hopper backward's other dQ path (producer warps' reductions instead of bulk reduce-adds).
-  FLASHPORT_HOPPER_BWD_DQ=0 build-gpu/tests/flashport_tests_gpu --gtest_filter='HopperBwd.*' \
-    >"$OUT/gpu_hopper_bwd_dq0.log" 2>&1 || status=1
-  grep -E "PASSED|FAILED|Failure" "$OUT/gpu_hopper_bwd_dq0.log" | head -20
+  rerun gpu_hopper_bwd_dq0.log 'HopperBwd.*' FLASHPORT_HOPPER_BWD_DQ=0
   # 128 queries per step at d 64 (opt-in, FLASHPORT_HOPPER_BWD_BLOCK_M; docs/BWD_NOTES.md part 7).
-  FLASHPORT_HOPPER_BWD_BLOCK_M=128 build-gpu/tests/flashport_tests_gpu --gtest_filter='HopperBwd.*' \
-    >"$OUT/gpu_hopper_bwd_m128.log" 2>&1 || status=1
-  grep -E "PASSED|FAILED|Failure" "$OUT/gpu_hopper_bwd_m128.log" | head -20
+  rerun gpu_hopper_bwd_m128.log 'HopperBwd.*' FLASHPORT_HOPPER_BWD_BLOCK_M=128
 fi
 return $status
 }
