@@ -23,24 +23,28 @@ constexpr const char* kWideEntry = "flashport_attn_bwd_sm90_wide";
 constexpr int kHeadDims[] = {64, 96, 128, 256};
 
 constexpr bool tile_table_fits() {
-  for (int d : kHeadDims) {
-    const Tile t = tile_for(d);
-    if ((t.block_m != 64 && t.block_m != 128) || t.stages < 1) return false;
-    if (smem_bytes(d, t) > kSmemLimit) return false;
-    if (bulk_dq_fits(d) && smem_bytes(d, Tile{t.block_m, t.stages, 1}) > kSmemLimit) return false;
-    if (t.pipe && !pipe_fits(d, 0)) return false;
-  }
+  for (int d : kHeadDims)
+    for (const Tile t : {tile_for(d), tile_64_queries(d)}) {
+      if ((t.block_m != 64 && t.block_m != 128) || t.stages < 1) return false;
+      if (smem_bytes(d, t) > kSmemLimit) return false;
+      if (bulk_dq_fits(d) && smem_bytes(d, Tile{t.block_m, t.stages, 1, t.pipe}) > kSmemLimit) return false;
+      if (t.pipe && !pipe_fits(d, 0)) return false;
+      // 128 queries per step: bulk dQ into the tiled accumulator, the serial loop (attn_bwd_sm90.cu)
+      if (t.block_m == 128 && (d != 64 || t.dq_mode != 1 || t.pipe)) return false;
+    }
   return true;
 }
 static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the kernel's limits");
-static_assert(smem_bytes(64, tile_128_queries()) <= kSmemLimit, "128 queries per step at d 64 over 227 KB");
 
 /// tile_for(d) for score transform `general`, with a dQ mode (FLASHPORT_HOPPER_BWD_DQ), a loop setting
-/// (FLASHPORT_HOPPER_BWD_PIPE, -1: the table's) and queries per step (FLASHPORT_HOPPER_BWD_BLOCK_M, 0: the
-/// table's; 128 where tile_128_queries applies: d 64, bulk dQ, not deterministic).
+/// (FLASHPORT_HOPPER_BWD_PIPE, -1: the table's), queries per step (FLASHPORT_HOPPER_BWD_BLOCK_M, 0: the
+/// table's) and determinism. 128 queries per step need bulk dQ and no determinism; the loop knob and
+/// block_m 64 ask for tile_64_queries, whose dQ mode and loop the knobs then set.
 Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, bool deterministic = false) {
-  if (block_m == 128 && d == 64 && dq_mode == 1 && !deterministic) return tile_128_queries();
   Tile t = tile_for(d);
+  if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64))
+    t = tile_64_queries(d);
+  if (t.block_m == 128) return t;
   t.dq_mode = bulk_dq_fits(d) ? dq_mode : 0;
   if (pipe >= 0 && pipe_fits(d, 0)) {  // the knob: loop and stages
     t.pipe = pipe == 1 || pipe == 2;
@@ -175,9 +179,13 @@ std::vector<jit::KernelSpec> variants(int arch) {
       for (int dq_mode : {0, 1})
         for (int general : {0, 1, 2}) {
           if (dq_mode != 0 && !bulk_dq_fits(d)) continue;
-          // The table's tile per score transform (FLASHPORT_HOPPER_BWD_PIPE's other loops are not listed).
-          const Tile t = launch_tile(d, general, dq_mode, -1);
+          // The table's tile per score transform, and deterministic mode's where it differs
+          // (FLASHPORT_HOPPER_BWD_PIPE's other loops are not listed).
+          const Tile t = launch_tile(d, general, dq_mode, -1),
+                     td = launch_tile(d, general, dq_mode, -1, 0, true);
           specs.push_back(make_spec(elem_type, d, dq_mode, general, t.stages, t.pipe, t.block_m));
+          if (td.block_m != t.block_m)
+            specs.push_back(make_spec(elem_type, d, dq_mode, general, td.stages, td.pipe, td.block_m));
         }
   return specs;
 }

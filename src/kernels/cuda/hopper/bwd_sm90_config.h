@@ -69,32 +69,23 @@ FP_HD constexpr int dq_buffers(Tile t) {
   return t.dq_mode == 1 && t.block_m == 64 ? 2 : 1;
 }
 
-/// The d 64 tile of 128 queries per step (FLASHPORT_HOPPER_BWD_BLOCK_M=128; docs/BWD_NOTES.md part 7): bulk
-/// dQ split by query rows, the serial loop on two stages; never deterministic (the turns count 64-query
-/// tiles).
-/// Registers per consumer thread: S^T + dP^T 128 (64 keys x 128 queries each), dK + dV 64, dQ 32 (split
-/// by query rows). Shared memory: K, V 32 KB, Q / dO 64 KB, dS^T 64 KB, one dQ staging tile 32 KB.
-FP_HD constexpr Tile tile_128_queries() {
-  return {128, 2, 1, 0};
-}
-
-/// Per head dim (d == dv): 64 queries per step. Registers per consumer thread (setmaxnreg 232 narrow,
-/// 240 wide, with room for addresses):
-///   d    dK+dV   S+dP   dQ   dQ split between the consumers
-///   64   64      64     32   by keys (each its own 64 keys, all 64 columns; partial tiles summed)
-///   96   128     64     32   by columns (each 64 of the padded 128, all 128 keys)
-///   128  128     64     32   by columns
-///   256  128     32     64   by columns (each 128; S^T and dP^T split by queries, 32 each)
-/// 128 queries per step at d 64 with the key split (dQ 64 registers) spilled; split by query rows it fits
-/// (tile_128_queries, opt-in, 240 registers). d 192 would need the
-/// wide kernel's column split at 96 columns (not a whole swizzle atom): it stays on the portable kernel.
-/// d 64 runs the pipelined loop on three stages (H100, bf16, 16k tokens: 0.97-1.06x the serial loop on
-/// two, 1.02-1.06x from 4k but causal 8k 0.99; the pipelined loop on two stages 0.85-0.96x from 1k); with
-/// softcap, where the pipelined loop does not fit, the serial one on the same three stages.
+/// Per head dim (d == dv). Registers per consumer thread (setmaxnreg 232 narrow, 240 wide or 128 queries
+/// per step, with room for addresses):
+///   d    queries  dK+dV   S+dP   dQ   dQ split between the consumers
+///   64   128      64      128    32   by query rows (each 64 queries over all 128 keys)
+///   96   64       128     64     32   by columns (each 64 of the padded 128, all 128 keys)
+///   128  64       128     64     32   by columns
+///   256  64       128     32     64   by columns (each 128; S^T and dP^T split by queries, 32 each)
+/// d 64 takes FA3's shape (docs/BWD_NOTES.md part 7): 128 queries per step, dQ split by query rows (one
+/// tile per 64 queries: half the reduce-add traffic of a key split), bulk dQ, the serial loop on two
+/// stages, one dQ staging buffer (two exceed 227 KB); H100, bf16, 16k tokens: 1.03-1.13x the 64-query
+/// pipelined loop at 1k-16k. Shared memory: K, V 32 KB, Q / dO 64 KB, dS^T 64 KB, dQ staging 32 KB.
+/// d 192 would need the wide kernel's column split at 96 columns (not a whole swizzle atom): it stays
+/// on the portable kernel.
 FP_HD constexpr Tile tile_for(int d) {
   switch (d) {
     case 64:
-      return {64, 3, 0, 1};
+      return {128, 2, 1, 0};
     case 96:
     case 128:
     case 256:
@@ -102,6 +93,15 @@ FP_HD constexpr Tile tile_for(int d) {
     default:
       return {0, 0};
   }
+}
+
+/// The tile where 128 queries per step cannot run: deterministic mode (its turns count 64-query tiles)
+/// and the vector-reduction dQ path (FP_DQ_MODE 0). At d 64: 64 queries per step, dQ split by keys (each
+/// consumer its own 64 keys, all 64 columns; partial tiles summed), the pipelined loop on three stages
+/// (0.97-1.06x the serial loop on two; with softcap, where the pipelined loop does not fit, the serial
+/// one on the same three stages). 128 queries with the key split (dQ 64 registers) spilled.
+FP_HD constexpr Tile tile_64_queries(int d) {
+  return d == 64 ? Tile{64, 3, 0, 1} : tile_for(d);
 }
 
 /// Bytes of the kernel's SharedStorage (the kernels static_assert equality) plus 1 KB for aligning its
