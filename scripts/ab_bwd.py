@@ -9,6 +9,7 @@ backward is 2.5 forwards) with every round's figure.
 
     python3 scripts/ab_bwd.py --knob FLASHPORT_HOPPER_BWD_DQ --values 0,1 --dims 64,128
     python3 scripts/ab_bwd.py --knob FLASHPORT_CUDA_BACKWARD --values portable, --softcap 30 --alibi 1
+    python3 scripts/ab_bwd.py --knob FLASHPORT_CUDA_BACKWARD --values portable, --dropout 0.1
     python3 scripts/ab_bwd.py --knob arg:deterministic --values 0,1 --dims 64,128,256
     python3 scripts/ab_bwd.py --knob arg:softcap --values 0,30 --pass fwd
 
@@ -48,16 +49,17 @@ def _attention(impl):
     if impl == "fa3":
         import flash_attn_interface
 
-        def fa3(q, k, v, causal, softcap, alibi_slopes, deterministic=False):
-            if alibi_slopes is not None:
-                raise SystemExit("ab_bwd: FA3 has no ALiBi")
+        def fa3(q, k, v, causal, softcap, alibi_slopes, deterministic=False, dropout_p=0.0):
+            if alibi_slopes is not None or dropout_p:
+                raise SystemExit("ab_bwd: FA3 has no ALiBi and no dropout")
             return flash_attn_interface.flash_attn_func(q, k, v, causal=causal, softcap=softcap,
                                                         deterministic=deterministic)
         return fa3
     import flashport
 
-    return lambda q, k, v, causal, softcap, alibi_slopes, deterministic=False: flashport.flash_attn_func(
-        q, k, v, causal=causal, softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic)
+    return lambda q, k, v, causal, softcap, alibi_slopes, deterministic=False, dropout_p=0.0: (
+        flashport.flash_attn_func(q, k, v, dropout_p=dropout_p, causal=causal, softcap=softcap,
+                                  alibi_slopes=alibi_slopes, deterministic=deterministic))
 
 
 def check_backward(q, k, v, dout, grads, causal):
@@ -74,19 +76,19 @@ def check_backward(q, k, v, dout, grads, causal):
 
 
 def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, deterministic=False,
-                  impl="flashport", check=False):
+                  impl="flashport", check=False, dropout=0.0):
     """(ms, TFLOPS) of one backward (grad of q, k, v through autograd) at bf16, batch x s = tokens,
-    heads x d = hidden, with `softcap`, ALiBi and deterministic mode when asked; triton's do_bench median
+    heads x d = hidden, with `softcap`, ALiBi, dropout and deterministic mode when asked; triton's do_bench median
     (its warmup absorbs a first call's JIT compile). TFLOPS count 2.5 forwards."""
     import torch
     from triton.testing import do_bench
 
     q, k, v, slopes, flops = _inputs(d, causal, s, tokens, hidden, alibi)
-    out = _attention(impl)(q, k, v, bool(causal), softcap, slopes, deterministic)
+    out = _attention(impl)(q, k, v, bool(causal), softcap, slopes, deterministic, dropout)
     dout = torch.randn_like(out)
     ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=150,
                   return_mode="median")
-    if check and not softcap and not alibi:
+    if check and not softcap and not alibi and not dropout:
         err = check_backward(q, k, v, dout, torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), causal)
         print(f"ab_bwd check: d {d} causal {causal} s {s}: max |grad - SDPA| / max |SDPA| = {err:.2e}",
               file=sys.stderr, flush=True)
@@ -114,7 +116,8 @@ def child(args):
                                              args.impl)
                 else:
                     _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap,
-                                              bool(args.alibi), bool(args.deterministic), args.impl, args.check)
+                                              bool(args.alibi), bool(args.deterministic), args.impl, args.check,
+                                              args.dropout)
                 value = getattr(args, args.knob[4:]) if args.knob.startswith("arg:") else os.environ.get(args.knob, "")
                 print(json.dumps({"value": str(value), "d": d, "causal": causal, "s": s,
                                   "tflops": round(tflops, 1)}), flush=True)
@@ -132,6 +135,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--softcap", type=float, default=0.0, help="softcap of every call (0: off)")
     ap.add_argument("--alibi", type=int, default=0, help="1: ALiBi slopes on every call")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p of every call (backward only)")
     ap.add_argument("--pass", dest="pass_", choices=("bwd", "fwd"), default="bwd", help="what to time")
     ap.add_argument("--deterministic", type=int, default=0, help="1: deterministic=True on every call")
     ap.add_argument("--impl", choices=("flashport", "fa3"), default="flashport", help="whose attention to time")

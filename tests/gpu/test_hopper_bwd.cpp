@@ -6,9 +6,10 @@
 // sk, rows without keys and keys without queries (exact zero gradients), windows, GQA 4:1 / 7:1 / MQA, varlen
 // with empty sequences, seqused_k, padded and transposed strides, and multi-block sequences (~1100 tokens, a
 // varlen batch of 20), softcap and ALiBi (per head and per batch, alone, together and with windows, on
-// both kernels), and deterministic mode (bitwise over 50 runs, every dQ path).
-// GpuBackwardPortable.SmallFeatures keeps small portable-only cases (dropout, d 160 / 192) in the *Small* set
-// that gpu_suite.sh runs under compute-sanitizer.
+// both kernels), dropout (d 64 / 128 / 256, with windows, GQA, varlen, deterministic), and deterministic mode
+// (bitwise over 50 runs, every dQ path). GpuBackwardPortable.SmallFeatures keeps small portable-only cases
+// (dropout beside softcap / ALiBi or at d 96, d 160 / 192) in the *Small* set that gpu_suite.sh runs under
+// compute-sanitizer.
 //
 // FLASHPORT_CUDA_BACKWARD=portable (read once per process) sends every case to the portable kernel:
 // the HopperBwd cases then still run, as an A/B check of the harness against the portable backward.
@@ -65,6 +66,20 @@ void expect_hopper_backward(const Case& c) {
 void expect_portable_backward(const Case& c) {
   EXPECT_NE(hopper_declines(c, make_inputs(c)), "") << "expected a portable-only case: " << c.describe();
   expect_backward_accurate(c);
+}
+
+/// Whether dropout runs on the Hopper backward at head dim d (gpu_suite.sh reruns the suite with
+/// FLASHPORT_HOPPER_BWD_DQ=0: d 128 then takes the portable kernel).
+bool hopper_takes_dropout(int64_t d) {
+  return hopper_bwd::takes_dropout((int)d);
+}
+
+/// A dropout case on the Hopper backward where it runs (hopper_takes_dropout), else on the portable one.
+void expect_dropout_backward(const Case& c) {
+  if (hopper_takes_dropout(c.d))
+    expect_hopper_backward(c);
+  else
+    expect_portable_backward(c);
 }
 
 /// Rows [first, first + count) of a contiguous (rows, width) gradient are exactly zero.
@@ -149,7 +164,14 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF32; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.dropout_threshold = 1u << 28; }));
+  // Dropout: alone at d 64, 128 (bulk dQ, the default) and 256; beside softcap or ALiBi, and at d 96, not.
+  auto dropout = [](AttnProblem& x) { x.dropout_p = 0.1f, x.dropout_threshold = 1u << 28; };
+  EXPECT_EQ(declines(dropout), !hopper_takes_dropout(p.d));
+  for (int64_t d : {64, 256})
+    EXPECT_FALSE(declines([&](AttnProblem& x) { dropout(x), x.d = x.dv = d; })) << d;
+  EXPECT_TRUE(declines([&](AttnProblem& x) { dropout(x), x.d = x.dv = 96; }));
+  EXPECT_TRUE(declines([&](AttnProblem& x) { dropout(x), x.softcap = 5.0f; }));
+  EXPECT_TRUE(declines([&](AttnProblem& x) { dropout(x), x.alibi = static_cast<const float*>(aligned); }));
   EXPECT_TRUE(declines([=](AttnProblem& x) {
     x.block_table = index, x.block_table_stride = 4, x.page_size = 256;
     x.kv_rows = 8;
@@ -183,8 +205,9 @@ TEST(HopperBwd, SmallSupportAndVariants) {
 
   const std::vector<jit::KernelSpec> specs = hopper_bwd::variants(90);
   // {f16, bf16} x (d {64, 128} x dQ modes {0, 1}, d 96, d 256) x score stage {plain, ALiBi, softcap},
-  // plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128 queries)
-  EXPECT_EQ(specs.size(), 42u);
+  // plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128 queries), plus
+  // dropout's {f16, bf16} x (d 64 x dQ modes {0, 1}, d 128 bulk dQ, d 256)
+  EXPECT_EQ(specs.size(), 50u);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
     for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
@@ -376,6 +399,41 @@ TEST(HopperBwd, SmallSoftcapAlibi) {
   expect_hopper_backward(with(dense(DType::f16, 1, 600, 600, 2, 1, 256), features[1]));
 }
 
+// Dropout on the Hopper kernels (SPEC's Philox mask, drawn in the transposed layout: four lanes share each
+// call): alone and with causal / two-sided windows, GQA 7:1, sq > sk, d 64 (64 queries per step, both dQ
+// paths when gpu_suite reruns this with FLASHPORT_HOPPER_BWD_DQ=0), 128 and 256, varlen with empty
+// sequences, several key blocks, and bitwise repeatable in deterministic mode. The CPU oracle draws the
+// same mask, so a wrong keep bit (a lane's bits swapped, a wrong counter word) fails the accuracy rule.
+TEST(HopperBwd, SmallDropout) {
+  FP_SKIP_WITHOUT_SM90();
+  const Features features[] = {
+      kDropout,
+      {"dropout-causal", true, -1, -1, 0.0, 0, 0.3},
+      {"dropout-window", false, 37, 5, 0.0, 0, 0.1},
+  };
+  int n = 0;
+  for (const Features& f : features) {
+    SCOPED_TRACE(f.name);
+    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_dropout_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
+    expect_dropout_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));  // 7:1, sq > sk
+    expect_dropout_backward(with(dense(dt, 2, 90, 140, 4, 2, 256), f));
+  }
+  Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 128), features[1]), {0, 37, 130, 1, 0},
+                  {5, 0, 129, 64, 0});
+  expect_dropout_backward(v);
+  v.d = v.dv = 64, v.dtype = DType::f16;
+  expect_dropout_backward(with(v, features[2]));
+  expect_dropout_backward(with(dense(DType::bf16, 1, 700, 1100, 4, 2, 64), features[1]));
+  expect_dropout_backward(with(dense(DType::f16, 1, 600, 600, 2, 1, 256), features[0]));
+  const Case det[] = {
+      with(dense(DType::bf16, 1, 300, 400, 4, 2, 128), features[1]),
+      with(dense(DType::f16, 1, 200, 300, 2, 1, 64), features[0]),
+  };
+  for (const Case& c : det)
+    if (!hopper_takes_dropout(c.d) || expect_goes_to_hopper(c, make_inputs(c))) expect_deterministic(c, 3);
+}
+
 // Deterministic mode: each 64-query dQ tile takes its key blocks' additions in key-block order (turn
 // counters), on every dQ path: bulk reduce-adds from one staging tile (d 128) or two per tile (d 64, split
 // by keys), the drain warps' reductions (d 96; d 64 / 128 too when gpu_suite reruns this suite with
@@ -410,10 +468,10 @@ TEST(HopperBwd, SmallDeterministic) {
 }
 
 // The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper
-// backward never takes: dropout (alone, with a window, with every other feature), d 160 and d 192.
+// backward never takes: dropout beside softcap / ALiBi and at d 96, d 160 and d 192.
 TEST(GpuBackwardPortable, SmallFeatures) {
   FP_SKIP_WITHOUT_GPU();
-  const Features features[] = {kDropout, {"dropout-window", true, 20, -1, 0.0, 0, 0.1}, kAll};
+  const Features features[] = {{"dropout-softcap", true, 20, -1, 3.0, 0, 0.1}, kAll};
   int n = 0;
   for (const Features& f : features) {
     SCOPED_TRACE(f.name);
@@ -421,6 +479,7 @@ TEST(GpuBackwardPortable, SmallFeatures) {
     expect_portable_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
     expect_portable_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));
   }
+  expect_portable_backward(with(dense(DType::f16, 1, 100, 150, 2, 2, 96), kDropout));
   Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), kAll), {0, 37, 130, 1, 0}, {5, 0, 129, 64, 0});
   expect_portable_backward(v);
   for (int64_t d : {160, 192}) {

@@ -91,18 +91,28 @@ std::string define(const jit::KernelSpec& spec, const std::string& name) {
 /// where they run, else (vector-reduction dQ, deterministic mode) 64 on the pipelined loop on three
 /// stages (softcap: the serial loop on them); the other head dims 64 queries, serial on two.
 TEST(ArchLimits, HopperBwdTileWhereItFits) {
-  int pipelined = 0, wide_steps = 0;
+  int pipelined = 0, wide_steps = 0, dropout = 0;
   for (const jit::KernelSpec& spec : hopper_bwd::variants(90)) {
-    const bool d64 = define(spec, "FP_HEADDIM") == "64", softcap = define(spec, "FP_BWD_GENERAL") == "2";
+    const bool d64 = define(spec, "FP_HEADDIM") == "64";
+    // softcap (2) and dropout (3): the serial loop
+    const bool serial_stage = define(spec, "FP_BWD_GENERAL") == "2" || define(spec, "FP_BWD_GENERAL") == "3";
     const bool m128 = define(spec, "FP_BLOCK_M") == "128";
     EXPECT_TRUE(!m128 || (d64 && define(spec, "FP_DQ_MODE") == "1")) << spec.key();
-    EXPECT_EQ(define(spec, "FP_BWD_PIPE"), d64 && !m128 && !softcap ? "1" : "0") << spec.key();
+    EXPECT_EQ(define(spec, "FP_BWD_PIPE"), d64 && !m128 && !serial_stage ? "1" : "0") << spec.key();
+    if (define(spec, "FP_BWD_GENERAL") == "3") {
+      ++dropout;
+      EXPECT_FALSE(m128) << spec.key();
+      EXPECT_TRUE(hopper_bwd::dropout_fits(std::stoi(define(spec, "FP_HEADDIM")),
+                                           std::stoi(define(spec, "FP_DQ_MODE"))))
+          << spec.key();
+    }
     EXPECT_EQ(define(spec, "FP_STAGES"), d64 && !m128 ? "3" : "2") << spec.key();
     pipelined += define(spec, "FP_BWD_PIPE") == "1";
     wide_steps += m128;
   }
   EXPECT_EQ(pipelined, 8);   // {f16, bf16} x {dQ mode 0, deterministic bulk dQ} x score stage {plain, ALiBi}
   EXPECT_EQ(wide_steps, 6);  // {f16, bf16} x score stage {plain, ALiBi, softcap}
+  EXPECT_EQ(dropout, 8);     // {f16, bf16} x (d 64 x dQ modes {0, 1}, d 128 bulk dQ, d 256)
   // The table's d 64 tile is the 128-query one; deterministic mode and dQ mode 0 take 64 queries.
   EXPECT_EQ(hopper_bwd::tile_for(64).block_m, 128);
   EXPECT_EQ(hopper_bwd::tile_64_queries(64).block_m, 64);

@@ -38,11 +38,11 @@ static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the
 
 /// tile_for(d) for score transform `general`, with a dQ mode (FLASHPORT_HOPPER_BWD_DQ), a loop setting
 /// (FLASHPORT_HOPPER_BWD_PIPE, -1: the table's), queries per step (FLASHPORT_HOPPER_BWD_BLOCK_M, 0: the
-/// table's) and determinism. 128 queries per step need bulk dQ and no determinism; the loop knob and
-/// block_m 64 ask for tile_64_queries, whose dQ mode and loop the knobs then set.
+/// table's) and determinism. 128 queries per step need bulk dQ, no determinism and no dropout; the loop
+/// knob and block_m 64 ask for tile_64_queries, whose dQ mode and loop the knobs then set.
 Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, bool deterministic = false) {
   Tile t = tile_for(d);
-  if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64))
+  if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
     t = tile_64_queries(d);
   if (t.block_m == 128) return t;
   t.dq_mode = bulk_dq_fits(d) ? dq_mode : 0;
@@ -50,11 +50,12 @@ Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, boo
     t.pipe = pipe == 1 || pipe == 2;
     t.stages = pipe >= 2 ? 3 : 2;
   }
-  if (!pipe_fits(d, general)) t.pipe = 0;  // softcap: the serial loop on the same stages
+  if (!pipe_fits(d, general)) t.pipe = 0;  // softcap, dropout: the serial loop on the same stages
   return t;
 }
 
-/// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi).
+/// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi), 3
+/// dropout (alone).
 jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe, int block_m) {
   const bool wide = wide_kernel(d);
   return {wide ? kWideSource : kNarrowSource,
@@ -110,7 +111,12 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.d != p.dv) return "the Hopper backward needs d == dv";
   if (std::find(std::begin(kHeadDims), std::end(kHeadDims), p.d) == std::end(kHeadDims))
     return "the Hopper backward takes head dims 64, 96, 128, 256";
-  if (p.dropout_p > 0.0f) return "dropout runs on the portable backward";
+  if (p.dropout_p > 0.0f) {
+    if (p.softcap != 0.0f || p.alibi != nullptr)
+      return "dropout with softcap or ALiBi runs on the portable backward (the Hopper consumers spilled)";
+    if (!takes_dropout((int)p.d))
+      return "dropout at this head dim and dQ mode runs on the portable backward (hopper_bwd::dropout_fits)";
+  }
   if (p.block_table || p.kv_batch_idx || p.leftpad_k)
     return "paged and kv-cache layouts have no backward here";
   if (!(p.scale > 0.0f)) return "the Hopper backward needs a positive softmax scale";
@@ -127,6 +133,10 @@ std::string unsupported(const AttnProblem& p, int arch) {
   return error;
 }
 
+bool takes_dropout(int d) {
+  return dropout_fits(d, bulk_dq_fits(d) ? core::tuning().hopper_bwd_dq.get() : 0);
+}
+
 long long dq_tile_counts(const BwdParams& prm) {
   return prm.p.deterministic ? prm.p.hq * accum_rows_tiled(prm.p) / 64 : 0;
 }
@@ -140,10 +150,12 @@ void launch_main(BwdParams& prm, int arch) {
   if (prm.accum_tiled != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
-  const int general = p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
+  const int general = p.dropout_p > 0.0f ? 3 : p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
   const Tile tile =
       launch_tile(d, general, core::tuning().hopper_bwd_dq.get(), core::tuning().hopper_bwd_pipe.get(),
                   core::tuning().hopper_bwd_block_m.get(), p.deterministic);
+  if (general == 3 && !dropout_fits(d, tile.dq_mode))
+    throw Error("dropout_p", "internal: the Hopper backward got dropout where it does not run");
   const int smem = smem_bytes(d, tile);
   std::string error;
   const Plans plans = plan_maps(p, error, tile);
@@ -177,8 +189,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
   for (int elem_type : {(int)kF16, (int)kBF16})
     for (int d : kHeadDims)
       for (int dq_mode : {0, 1})
-        for (int general : {0, 1, 2}) {
+        for (int general : {0, 1, 2, 3}) {
           if (dq_mode != 0 && !bulk_dq_fits(d)) continue;
+          if (general == 3 && !dropout_fits(d, dq_mode)) continue;
           // The table's tile per score transform, and deterministic mode's where it differs
           // (FLASHPORT_HOPPER_BWD_PIPE's other loops are not listed).
           const Tile t = launch_tile(d, general, dq_mode, -1),

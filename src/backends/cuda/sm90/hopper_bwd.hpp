@@ -15,9 +15,14 @@ namespace flashport::cuda::hopper_bwd {
 /// Empty when the Hopper backward covers `p` on a GPU of compute capability `arch` (major * 10 +
 /// minor); otherwise why not (the portable sm80+ backward then runs). Covers fp16/bf16, d == dv in
 /// {64, 96, 128, 256}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA, 16-byte
-/// aligned rows, softcap and ALiBi, deterministic mode. Not: dropout, paged or kv-cache layouts, nor batches
-/// of sequences so short that the tiled dQ accumulator's per-sequence padding would outgrow it.
+/// aligned rows, softcap and ALiBi, deterministic mode, dropout where takes_dropout says (without softcap
+/// and ALiBi). Not: paged or kv-cache layouts, nor batches of sequences so short that the tiled dQ
+/// accumulator's per-sequence padding would outgrow it.
 std::string unsupported(const AttnProblem& p, int arch);
+
+/// Whether dropout runs on the Hopper kernels at head dim d with this process's dQ mode
+/// (FLASHPORT_HOPPER_BWD_DQ): d 64, 256, and 128 with bulk dQ (dropout_fits in bwd_sm90_config.h).
+bool takes_dropout(int d);
 
 /// BwdParams::accum_tiled for the kernel that runs `p`: the column-block width of its tiled dQ accumulator
 /// (64 at d 64 and 128, 128 at d 256), 0 for row-major (d 96).

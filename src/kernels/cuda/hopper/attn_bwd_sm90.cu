@@ -33,7 +33,7 @@ static_assert((kBlockM == 64 && (kPadD == 64 || kPadD == 128)) || (kBlockM == 12
 constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE, FP_BWD_PIPE};
 constexpr bool kPipe = FP_BWD_PIPE != 0;  // Tile::pipe: the next step's S^T / dP^T issued ahead
 static_assert(!kPipe || (pipe_fits(kHeadDim, FP_BWD_GENERAL) && kDqSplitKeys),
-              "the pipelined loop's registers fit at d 64 without softcap");
+              "the pipelined loop's registers fit at d 64 without softcap or dropout");
 // Timing-only ablations (FLASHPORT_JIT_DEFINES=FP_BWD_ABLATE=n, bit flags; the gradients are then wrong):
 // 1 no dQ reduce-adds to global memory (bulk mode), 2 no dQ GEMM and no dQ staging stores, 4 no elementwise
 // stage (P^T = S^T, dS^T = dP^T), 8 no dS^T stores to shared memory (with 2: no dQ work at all).
@@ -79,8 +79,12 @@ constexpr u32 kBarDqDrain = 2;  // named barrier of the 64 drain threads (determ
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24. With 128
 // queries per step (bulk dQ: one producer thread drains) 128 x 24 + 256 x 240: the consumers spilled
 // 40 bytes under 232.
-constexpr int kProducerRegs = kDqSplitQueries ? 24 : 40;
-constexpr int kConsumerRegs = kDqSplitQueries ? 240 : 232;
+static_assert(!kDropout || (dropout_fits(kHeadDim, FP_DQ_MODE) && !kDqSplitQueries),
+              "dropout where the consumers' registers fit it (dropout_fits), on 64 queries per step");
+// 128 queries per step and dropout at d 128 (bulk dQ: no drain warps) take 240 registers per consumer.
+constexpr bool kWideConsumers = kDqSplitQueries || (kDropout && kDqBulk);
+constexpr int kProducerRegs = kWideConsumers ? 24 : 40;
+constexpr int kConsumerRegs = kWideConsumers ? 240 : 232;
 
 /// Thread 64 (bulk mode): every step's staged dQ tile added to its accumulator tile by bulk reduce-adds.
 /// The staging order is the accumulator's tile order (see drain_dq), so a step is one contiguous copy:
@@ -272,11 +276,17 @@ struct Consumer {
     sm90::wgmma_commit();
   }
 
+  /// Step t's dropout keep bits (FP_BWD_GENERAL >= 3), drawn while its S^T / dP^T GEMMs run.
+  FP_DEV void draw_keep(int t, KeepBits<kBlockM>& keep) {
+    if constexpr (kDropout) keep.draw(prm.bwd.p, w, step_head(w, t), step_m0(w, t), key0, tid);
+  }
+
   /// P^T and dS^T of step t from its S^T and dP^T (fp32, in place).
-  FP_DEV void grads(int t, float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2]) {
+  FP_DEV void grads(int t, float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2],
+                    const KeepBits<kBlockM>& keep = {}) {
     if (!(kAblate & 4))
       scores_to_grads<kBlockM>(r_s, r_dp, prm.bwd.p, s, w, step_head(w, t), t % kStages, step_m0(w, t), 0,
-                               key0, tid);
+                               key0, tid, keep);
   }
 
   /// P^T and dS^T packed as register A operands; dS^T also to shared memory for dQ. Stored before the
@@ -310,7 +320,13 @@ struct Consumer {
     release(s.bar_empty[t % kStages]);
     const int dq_buf = t % kDqBuffers, dq_use = t / kDqBuffers;
     if (dq_use > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty[dq_buf]), (u32)(dq_use - 1) & 1u);
-    const u32 s_dq_buf = s_dq + dq_buf * (u32)sizeof(s.dq[0]);
+    u32 s_dq_base = s_dq;
+    if constexpr (kDropout) {  // recomputed per step: kept across the loop it spilled (d 96, 128)
+      int t_dq = tid;
+      asm volatile("" : "+r"(t_dq));
+      s_dq_base = smem_addr(&s.dq[0][c][0][t_dq][0]);
+    }
+    const u32 s_dq_buf = s_dq_base + dq_buf * (u32)sizeof(s.dq[0]);
 #pragma unroll
     for (int q = 0; q < 16; ++q)
       if (!(kAblate & 2)) st_shared_f32x2(s_dq_buf + q * 128 * 8, r_dq[2 * q], r_dq[2 * q + 1]);
@@ -377,10 +393,12 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
     } else {
       for (int t = 0; t < w.steps; ++t) {
         cs.issue_scores(t, r_s, r_dp);
+        KeepBits<kBlockM> keep;
+        cs.draw_keep(t, keep);
         sm90::wgmma_wait<0>();
         sm90::pin_registers(r_s);
         sm90::pin_registers(r_dp);
-        cs.grads(t, r_s, r_dp);
+        cs.grads(t, r_s, r_dp, keep);
         cs.pack(t, r_s, r_dp, r_p, r_ds);
         cs.issue_accumulate(t, r_p, r_ds, r_dk, r_dv, r_dq);
         sm90::wgmma_wait<0>();

@@ -108,11 +108,13 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::gemm_ss_kmajor<kQHalf, kPadD, kKVChunkBytes, kQChunkBytes>(
           r_dp, desc_v, sm90::smem_desc(s_do + q_rows, 16, 1024));
       sm90::wgmma_commit();
+      KeepBits<kQHalf> keep;  // dropout: drawn while the GEMMs run
+      if constexpr (kDropout) keep.draw(p, w, step_head(w, t), m0 + kQHalf * c, w.n0, tid);
       sm90::wgmma_wait<0>();
       sm90::pin_registers(r_s);
       sm90::pin_registers(r_dp);
 
-      scores_to_grads<kQHalf>(r_s, r_dp, p, s, w, step_head(w, t), stage, m0, kQHalf * c, w.n0, tid);
+      scores_to_grads<kQHalf>(r_s, r_dp, p, s, w, step_head(w, t), stage, m0, kQHalf * c, w.n0, tid, keep);
       pack_operand<kQHalf>(r_s, r_p);
       pack_operand<kQHalf>(r_dp, r_ds);
       store_key_rows<kQHalf, kPdsChunkBytes>(s_p, r_p, 0, kQHalf * c, tid);

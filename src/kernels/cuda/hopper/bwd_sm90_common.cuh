@@ -37,10 +37,13 @@ static_assert(kStages >= 1, "at least one Q / dO buffer");
 #define FP_BWD_GENERAL 0
 #endif
 // The score stage's transforms: 0 none (the host launches it only when softcap and ALiBi are off, and
-// their code is compiled out of the loop), 1 ALiBi, 2 softcap and ALiBi (a slope of 0 when ALiBi is off).
-// ALiBi alone pays one add and one multiply per element, softcap two more SFU operations.
-constexpr bool kAlibi = FP_BWD_GENERAL >= 1;
+// their code is compiled out of the loop), 1 ALiBi, 2 softcap and ALiBi (a slope of 0 when ALiBi is off),
+// 3 dropout (without softcap and ALiBi: with them the consumers spilled; the portable backward takes that
+// combination). ALiBi alone pays one add and one multiply per element, softcap two more SFU operations,
+// dropout one Philox call per 4 elements (drawn while the S^T / dP^T GEMMs run).
+constexpr bool kAlibi = FP_BWD_GENERAL == 1 || FP_BWD_GENERAL == 2;
 constexpr bool kSoftcap = FP_BWD_GENERAL == 2;
+constexpr bool kDropout = FP_BWD_GENERAL == 3;
 
 constexpr int kConsumerThreads = 256;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;      // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
@@ -322,6 +325,49 @@ FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
 // Scores. Fragment element e = 4j + 2h + x of a (64 keys x kN) accumulator is key row
 // 16 * warp + g + 8h of the 64 at key0, query column q_off + 8j + 2 * (lane % 4) + x of the step.
 
+/// Dropout keep bits of a thread's (64 keys x kN queries) fragment, drawn once per Philox call (SPEC: the
+/// call of (query i, keys 4q..4q+3) gives word j % 4 to key j). Lane 16u + 4r + t holds key rows g and
+/// g + 8 (g = 4u + r: key groups 4 warp + u and + 2, word r of each) and query columns 8j + 2t + {0, 1}:
+/// the four lanes r = 0..3 of one (u, t) need the same calls, so lane r draws those of the columns
+/// j = r (mod 4), kN / 8 calls, and the lanes swap their bits: word j / 8, bit 4 (4 ((j / 4) % 2) + 2h + x)
+/// + j % 4 is element (j, h, x)'s keep bit (one register per 64 columns). The consumers draw while the
+/// step's S^T / dP^T GEMMs run (after them, beside the elementwise stage, ptxas spilled 4-380 bytes).
+template <int kN>
+struct KeepBits {
+  static constexpr int kWords = kN / 64 > 0 ? kN / 64 : 1;  // a lane's draws: 8 calls per word
+  u32 w[kWords];
+
+  FP_DEV bool kept(int j, int h, int x) const {
+    return (w[j / 8] >> (4 * (4 * ((j / 4) % 2) + 2 * h + x) + j % 4)) & 1u;
+  }
+
+  /// Every lane must call it (shuffles). q0: the fragment's first query column, key0: its first key row.
+  FP_DEV void draw(const AttnProblem& p, const Work& wk, int h_step, int q0, int key0, int tid) {
+    const int lane = tid & 31, r = (lane >> 2) & 3;
+    const u32 query0 = (u32)(q0 + 2 * (lane & 3) + 8 * r);
+    const u32 key_group = (u32)(key0 + 16 * (tid >> 5) + 4 * (lane >> 4));
+    const u32 head_row = (u32)((i64)wk.b * p.hq + h_step);
+    u32 own[kWords] = {};
+#pragma unroll
+    for (int c = 0; c < kN / 8; ++c) {  // call c: column group jj = c / 4, h = c / 2 % 2, x = c % 2
+      const int jj = c / 4, h = (c / 2) % 2, x = c % 2;
+      const sem::Philox4 words = sem::philox4x32_10((key_group + 8 * h) >> 2, query0 + 32 * jj + x, head_row,
+                                                    p.offset, (u32)p.seed, (u32)(p.seed >> 32));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) own[c / 8] |= (u32)(words.x[k] >= p.dropout_threshold) << (4 * (c % 8) + k);
+    }
+    // Lane src's bit 4c + r is this lane's bit of call c there; packed as bit 4c + src.
+#pragma unroll
+    for (int m = 0; m < kWords; ++m) {
+      w[m] = 0;
+#pragma unroll
+      for (int src = 0; src < 4; ++src)
+        w[m] |= ((__shfl_sync(kFullMask, own[m], (lane & 0x13) | (src << 2)) >> r) & 0x11111111u) << src;
+    }
+    sm90::pin_registers(w);  // drawn here, ahead of the caller's wgmma wait (ptxas sank it below)
+  }
+};
+
 /// P^T = exp2(S^T * scale * log2 e - LSE * log2 e), 0 outside each query's visible keys, in r_s;
 /// dS^T = P^T (dP^T - D) in r_dp. With ALiBi / softcap (FP_BWD_GENERAL) the score is SPEC's
 /// cap tanh(scale S^T / cap) - slope |i + shift - j| and dS^T takes softcap's derivative 1 - tanh^2 through
@@ -332,10 +378,12 @@ FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
 /// shift - wl <= j - i <= shift + wr and j < len_k (SPEC's window around the bottom-right diagonal;
 /// sem::visible_keys), queries past the sequence get P = 0 from their LSE. The mask is applied to every
 /// tile, branch-free: a branch around it (for tiles every query sees whole) makes ptxas serialise all
-/// wgmmas of the loop (C7512, "insufficient register resources").
+/// wgmmas of the loop (C7512, "insufficient register resources"). Dropout (FP_BWD_GENERAL 3): P^T z and
+/// dS^T = P^T (z dP^T - D) with z = 1 / (1 - p) where kept, 0 where dropped (attn::prob_grad).
 template <int kN, class S>
 FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const AttnProblem& p, const S& s,
-                            const Work& w, int h_step, int stage, int m0, int q_off, int key0, int tid) {
+                            const Work& w, int h_step, int stage, int m0, int q_off, int key0, int tid,
+                            const KeepBits<kN>& keep) {
   const int lane = tid & 31, t4 = lane & 3;
   const int len_q = w.seq.len_q, len_k = w.seq.len_k;
   const float scale_log2 = p.scale * sem::kLog2e;
@@ -360,6 +408,7 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
   const float diag_minus_key = kAlibi ? (float)(m0 + q_off + 2 * t4 + shift - key) : 0.0f;
   const float cap = kSoftcap ? p.softcap : 0.0f;
   const float tanh_scale = kSoftcap ? p.scale / cap : 0.0f;
+  const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
   const u32 s_lse2 = smem_addr(&s.lse2[stage][0]) + 4u * q_off,
             s_dsum = smem_addr(&s.dsum[stage][0]) + 4u * q_off;
 #pragma unroll
@@ -387,7 +436,10 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
         const u32 rel = (u32)(rel0 + 8 * h - 8 * j - x);
         if (!(key_in[h] && rel <= span)) arg = sem::kNegInf;
         const float prob = fast_exp2(arg);  // 2^-inf = 0
-        if constexpr (kSoftcap) {           // capped / cap = th: cap 1 and capped th give the factor 1 - th^2
+        if constexpr (kDropout) {
+          attn::prob_grad(prob, keep.kept(j, h, x), keep_scale, r_dp[e], x ? dsum.y : dsum.x, 0.0f, 0.0f,
+                          r_s[e], r_dp[e]);
+        } else if constexpr (kSoftcap) {  // capped / cap = th: cap 1 and capped th give the factor 1 - th^2
           attn::prob_grad(prob, true, 1.0f, r_dp[e], x ? dsum.y : dsum.x, 1.0f, th, r_s[e], r_dp[e]);
         } else {
           r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));

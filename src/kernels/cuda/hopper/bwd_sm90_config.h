@@ -52,9 +52,19 @@ struct Tile {
 };
 
 /// Whether head dim d's kernel with score transform `general` (FP_BWD_GENERAL) can take pipe 1: the
-/// key-split dQ of the narrow kernel at d 64, without softcap (its tanh values spilled 48-88 bytes).
+/// key-split dQ of the narrow kernel at d 64, without softcap or dropout (softcap's tanh values spilled
+/// 48-88 bytes).
 FP_HD constexpr bool pipe_fits(int d, int general) {
-  return d == 64 && general != 2;
+  return d == 64 && general < 2;
+}
+
+/// Whether dropout (FP_BWD_GENERAL 3, without softcap and ALiBi) runs on the Hopper kernels at head dim d
+/// with dQ mode dq_mode: d 64 (64 queries per step), d 128 with bulk dQ (its producers then need 24
+/// registers, the consumers take 240) and d 256. The others spilled 4-8 bytes (d 96, d 128 with vector
+/// reductions: 232 registers per consumer), and so did dropout beside softcap or ALiBi and 128 queries
+/// per step (28-370 bytes): the portable backward takes them.
+FP_HD constexpr bool dropout_fits(int d, int dq_mode) {
+  return d == 64 || d == 256 || (d == 128 && dq_mode == 1);
 }
 
 /// Whether head dim d's kernel can take dq_mode 1: the narrow kernel with a tiled accumulator (the staged
