@@ -95,14 +95,14 @@ def time_backward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=Fa
     return ms, 2.5 * flops / ms / 1e9
 
 
-def time_forward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, impl="flashport"):
+def time_forward(d, causal, s, tokens=16384, hidden=2048, softcap=0.0, alibi=False, impl="flashport", dropout=0.0):
     """(ms, TFLOPS) of one forward through flashport.flash_attn_func, same inputs and options as
     time_backward."""
     from triton.testing import do_bench
 
     q, k, v, slopes, flops = _inputs(d, causal, s, tokens, hidden, alibi)
     attention = _attention(impl)
-    ms = do_bench(lambda: attention(q, k, v, bool(causal), softcap, slopes), warmup=25, rep=150,
+    ms = do_bench(lambda: attention(q, k, v, bool(causal), softcap, slopes, False, dropout), warmup=25, rep=150,
                   return_mode="median")
     return ms, flops / ms / 1e9
 
@@ -113,7 +113,7 @@ def child(args):
             for s in args.seqlens:
                 if args.pass_ == "fwd":
                     _, tflops = time_forward(d, causal, s, args.tokens, args.hidden, args.softcap, bool(args.alibi),
-                                             args.impl)
+                                             args.impl, args.dropout)
                 else:
                     _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap,
                                               bool(args.alibi), bool(args.deterministic), args.impl, args.check,
@@ -135,7 +135,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--softcap", type=float, default=0.0, help="softcap of every call (0: off)")
     ap.add_argument("--alibi", type=int, default=0, help="1: ALiBi slopes on every call")
-    ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p of every call (backward only)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p of every call")
     ap.add_argument("--pass", dest="pass_", choices=("bwd", "fwd"), default="bwd", help="what to time")
     ap.add_argument("--deterministic", type=int, default=0, help="1: deterministic=True on every call")
     ap.add_argument("--impl", choices=("flashport", "fa3"), default="flashport", help="whose attention to time")

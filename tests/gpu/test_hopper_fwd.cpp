@@ -1,7 +1,7 @@
 // The Hopper (sm_90a) forward called directly (hopper::forward on an AttnProblem built from device
 // tensors) against the CPU oracle by SPEC's accuracy rule: every supported head dim, seqlen 1,
-// 113 x 203, multi-tile pipelines, causal / window / softcap / ALiBi, GQA 4 and 7, varlen with empty
-// sequences, seqused_k, strided layouts, the LSE, and every output element written exactly once.
+// 113 x 203, multi-tile pipelines, causal / window / softcap / ALiBi / dropout, GQA 4 and 7, varlen with
+// empty sequences, seqused_k, strided layouts, the LSE, and every output element written exactly once.
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -79,7 +79,13 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 80; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF32; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f; }));
+  // Dropout: alone up to d 128; beside softcap or ALiBi, or at d 192 / 256, on the portable kernel.
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.dropout_p = 0.1f; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.d = x.dv = 64; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.d = x.dv = 256; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.softcap = 5.0f; }));
+  EXPECT_TRUE(
+      declines([&](AttnProblem& x) { x.dropout_p = 0.1f, x.alibi = static_cast<const float*>(aligned); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.block_table = reinterpret_cast<const int*>(16); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 4; }));  // rows not 16-byte aligned
   EXPECT_TRUE(declines([](AttnProblem& x) { x.o.ptr = static_cast<char*>(x.o.ptr) + 8; }));
@@ -87,8 +93,8 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
   for (const auto& spec : hopper::variants(90)) EXPECT_TRUE(hopper::is_main_kernel(spec)) << spec.key();
   // 2 dtypes x (5 head dims + 4 persistent + 3 persistent with O apart + 9 alternatives + the launch
-  // rule's d 64 persistent shapes, 128 and 192 rows + 2 transforms x the rule's 9 shapes)
-  EXPECT_EQ(hopper::variants(90).size(), 82u);
+  // rule's d 64 persistent shapes, 128 and 192 rows + 2 transforms x the rule's 9 shapes + dropout's 4)
+  EXPECT_EQ(hopper::variants(90).size(), 90u);
   EXPECT_TRUE(hopper::variants(80).empty());
 }
 
@@ -191,6 +197,26 @@ TEST(HopperFwd, SmallSoftcapAlibi) {
     causal.causal = true;
     expect_hopper_accurate(with(dense(DType::f16, 2, 250, 120, 2, 1, 128), causal));
   }
+}
+
+// Dropout (SPEC's Philox mask, one call per 4 probabilities as in the portable backward): the CPU oracle
+// draws the same mask, so a wrong keep bit fails the accuracy rule. d 64 short and past 1k keys (the rule
+// would take 192-row blocks; dropout keeps 128), d 96 and 128 (one CTA per block), causal with sq > sk,
+// windows, GQA 7:1, varlen with empty sequences, several key tiles.
+TEST(HopperFwd, SmallDropout) {
+  FP_SKIP_WITHOUT_SM90();
+  const Features causal{"dropout-causal", true, -1, -1, 0.0, 0, 0.3};
+  const Features window{"dropout-window", false, 37, 5, 0.0, 0, 0.1};
+  for (const Features& f : {kDropout, causal, window}) {
+    SCOPED_TRACE(f.name);
+    expect_hopper_accurate(with(dense(DType::bf16, 2, 113, 203, 2, 1, 128), f));
+    expect_hopper_accurate(with(dense(DType::f16, 1, 200, 200, 7, 1, 64), f));
+    expect_hopper_accurate(with(dense(DType::bf16, 1, 300, 1100, 2, 1, 64), f));
+    expect_hopper_accurate(with(dense(DType::f16, 1, 150, 170, 3, 1, 96), f));
+  }
+  expect_hopper_accurate(with(dense(DType::f16, 2, 250, 120, 2, 1, 128), causal));  // sq > sk
+  expect_hopper_accurate(
+      varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 128), causal), {0, 37, 130, 1, 0}, {5, 0, 129, 64, 0}));
 }
 
 TEST(HopperFwd, SmallGqa) {

@@ -47,13 +47,23 @@ struct Shape {
   Tile tile;
   int exp_emu;
   int persistent = 0;  // FP_PERSISTENT: 1 or 2 = grid of SM count, CTAs loop over query blocks
-  int transform = 0;   // FP_FWD_TRANSFORM: 0 plain, 1 ALiBi, 2 softcap (and ALiBi); set from the problem
+  int transform =
+      0;  // FP_FWD_TRANSFORM: 0 plain, 1 ALiBi, 2 softcap (and ALiBi), 3 dropout; from the problem
 };
 
+constexpr int kDropoutTransform = 3;
+
 /// The score transform `p` needs (softmax_sm90.cuh, kTransform): plain problems run a kernel without
-/// the softcap / ALiBi code in their loop.
+/// the softcap / ALiBi / dropout code in their loop.
 int transform_for(const AttnProblem& p) {
-  return p.softcap > 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
+  return p.dropout_p > 0.0f ? kDropoutTransform : p.softcap > 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
+}
+
+/// Dropout's shape whatever the table, autotuning or FLASHPORT_HOPPER_TILE chose: 128 x 128 blocks on
+/// two stages, the persistent grid (mode 2) only at d 64. The other dropout variants spilled 4-580 bytes
+/// (192-row blocks, d 128 persistent, d 192 and 256: those head dims run dropout on the portable kernel).
+Shape dropout_shape(int d, Shape chosen) {
+  return {{kBlockM, 128, 2}, 0, d == 64 && chosen.persistent ? 2 : 0, kDropoutTransform};
 }
 
 /// Whether the kernel of `shape` stages O in a buffer of its own (FP_PERSISTENT=2 where it fits).
@@ -223,11 +233,13 @@ struct Launch {
 Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   const int d = (int)p.d;
   Shape shape = chosen;
+  if (transform_for(p) == kDropoutTransform) shape.tile = dropout_shape(d, shape).tile, shape.exp_emu = 0;
   const Tile tile = shape.tile;
   const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
   const long long blocks = m_blocks * p.hq * p.batch;
   shape.persistent = blocks < (1LL << 30) ? persistent_for(p) : 0;  // the kernel counts blocks in int
   shape.transform = transform_for(p);
+  if (shape.transform == kDropoutTransform) shape = dropout_shape(d, shape);
   Launch l;
   l.smem = smem_bytes(d, tile, separate_o(d, shape));
   l.threads = (unsigned)threads_for(tile.block_m);
@@ -386,7 +398,9 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.out_type != p.in_type) return "the Hopper kernel writes out in the input dtype";
   if (p.d != p.dv) return "the Hopper kernel needs d == dv";
   if (!supported_head_dim(p.d)) return "the Hopper kernel takes head dims 64, 96, 128, 192, 256";
-  if (p.dropout_p > 0.0f) return "dropout runs on the portable kernel";
+  if (p.dropout_p > 0.0f && (p.softcap > 0.0f || p.alibi != nullptr))
+    return "dropout with softcap or ALiBi runs on the portable kernel";
+  if (p.dropout_p > 0.0f && p.d > 128) return "dropout above head dim 128 runs on the portable kernel";
   if (p.block_table) return "paged K/V runs on the portable kernel";
   if (p.leftpad_k || p.kv_batch_idx) return "kv-cache layouts run on the portable kernel";
   if (p.s_dmask) return "s_dmask is produced by the CPU reference only";
@@ -452,6 +466,11 @@ std::vector<jit::KernelSpec> variants(int arch) {
       }
       for (int d : {96, 192, 256}) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 0, transform}));
     }
+    // Dropout (dropout_shape): d 64 on both grids, 96 and 128 one CTA per block.
+    for (int d : {64, 96, 128})
+      for (int persistent : {0, 2})
+        if (persistent == 0 || d == 64)
+          specs.push_back(make_spec(elem_type, d, dropout_shape(d, Shape{{}, 0, persistent})));
   }
   return specs;
 }

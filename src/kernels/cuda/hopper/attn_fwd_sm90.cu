@@ -187,6 +187,10 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   float inv[2], lse[2];
   finalize_rows(st, inv, lse);
+  if constexpr (kDropout) {  // kept probabilities scaled by 1 / (1 - p) (SPEC step 6)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) inv[h] *= 1.0f / (1.0f - p.dropout_p);
+  }
   if (p.lse && t4 == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -282,6 +286,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   release(s.bar_k_empty[stage], lane);
   prepare_scores(r_s, p, blk, n, slope2);
   online_softmax(r_s, st, to_log2, alpha);  // O is still 0: nothing to rescale
+  if constexpr (kDropout) drop_probs(r_s, p, blk, n);
   convert_p<Elem>(r_s, r_p);
 
   for (--n; n >= blk.n_min; --n) {
@@ -304,6 +309,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     release(s.bar_k_empty[stage], lane);
     prepare_scores(r_s, p, blk, n, slope2);
     const bool rescale = online_softmax(r_s, st, to_log2, alpha);
+    if constexpr (kDropout) drop_probs(r_s, p, blk, n);  // while P V runs
     sm90::pin_registers(r_s);
     // ptxas schedules WARPGROUP.DEPBAR (wgmma_wait) as early as its basic block allows, which
     // would put the whole softmax behind the P V GEMM. Waiting here for the next tile's K (needed

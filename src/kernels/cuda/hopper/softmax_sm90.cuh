@@ -4,6 +4,7 @@
 
 #include "core/problem.h"
 #include "cuda/common/common.cuh"
+#include "cuda/common/dropout.cuh"
 #include "cuda/hopper/fwd_sm90_config.h"
 
 #if !defined(FP_DTYPE) || !defined(FP_HEADDIM) || !defined(FP_BLOCK_M) || !defined(FP_BLOCK_N) || \
@@ -52,16 +53,18 @@ constexpr float kRescaleSlack = 8.0f;
 #define FP_FWD_TRANSFORM 0
 #endif
 /// The score transform compiled in (the host picks it per call): 0 none (softcap and ALiBi off), 1 ALiBi,
-/// 2 softcap, with ALiBi when slopes are given (a slope of 0 otherwise). ALiBi costs one add and one
-/// multiply per score, softcap two more SFU operations; the plain kernel carries none of their code.
+/// 2 softcap, with ALiBi when slopes are given (a slope of 0 otherwise), 3 dropout (without softcap and
+/// ALiBi: the plain scores, then drop_probs). ALiBi costs one add and one multiply per score, softcap two
+/// more SFU operations, dropout one Philox call per 4 probabilities; the plain kernel carries none of it.
 constexpr int kTransform = FP_FWD_TRANSFORM;
-constexpr bool kAlibi = kTransform >= 1;
+constexpr bool kAlibi = kTransform == 1 || kTransform == 2;
 constexpr bool kSoftcap = kTransform == 2;
-static_assert(kTransform >= 0 && kTransform <= 2, "FP_FWD_TRANSFORM is 0, 1 or 2");
+constexpr bool kDropout = kTransform == 3;
+static_assert(kTransform >= 0 && kTransform <= 3, "FP_FWD_TRANSFORM is 0, 1, 2 or 3");
 
 /// Factor from the scores prepare_scores leaves to the log2 domain of the softmax.
 FP_DEV float scores_to_log2(const AttnProblem& p) {
-  return kTransform != 0 ? 1.0f : p.scale * sem::kLog2e;
+  return kAlibi ? 1.0f : p.scale * sem::kLog2e;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk) {
 FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk, int n,
                            float slope2) {
   const int j0 = n * kBlockN, col0 = 2 * (threadIdx.x & 3);
-  if constexpr (kTransform != 0) {
+  if constexpr (kAlibi) {
     float cap2 = kSoftcap ? p.softcap * sem::kLog2e : 0.0f;
     float arg_scale = kSoftcap ? p.scale / p.softcap : p.scale * sem::kLog2e;
     // Computed per tile rather than hoisted out of the key loop and kept live beside O, S and P. Added
@@ -189,6 +192,28 @@ FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, cons
     const int col = 8 * (e / 4) + (e & 1), h = (e >> 1) & 1;
     if (col < lo[h] || col >= hi[h]) r_s[e] = sem::kNegInf;
   }
+}
+
+/// SPEC step 6 on key tile n's probabilities (after online_softmax summed them: the LSE and the row sums
+/// are taken before dropout): dropped ones become 0, kept ones stay unscaled (store_output applies
+/// 1 / (1 - p) with the normalisation). Each warp's 16 rows x 8 keys per j are an m16n8 C tile, so the
+/// portable backward's dropout_keep4 draws them: one Philox call per 4 elements, in SPEC's counters
+/// (query row within the sequence, key within the sequence, sequence, query head).
+FP_DEV void drop_probs(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk, int n) {
+  const int lane = (int)threadIdx.x & 31;
+  int row0 = thread_row(blk, 0), key0 = n * kBlockN + 2 * (lane & 3);
+  // All keep bits first (4 per 8 keys), one call after the other: ptxas interleaved the calls with each
+  // other and with the stores of P and spilled.
+  u32 keep[(kBlockN / 8 + 7) / 8] = {};
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    asm volatile("" : "+r"(row0), "+r"(key0) : "r"(keep[j / 8]));
+    keep[j / 8] |= dropout_keep4(p, blk.b, blk.h, row0, key0 + 8 * j, lane) << (4 * (j % 8));
+  }
+  sm90::pin_registers(keep);
+#pragma unroll
+  for (int e = 0; e < kBlockN / 2; ++e)
+    if (!((keep[e / 32] >> (e % 32)) & 1u)) r_s[e] = 0.0f;
 }
 
 // ---------------------------------------------------------------------------------------------
