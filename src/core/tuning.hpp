@@ -68,7 +68,8 @@ struct Tuning {
   // 1 pipelined with 2, 2 pipelined with 3, 3 serial with 3; -1 (unset): the tile table's
   Knob<int> hopper_bwd_pipe{"FLASHPORT_HOPPER_BWD_PIPE", -1};
   // Queries per step of the Hopper backward at d 64 (hopper_bwd::Tile::block_m): 64
-  // (hopper_bwd::tile_64_queries) or 128 (bulk dQ, not deterministic); 0 (unset): the tile table's (128)
+  // (hopper_bwd::tile_64_queries) or 128 (bulk dQ; not in deterministic mode or with dropout); 0 (unset):
+  // the tile table's (128)
   Knob<int> hopper_bwd_block_m{"FLASHPORT_HOPPER_BWD_BLOCK_M", 0};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)

@@ -47,8 +47,7 @@ struct Shape {
   Tile tile;
   int exp_emu;
   int persistent = 0;  // FP_PERSISTENT: 1 or 2 = grid of SM count, CTAs loop over query blocks
-  int transform =
-      0;  // FP_FWD_TRANSFORM: 0 plain, 1 ALiBi, 2 softcap (and ALiBi), 3 dropout; from the problem
+  int transform = 0;   // FP_FWD_TRANSFORM (transform_for): 0 plain, 1 ALiBi, 2 softcap, 3 dropout
 };
 
 constexpr int kDropoutTransform = 3;
