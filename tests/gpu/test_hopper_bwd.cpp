@@ -370,33 +370,50 @@ TEST(HopperBwd, ManyBlocks) {
   expect_hopper_backward(c);
 }
 
-// Softcap (its derivative in dS) and ALiBi (per head, per batch) on both Hopper kernels: alone, together,
-// with causal and two-sided windows, GQA, sq > sk, varlen with empty sequences, and several key blocks.
-TEST(HopperBwd, SmallSoftcapAlibi) {
-  FP_SKIP_WITHOUT_SM90();
-  const Features features[] = {
-      kSoftcap,
-      {"softcap-window", false, 37, 5, 3.0, 0, 0.0},
-      kAlibi,
-      {"alibi-b-window", false, 50, 20, 0.0, 2, 0.0},
-      {"softcap-alibi-causal", true, -1, -1, 5.0, 2, 0.0},
-  };
+/// One shape per head dim for the score-feature sweeps: GQA 2:1, 7:1 with sq > sk (d 64), 1:1 (d 96).
+Case feature_shape(DType dt, int64_t d) {
+  switch (d) {
+    case 64:
+      return dense(dt, 1, 130, 65, 7, 1, 64);
+    case 96:
+      return dense(dt, 1, 100, 150, 2, 2, 96);
+    case 256:
+      return dense(dt, 2, 90, 140, 4, 2, 256);
+    default:
+      return dense(dt, 2, 113, 130, 4, 2, 128);
+  }
+}
+
+/// `expect` on every feature (bf16 and fp16 in turn) at feature_shape of each head dim in `dims`, then
+/// on varlen batches with empty sequences (d 128 bf16 with tail[0], d 64 fp16 with tail[1]) and on
+/// several key blocks (d 64 700 x 1100 with tail[2], d 256 600 x 600 fp16 with tail[3]).
+template <class Expect>
+void feature_sweep(std::initializer_list<Features> features, std::initializer_list<int64_t> dims,
+                   const Features (&tail)[4], Expect expect) {
   int n = 0;
   for (const Features& f : features) {
     SCOPED_TRACE(f.name);
     const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
-    expect_hopper_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
-    expect_hopper_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));  // 7:1, sq > sk
-    expect_hopper_backward(with(dense(dt, 1, 100, 150, 2, 2, 96), f));
-    expect_hopper_backward(with(dense(dt, 2, 90, 140, 4, 2, 256), f));
+    for (int64_t d : dims) expect(with(feature_shape(dt, d), f));
   }
-  Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 128), features[4]), {0, 37, 130, 1, 0},
-                  {5, 0, 129, 64, 0});
-  expect_hopper_backward(v);
+  Case v =
+      varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 128), tail[0]), {0, 37, 130, 1, 0}, {5, 0, 129, 64, 0});
+  expect(v);
   v.d = v.dv = 64, v.dtype = DType::f16;
-  expect_hopper_backward(with(v, features[3]));
-  expect_hopper_backward(with(dense(DType::bf16, 1, 700, 1100, 4, 2, 64), features[4]));
-  expect_hopper_backward(with(dense(DType::f16, 1, 600, 600, 2, 1, 256), features[1]));
+  expect(with(v, tail[1]));
+  expect(with(dense(DType::bf16, 1, 700, 1100, 4, 2, 64), tail[2]));
+  expect(with(dense(DType::f16, 1, 600, 600, 2, 1, 256), tail[3]));
+}
+
+// Softcap (its derivative in dS) and ALiBi (per head, per batch) on both Hopper kernels: alone, together,
+// with causal and two-sided windows, GQA, sq > sk, varlen with empty sequences, and several key blocks.
+TEST(HopperBwd, SmallSoftcapAlibi) {
+  FP_SKIP_WITHOUT_SM90();
+  const Features softcap_window{"softcap-window", false, 37, 5, 3.0, 0, 0.0};
+  const Features alibi_b_window{"alibi-b-window", false, 50, 20, 0.0, 2, 0.0};
+  const Features all{"softcap-alibi-causal", true, -1, -1, 5.0, 2, 0.0};
+  feature_sweep({kSoftcap, softcap_window, kAlibi, alibi_b_window, all}, {128, 64, 96, 256},
+                {all, alibi_b_window, all, softcap_window}, expect_hopper_backward);
 }
 
 // Dropout on the Hopper kernels (SPEC's Philox mask, drawn in the transposed layout: four lanes share each
@@ -406,29 +423,13 @@ TEST(HopperBwd, SmallSoftcapAlibi) {
 // same mask, so a wrong keep bit (a lane's bits swapped, a wrong counter word) fails the accuracy rule.
 TEST(HopperBwd, SmallDropout) {
   FP_SKIP_WITHOUT_SM90();
-  const Features features[] = {
-      kDropout,
-      {"dropout-causal", true, -1, -1, 0.0, 0, 0.3},
-      {"dropout-window", false, 37, 5, 0.0, 0, 0.1},
-  };
-  int n = 0;
-  for (const Features& f : features) {
-    SCOPED_TRACE(f.name);
-    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
-    expect_dropout_backward(with(dense(dt, 2, 113, 130, 4, 2, 128), f));
-    expect_dropout_backward(with(dense(dt, 1, 130, 65, 7, 1, 64), f));  // 7:1, sq > sk
-    expect_dropout_backward(with(dense(dt, 2, 90, 140, 4, 2, 256), f));
-  }
-  Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 128), features[1]), {0, 37, 130, 1, 0},
-                  {5, 0, 129, 64, 0});
-  expect_dropout_backward(v);
-  v.d = v.dv = 64, v.dtype = DType::f16;
-  expect_dropout_backward(with(v, features[2]));
-  expect_dropout_backward(with(dense(DType::bf16, 1, 700, 1100, 4, 2, 64), features[1]));
-  expect_dropout_backward(with(dense(DType::f16, 1, 600, 600, 2, 1, 256), features[0]));
+  const Features causal{"dropout-causal", true, -1, -1, 0.0, 0, 0.3};
+  const Features window{"dropout-window", false, 37, 5, 0.0, 0, 0.1};
+  feature_sweep({kDropout, causal, window}, {128, 64, 256}, {causal, window, causal, kDropout},
+                expect_dropout_backward);
   const Case det[] = {
-      with(dense(DType::bf16, 1, 300, 400, 4, 2, 128), features[1]),
-      with(dense(DType::f16, 1, 200, 300, 2, 1, 64), features[0]),
+      with(dense(DType::bf16, 1, 300, 400, 4, 2, 128), causal),
+      with(dense(DType::f16, 1, 200, 300, 2, 1, 64), kDropout),
   };
   for (const Case& c : det)
     if (!hopper_takes_dropout(c.d) || expect_goes_to_hopper(c, make_inputs(c))) expect_deterministic(c, 3);
