@@ -54,6 +54,18 @@ Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, boo
   return t;
 }
 
+/// The score stage `p` needs (FP_BWD_GENERAL): 3 dropout, 2 softcap, 1 ALiBi, 0 none.
+int score_stage(const AttnProblem& p) {
+  return p.dropout_p > 0.0f ? 3 : p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
+}
+
+/// The tile `p` launches with under this process's knobs (launch_tile).
+Tile tile_of(const AttnProblem& p) {
+  return launch_tile((int)p.d, score_stage(p), core::tuning().hopper_bwd_dq.get(),
+                     core::tuning().hopper_bwd_pipe.get(), core::tuning().hopper_bwd_block_m.get(),
+                     p.deterministic);
+}
+
 /// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi), 3
 /// dropout (alone).
 jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe, int block_m) {
@@ -129,7 +141,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   for (const Operand* t : {&p.q, &p.k, &p.v, &p.dout, &p.grad_k, &p.grad_v})
     if (!rows_aligned(*t)) return "the Hopper backward needs 16-byte aligned rows of q, k, v, dout, dk, dv";
   std::string error;
-  plan_maps(p, error, tile_for((int)p.d));
+  plan_maps(p, error, tile_of(p));  // the launch's boxes (the errors do not depend on them today)
   return error;
 }
 
@@ -150,10 +162,8 @@ void launch_main(BwdParams& prm, int arch) {
   if (prm.accum_tiled != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
-  const int general = p.dropout_p > 0.0f ? 3 : p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
-  const Tile tile =
-      launch_tile(d, general, core::tuning().hopper_bwd_dq.get(), core::tuning().hopper_bwd_pipe.get(),
-                  core::tuning().hopper_bwd_block_m.get(), p.deterministic);
+  const int general = score_stage(p);
+  const Tile tile = tile_of(p);
   if (general == 3 && !dropout_fits(d, tile.dq_mode))
     throw Error("dropout_p", "internal: the Hopper backward got dropout where it does not run");
   const int smem = smem_bytes(d, tile);
