@@ -89,18 +89,21 @@ class Batches:
 # Model.
 
 
-def attention_fn(name: str):
-    """(q, k, v) in (batch, seqlen, heads, head_dim) -> causal attention output in the same layout."""
+def attention_fn(name: str, dropout: float = 0.0):
+    """(q, k, v, training) with q, k, v in (batch, seqlen, heads, head_dim) -> causal attention output in the
+    same layout, with attention dropout `dropout` while training (each backend draws its own mask)."""
     import torch.nn.functional as F
 
     if name == "flashport":
         import flashport
 
-        return lambda q, k, v: flashport.flash_attn_func(q, k, v, causal=True)
+        return lambda q, k, v, training: flashport.flash_attn_func(q, k, v, dropout_p=dropout if training else 0.0,
+                                                                   causal=True)
     # SDPA wants (b, h, s, d); the backend itself is chosen by sdpa_context around the step, which also
     # holds under torch.compile (the compiled graph is traced inside that context).
-    return lambda q, k, v: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                          is_causal=True).transpose(1, 2)
+    return lambda q, k, v, training: F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout if training else 0.0,
+        is_causal=True).transpose(1, 2)
 
 
 def sdpa_context(name: str):
@@ -118,7 +121,7 @@ def build_model(args):
     import torch.nn as nn
     import torch.nn.functional as F
 
-    attend = attention_fn(args.attn)
+    attend = attention_fn(args.attn, args.attn_dropout)
     width, heads = args.width, args.heads
 
     class Block(nn.Module):
@@ -131,7 +134,7 @@ def build_model(args):
         def forward(self, x):
             b, s, _ = x.shape
             q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, heads, width // heads).unbind(2)
-            x = x + self.proj(attend(q, k, v).reshape(b, s, width))
+            x = x + self.proj(attend(q, k, v, self.training).reshape(b, s, width))
             return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
     class GPT(nn.Module):
@@ -429,6 +432,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--attn-dropout", type=float, default=0.0,
+                    help="attention dropout while training (flashport: SPEC's Philox mask; SDPA: its own)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-batches", type=int, default=8)

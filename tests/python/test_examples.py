@@ -87,3 +87,19 @@ def test_train_gpt_rejects_non_positive_step_counts(train_gpt, flag, capsys):
     with pytest.raises(SystemExit):
         train_gpt.main(TINY + [flag, "0"])
     assert f"{flag} must be at least 1" in capsys.readouterr().err
+
+
+def test_train_gpt_attention_dropout(train_gpt, tmp_path):
+    """--attn-dropout drops attention probabilities while training only: the training losses move away
+    from the run without it (step 0 already: same weights and batch, a different forward), stay finite and
+    repeat with the seed; the evaluation at step 0 (before any update, no dropout) is unchanged."""
+    runs = {}
+    for name, extra in (("plain", []), ("drop", ["--attn-dropout", "0.3"]), ("again", ["--attn-dropout", "0.3"])):
+        runs[name] = str(tmp_path / f"{name}.jsonl")
+        assert train_gpt.main(TINY + ["--attn", "flashport", "--log", runs[name]] + extra) == 0
+    losses = {n: [r["loss"] for r in records(p, "step")] for n, p in runs.items()}
+    assert all(math.isfinite(x) for x in losses["drop"])
+    assert abs(losses["drop"][0] - losses["plain"][0]) > 1e-4
+    assert losses["again"] == losses["drop"]
+    first_eval = {n: records(p, "eval")[0] for n, p in runs.items()}
+    assert first_eval["drop"]["val_loss"] == pytest.approx(first_eval["plain"]["val_loss"], abs=1e-6)
