@@ -58,11 +58,13 @@ int transform_for(const AttnProblem& p) {
   return p.dropout_p > 0.0f ? kDropoutTransform : p.softcap > 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
 }
 
-/// Dropout's shape whatever the table, autotuning or FLASHPORT_HOPPER_TILE chose: 128 x 128 blocks on
-/// two stages, the persistent grid (mode 2) only at d 64. The other dropout variants spilled 4-580 bytes
-/// (192-row blocks, d 128 persistent, d 192 and 256: those head dims run dropout on the portable kernel).
-Shape dropout_shape(int d, Shape chosen) {
-  return {{kBlockM, 128, 2}, 0, d == 64 && chosen.persistent ? 2 : 0, kDropoutTransform};
+/// Dropout's tile whatever the table, autotuning or FLASHPORT_HOPPER_TILE chose (128 x 128 blocks on two
+/// stages, no exp emulation), and its persistent mode given the launch rule's: mode 2 at d 64 only. The
+/// other dropout variants spilled 4-580 bytes (192-row blocks, d 128 persistent, d 192 and 256: those
+/// head dims run dropout on the portable kernel).
+constexpr Tile kDropoutTile{kBlockM, 128, 2};
+int dropout_persistent(int d, int persistent) {
+  return d == 64 && persistent ? 2 : 0;
 }
 
 /// Whether the kernel of `shape` stages O in a buffer of its own (FP_PERSISTENT=2 where it fits).
@@ -232,13 +234,14 @@ struct Launch {
 Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   const int d = (int)p.d;
   Shape shape = chosen;
-  if (transform_for(p) == kDropoutTransform) shape.tile = dropout_shape(d, shape).tile, shape.exp_emu = 0;
+  shape.transform = transform_for(p);
+  const bool dropout = shape.transform == kDropoutTransform;
+  if (dropout) shape.tile = kDropoutTile, shape.exp_emu = 0;
   const Tile tile = shape.tile;
   const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
   const long long blocks = m_blocks * p.hq * p.batch;
   shape.persistent = blocks < (1LL << 30) ? persistent_for(p) : 0;  // the kernel counts blocks in int
-  shape.transform = transform_for(p);
-  if (shape.transform == kDropoutTransform) shape = dropout_shape(d, shape);
+  if (dropout) shape.persistent = dropout_persistent(d, shape.persistent);
   Launch l;
   l.smem = smem_bytes(d, tile, separate_o(d, shape));
   l.threads = (unsigned)threads_for(tile.block_m);
@@ -465,11 +468,11 @@ std::vector<jit::KernelSpec> variants(int arch) {
       }
       for (int d : {96, 192, 256}) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 0, transform}));
     }
-    // Dropout (dropout_shape): d 64 on both grids, 96 and 128 one CTA per block.
+    // Dropout (kDropoutTile): d 64 on both grids, 96 and 128 one CTA per block.
     for (int d : {64, 96, 128})
       for (int persistent : {0, 2})
-        if (persistent == 0 || d == 64)
-          specs.push_back(make_spec(elem_type, d, dropout_shape(d, Shape{{}, 0, persistent})));
+        if (persistent == dropout_persistent(d, persistent))
+          specs.push_back(make_spec(elem_type, d, {kDropoutTile, 0, persistent, kDropoutTransform}));
   }
   return specs;
 }
