@@ -130,6 +130,15 @@ inline fastcheck::Forward baseline(const Case& c, const Inputs& in) {
   return f;
 }
 
+/// SPEC's literal baseline on the fp8 inputs themselves (scores and P rounded to the fp8 type, bf16 out):
+/// the bound for a kernel that multiplies e4m3 probabilities (the Hopper fp8 kernel, whose P V runs on
+/// fp8 tensor cores), not one that dequantises to bf16.
+inline fastcheck::Forward baseline_fp8(const Case& c, const Inputs& in) {
+  fastcheck::Forward f = outputs(c, DType::bf16);
+  forward(args(c, in.fp8, in.descale, f, Impl::baseline));
+  return f;
+}
+
 /// SPEC's accuracy rule for `got` (out and LSE) against the reference and the bf16 baseline.
 inline void expect_accurate(const fastcheck::Forward& got, const Case& c, const Inputs& in) {
   const fastcheck::Forward ref = reference(c, in), base = baseline(c, in);

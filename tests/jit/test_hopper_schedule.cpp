@@ -62,5 +62,24 @@ TEST(HopperSchedule, SectionsHoldTheKvHeadsThatFitL2) {
   EXPECT_EQ(causal_section(256, 128, 128, 1, 512, 132, 2), 256);  // and its d 128
 }
 
+// The FP8 kernel's V^T key order against the e4m3 A-operand layout (wgmma m64nNk32, per warp m16n8k32's):
+// thread t's register r holds columns 16 (r / 2) + 4t + i, i = 0..3, and convert_p fills it with the
+// thread's own accumulator pairs (keys 8j + 2t, 8j + 2t + 1) of 8-key groups j = 2 (r / 2) and 2 (r / 2) + 1.
+TEST(HopperSchedule, Fp8KeyOrderMatchesThePRegisters) {
+  std::vector<int> seen(32, 0);
+  for (int slot = 0; slot < 32; ++slot) {
+    const int key = fp8_key_of_slot(slot);
+    ASSERT_TRUE(key >= 0 && key < 32) << slot;
+    ++seen[key];
+  }
+  for (int key = 0; key < 32; ++key) EXPECT_EQ(seen[key], 1) << "key " << key;
+  for (int t = 0; t < 4; ++t)
+    for (int r = 0; r < 4; ++r)
+      for (int i = 0; i < 4; ++i) {
+        const int slot = 16 * (r / 2) + 4 * t + i, group = 2 * (r / 2) + i / 2;
+        EXPECT_EQ(fp8_key_of_slot(slot), 8 * group + 2 * t + i % 2) << "t " << t << " r " << r << " i " << i;
+      }
+}
+
 }  // namespace
 }  // namespace flashport::cuda::hopper

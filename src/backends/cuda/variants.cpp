@@ -6,6 +6,7 @@
 #include "backends/cuda/backward.hpp"
 #include "backends/cuda/family.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
+#include "backends/cuda/sm90/hopper_fwd.hpp"
 #include "core/problem.h"
 
 namespace flashport::cuda {
@@ -64,6 +65,7 @@ std::vector<jit::KernelSpec> all_variants(int arch) {
   for (const ForwardFamily& f : forward_families()) append(f.variants(arch));
   append({split_combine_spec(arch), kv_append_spec(arch), rotate_q_spec(arch), merge_states_spec(arch),
           index_check_spec(arch)});
+  if (arch == 90) specs.push_back(hopper::fp8_transpose_spec(arch));
   append(backward_aux_variants(arch));
   for (const BackwardFamily& f : backward_families()) append(f.variants(arch));
   return specs;

@@ -16,6 +16,7 @@
 #include "backends/cuda/arch.hpp"
 #include "backends/cuda/autotune.hpp"
 #include "backends/cuda/sm90/tma_map.hpp"
+#include "backends/cuda/variants.hpp"
 #include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "kernels/cuda/hopper/fwd_sm90_config.h"
@@ -26,6 +27,7 @@ namespace {
 constexpr const char* kSource = "cuda/hopper/attn_fwd_sm90.cu";
 constexpr const char* kEntry = "flashport_attn_fwd_sm90";
 constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
+constexpr int kFp8HeadDims[] = {128, 256};  // fp8_tile_for's
 
 constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
@@ -204,14 +206,18 @@ struct Plans {
 /// Tensor-map plans of q, k, v for `p` (varlen: one batch of total rows; coordinates start at
 /// cu_seqlens[b]) whose K/V boxes are `tile`.block_n rows: the tile of the kernel that loads them.
 /// Sets `error` on the first failure (which does not depend on the tile).
+/// FP8 (e4m3): one-byte q and k; no v plan (the kernel reads fp8_v_transpose's V^T, whose map is
+/// fp8_vt_map's).
 Plans plan_maps(const AttnProblem& p, const Tile& tile, std::string& error) {
   const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
   const long long q_rows = varlen_q ? p.total_q : p.sq;
   const long long k_rows = varlen_k ? p.total_k : p.sk;
+  const bool fp8 = p.in_type == kE4M3;
+  const int bytes = fp8 ? 1 : 2;
   Plans plans;
-  plans.q = plan_map("q", p.q, p.d, p.hq, q_rows, varlen_q ? 1 : p.batch, tile.block_m);
-  plans.k = plan_map("k", p.k, p.d, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n);
-  plans.v = plan_map("v", p.v, p.dv, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n);
+  plans.q = plan_map("q", p.q, p.d, p.hq, q_rows, varlen_q ? 1 : p.batch, tile.block_m, bytes);
+  plans.k = plan_map("k", p.k, p.d, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n, bytes);
+  if (!fp8) plans.v = plan_map("v", p.v, p.dv, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n);
   for (const MapPlan* m : {&plans.q, &plans.k, &plans.v}) {
     if (error.empty() && !m->error.empty()) error = m->error;
   }
@@ -272,6 +278,76 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
 void run(Launch& l, void* stream) {
   void* args[] = {&l.prm, &l.tma_q, &l.tma_k, &l.tma_v};
   jit::launch(*l.kernel, l.grid[0], l.grid[1], l.grid[2], l.threads, l.smem, stream, args);
+}
+
+// --- FP8 (e4m3 q, k, v; bf16 / fp16 out) -------------------------------------------------------------
+
+/// The FP8 kernel writing ElemType `out_type` at head dim d (fp8_tile_for's tile, one CTA per block).
+jit::KernelSpec make_fp8_spec(int out_type, int d) {
+  const Tile t = fp8_tile_for(d);
+  jit::KernelSpec spec;
+  spec.source = kSource;
+  spec.entry = kEntry;
+  spec.arch = 90;
+  spec.defines = {{"FP_DTYPE", "e4m3"},
+                  {"FP_OUT_DTYPE", out_type == kBF16 ? "bf16" : "f16"},
+                  {"FP_FP8", "1"},
+                  {"FP_HEADDIM", std::to_string(d)},
+                  {"FP_BLOCK_M", std::to_string(t.block_m)},
+                  {"FP_BLOCK_N", std::to_string(t.block_n)},
+                  {"FP_STAGES", std::to_string(t.stages)}};
+  return spec;
+}
+
+/// The map of fp8_v_transpose's V^T (keys, dv, hk, batch; dense, keys a multiple of kFp8VtKeys): boxes of
+/// 128 keys x all dv rows, the kernel's V^T tile.
+TmaDesc fp8_vt_map(const AttnProblem& p, unsigned char* vt, long long keys) {
+  MapPlan m{};
+  m.dims[0] = (cuuint64_t)keys, m.dims[1] = (cuuint64_t)p.dv, m.dims[2] = (cuuint64_t)p.hk;
+  m.dims[3] = (cuuint64_t)p.batch;
+  m.strides[0] = (cuuint64_t)keys, m.strides[1] = (cuuint64_t)(keys * p.dv);
+  m.strides[2] = (cuuint64_t)(keys * p.dv * p.hk);
+  m.box[0] = kFp8VtKeys, m.box[1] = (cuuint32_t)p.dv, m.box[2] = m.box[3] = 1;
+  return encode("v", m, kE4M3, vt, keys);
+}
+
+/// V^T into stream-ordered scratch, then the FP8 forward over it; the scratch is freed behind both.
+void launch_fp8(const AttnProblem& p, int device) {
+  const int d = (int)p.d;
+  const Tile tile = fp8_tile_for(d);
+  Launch l;
+  l.smem = smem_bytes(d, tile, false, 1);
+  l.threads = (unsigned)threads_for(tile.block_m);
+  std::string error;
+  const Plans plans = plan_maps(p, tile, error);
+  l.prm.p = p;
+  l.prm.dims_q = plans.q.pos;
+  l.prm.dims_k = plans.k.pos;
+  l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, p.cu_seqlens_q ? p.total_q : p.sq);
+  l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, p.cu_seqlens_k ? p.total_k : p.sk);
+  l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d);
+  l.grid[0] = (unsigned)((p.sq + tile.block_m - 1) / tile.block_m), l.grid[1] = (unsigned)p.hq;
+  l.grid[2] = (unsigned)p.batch;
+  const long long keys = (p.sk + kFp8VtKeys - 1) / kFp8VtKeys * kFp8VtKeys;
+  const size_t vt_bytes = (size_t)(p.batch * p.hk * p.dv * keys);
+  if (vt_bytes == 0) {  // no keys: every block stores O = 0, LSE = -inf without reading V
+    run(l, p.stream);
+    return;
+  }
+  auto* vt = static_cast<unsigned char*>(jit::alloc_async(vt_bytes, p.stream));
+  try {
+    Fp8VtParams vp{p, vt, keys};
+    void* args[] = {&vp};
+    const jit::Kernel& transpose = cached_kernel(fp8_transpose_spec, device, 0, 90);
+    jit::launch(transpose, (unsigned)(keys / kFp8VtKeys), (unsigned)p.hk, (unsigned)p.batch, 256, 0, p.stream,
+                args);
+    l.tma_v = fp8_vt_map(p, vt, keys);
+    run(l, p.stream);
+  } catch (...) {
+    jit::free_async(vt, p.stream);
+    throw;
+  }
+  jit::free_async(vt, p.stream);
 }
 
 // --- autotuning (FLASHPORT_AUTOTUNE=1) -----------------------------------------------------------
@@ -393,13 +469,26 @@ Shape chosen_shape(const AttnProblem& p, int device) {
 
 }  // namespace
 
+jit::KernelSpec fp8_transpose_spec(int arch) {
+  return {"cuda/hopper/fp8_v_transpose.cu", "flashport_fp8_v_transpose", {}, arch};
+}
+
 std::string unsupported(const AttnProblem& p, int arch) {
   if (arch != 90) return "the Hopper kernel needs compute capability 9.0, got " + std::to_string(arch);
-  if (p.in_type >= kE4M3 && p.in_type <= kE5M2) return "fp8 inputs run on the portable kernel's fp8 variant";
-  if (p.in_type != kF16 && p.in_type != kBF16) return "the Hopper kernel takes fp16/bf16 inputs";
-  if (p.out_type != p.in_type) return "the Hopper kernel writes out in the input dtype";
-  if (p.d != p.dv) return "the Hopper kernel needs d == dv";
-  if (!supported_head_dim(p.d)) return "the Hopper kernel takes head dims 64, 96, 128, 192, 256";
+  if (p.in_type == kE4M3) {
+    if (p.out_type != kBF16 && p.out_type != kF16)
+      return "the Hopper fp8 kernel writes bf16 or fp16 out (fp32 out runs on the portable kernel)";
+    if (p.d != p.dv || fp8_tile_for((int)p.d).block_n == 0)
+      return "the Hopper fp8 kernel takes d == dv in {128, 256} (others run on the portable kernel)";
+    if (p.softcap > 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f)
+      return "fp8 with softcap, ALiBi or dropout runs on the portable kernel";
+  } else {
+    if (is_fp8_elem(p.in_type)) return "e5m2 and e4m3fnuz inputs run on the portable kernel's fp8 variant";
+    if (p.in_type != kF16 && p.in_type != kBF16) return "the Hopper kernel takes fp16/bf16 inputs";
+    if (p.out_type != p.in_type) return "the Hopper kernel writes out in the input dtype";
+    if (p.d != p.dv) return "the Hopper kernel needs d == dv";
+    if (!supported_head_dim(p.d)) return "the Hopper kernel takes head dims 64, 96, 128, 192, 256";
+  }
   if (p.dropout_p > 0.0f && (p.softcap > 0.0f || p.alibi != nullptr))
     return "dropout with softcap or ALiBi runs on the portable kernel";
   if (p.dropout_p > 0.0f && p.d > 128) return "dropout above head dim 128 runs on the portable kernel";
@@ -415,7 +504,8 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.o.row_stride % 8 != 0 || p.o.head_stride % 8 != 0 || p.o.batch_stride % 8 != 0)
     return "the Hopper kernel needs out strides in multiples of 8 elements";
   std::string error;
-  plan_maps(p, shape_for((int)p.d).tile, error);  // the errors do not depend on the tile
+  plan_maps(p, p.in_type == kE4M3 ? fp8_tile_for((int)p.d) : shape_for((int)p.d).tile,
+            error);  // tile-free errors
   return error;
 }
 
@@ -428,6 +518,7 @@ const char* declines(const AttnProblem& p, int) {
 void launch(const AttnProblem& p, int) {
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
   const int device = p.device;  // checked against q's pointer by CudaBackend::unsupported
+  if (p.in_type == kE4M3) return launch_fp8(p, device);
   Launch l = prepare(p, chosen_shape(p, device), device);
   run(l, p.stream);
 }
@@ -440,6 +531,8 @@ void forward(const AttnProblem& p) {
 TunedShape autotune_shape(const AttnProblem& p) {
   if (const std::string why = unsupported(p, 90); !why.empty()) throw Error("q", why);
   if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) throw Error("q", "autotuning needs a non-empty problem");
+  if (p.in_type == kE4M3)
+    throw Error("q", "the Hopper fp8 kernel has one shape per head dim: nothing to tune");
   const int device = p.device;  // checked against q's pointer by CudaBackend::unsupported
   const Shape shape = tuned_shape(p, device);
   Launch l = prepare(p, shape, device);
@@ -473,6 +566,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
       for (int persistent : {0, 2})
         if (persistent == dropout_persistent(d, persistent))
           specs.push_back(make_spec(elem_type, d, {kDropoutTile, 0, persistent, kDropoutTransform}));
+    for (int d : kFp8HeadDims) specs.push_back(make_fp8_spec(elem_type, d));  // e4m3 in, this dtype out
   }
   return specs;
 }

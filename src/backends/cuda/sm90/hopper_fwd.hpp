@@ -13,8 +13,10 @@ namespace flashport::cuda::hopper {
 /// Empty when the Hopper kernel covers `p` on a GPU of compute capability `arch` (major * 10 +
 /// minor); otherwise why not (the portable sm80+ kernel then runs). Covers fp16/bf16 with out of
 /// the same dtype, d == dv in {64, 96, 128, 192, 256}, dense or varlen (cu_seqlens, seqused_k),
-/// causal / window / softcap / ALiBi / GQA, softmax scale > 0, 16-byte aligned rows. Not: dropout,
-/// paged or kv-cache K/V (block table, cache batch index, left pad), fp8, s_dmask.
+/// causal / window / softcap / ALiBi / GQA / dropout (where dropout_fits), softmax scale > 0, 16-byte
+/// aligned rows; and e4m3 (OCP e4m3fn) with (b, hk) descales, bf16 / fp16 out, d == dv in {128, 256},
+/// without softcap / ALiBi / dropout. Not: paged or kv-cache K/V (block table, cache batch index, left
+/// pad), e5m2 / e4m3fnuz, s_dmask.
 std::string unsupported(const AttnProblem& p, int arch);
 
 /// The forward family's heuristic (family.hpp): null when `p` fills the GPU with 128-row query tiles (two
@@ -42,6 +44,9 @@ struct TunedShape {
 /// it, so p.o / p.lse hold that shape's result. Synchronises p.stream; ignores FLASHPORT_AUTOTUNE
 /// and FLASHPORT_HOPPER_TILE (forward() consults it only with FLASHPORT_AUTOTUNE=1).
 TunedShape autotune_shape(const AttnProblem& p);
+
+/// The FP8 forward's V^T pass (fp8_v_transpose.cu), launched before the e4m3 kernel.
+jit::KernelSpec fp8_transpose_spec(int arch);
 
 /// Every Hopper forward kernel (element type x head dim) for `arch`; empty unless arch == 90.
 std::vector<jit::KernelSpec> variants(int arch);

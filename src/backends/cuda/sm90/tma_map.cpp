@@ -11,8 +11,6 @@
 namespace flashport::cuda::hopper {
 namespace {
 
-constexpr long long kElemBytes = 2;  // fp16 / bf16
-
 static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc) && alignof(CUtensorMap) <= alignof(TmaDesc),
               "TmaDesc must mirror CUtensorMap");
 
@@ -33,7 +31,7 @@ EncodeTiled encode_tiled() {
 }  // namespace
 
 MapPlan plan_map(const char* name, const Operand& t, long long d, long long heads, long long rows,
-                 long long batch, int box_rows) {
+                 long long batch, int box_rows, int elem_bytes) {
   MapPlan m{};
   struct Outer {
     long long size, stride;
@@ -46,15 +44,16 @@ MapPlan plan_map(const char* name, const Operand& t, long long d, long long head
     return a.stride < b.stride;
   });
   m.dims[0] = (cuuint64_t)d;
-  m.box[0] = 64;
-  long long extent = d * kElemBytes;  // bytes spanned by the dimensions placed so far
+  m.box[0] = (cuuint32_t)(kChunkRowBytes / elem_bytes);
+  long long extent = d * elem_bytes;  // bytes spanned by the dimensions placed so far
   for (int i = 0; i < 3; ++i) {
     const Outer& o = outer[i];
-    long long stride = o.stride * kElemBytes;
+    long long stride = o.stride * elem_bytes;
     if (o.size == 1) {
       stride = (extent + 15) / 16 * 16;
     } else if (o.stride <= 0 || stride % 16 != 0) {
-      m.error = std::string(name) + " needs positive strides that are multiples of 8 elements (16 bytes)";
+      m.error = std::string(name) + " needs positive strides that are multiples of " +
+                std::to_string(16 / elem_bytes) + " elements (16 bytes)";
       return m;
     }
     if (stride >= (1LL << 40) || o.size >= (1LL << 31)) {
@@ -75,10 +74,12 @@ TmaDesc encode(const char* name, const MapPlan& plan, int elem_type, void* ptr, 
   if (rows <= 0) return desc;
   CUtensorMap map;
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult rc = encode_tiled()(
-      &map, elem_type == kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr,
-      plan.dims, plan.strides, plan.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUtensorMapDataType type = elem_type == kBF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : elem_type == kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                       : CU_TENSOR_MAP_DATA_TYPE_UINT8;  // fp8: bytes
+  const CUresult rc = encode_tiled()(&map, type, 4, ptr, plan.dims, plan.strides, plan.box, element_strides,
+                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (rc != CUDA_SUCCESS) {
     throw Error(name, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string((int)rc) + ") for dims (" +
                           std::to_string(plan.dims[0]) + ", " + std::to_string(plan.dims[1]) + ", " +

@@ -76,6 +76,25 @@ struct bf16 {
   static FP_DEV float to_float(u16 h) { return u32_as_float((u32)h << 16); }
 };
 
+/// OCP e4m3 (e4m3fn: no infinities, max 448), the Hopper FP8 forward's operand type. Conversions need
+/// sm_89. `kElemType` equals flashport::kE4M3.
+struct e4m3 {
+  static constexpr int kElemType = 4;
+  using Storage = u8;
+  /// Packs four floats into one register, a in bits 0-7 .. d in bits 24-31, round-to-nearest-even
+  /// with saturation to +-448 (NaN stays NaN).
+  static FP_DEV u32 pack4(float a, float b, float c, float d) {
+    u32 r;
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+    return r;
+  }
+};
+
 /// fp32 where a kernel takes every float dtype through one Elem interface (the backward's D and dQ
 /// steps): the storage is the float itself. `kElemType` equals flashport::kF32.
 struct f32 {

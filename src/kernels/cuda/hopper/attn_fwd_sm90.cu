@@ -4,7 +4,8 @@
 // with the next tile's GEMMs (intra-warpgroup) and, with two consumers, with the other warpgroup's
 // GEMMs (ping-pong). Shape from -D FP_DTYPE,
 // FP_HEADDIM, FP_BLOCK_M, FP_BLOCK_N, FP_STAGES (tile_for in cuda/hopper/fwd_sm90_config.h);
-// FP_PERSISTENT=1 makes every CTA loop over query blocks (grid = SM count).
+// FP_PERSISTENT=1 makes every CTA loop over query blocks (grid = SM count). FP_FP8=1: e4m3 inputs,
+// V^T in shared memory, P as e4m3 registers (softmax_sm90.cuh), O written from registers.
 #include "core/problem.h"
 #include "cuda/common/common.cuh"
 #include "cuda/hopper/fwd_sm90_config.h"
@@ -31,12 +32,12 @@ constexpr bool kSeparateO =
 /// The O staging buffer of kSeparateO (an empty base otherwise: no bytes).
 template <bool kOn>
 struct OStaging {
-  u16 o[kChunks][kTileM][64];  // (BLOCK_M, HEAD_DIM), the layout of q
-  FP_DEV u16* o_staging(u16*) { return &o[0][0][0]; }
+  u8 o[kChunks][kTileM][kChunkRowBytes];  // (BLOCK_M, HEAD_DIM), the layout of q
+  FP_DEV u8* o_staging(u8*) { return &o[0][0][0]; }
 };
 template <>
 struct OStaging<false> {
-  FP_DEV u16* o_staging(u16* q) { return q; }
+  FP_DEV u8* o_staging(u8* q) { return q; }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -45,20 +46,23 @@ struct OStaging<false> {
 // wgmma descriptors need no base offset.
 
 struct alignas(1024) SharedStorage : OStaging<kSeparateO> {
-  u16 q[kChunks][kTileM][64];                     // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
-  u16 k[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
-  u16 v[kStages][kChunks][kBlockN][64];           // (BLOCK_N, HEAD_DIM) per stage
-  u64 bar_q;                                      // Q landed (one phase per query block)
-  u64 bar_q_empty;                                // persistent: 8 consumer warps done with Q (and O staging)
-  int m_blocks, tiles, rounds;                    // persistent schedule: query blocks per head, in all;
-  int section, section_tiles, section_rounds;     // rounds; pairs, tiles and rounds per section
+  u8 q[kChunks][kTileM][kChunkRowBytes];  // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
+  u8 k[kStages][kChunks][kBlockN][kChunkRowBytes];  // (BLOCK_N, HEAD_DIM) per stage
+  u8 v[kStages][kVChunks][kVRows]
+      [kChunkRowBytes];                        // (BLOCK_N, HEAD_DIM) per stage; FP8: V^T (HEAD_DIM, BLOCK_N)
+  u64 bar_q;                                   // Q landed (one phase per query block)
+  u64 bar_q_empty;                             // persistent: 8 consumer warps done with Q (and O staging)
+  int m_blocks, tiles, rounds;                 // persistent schedule: query blocks per head, in all;
+  int section, section_tiles, section_rounds;  // rounds; pairs, tiles and rounds per section
   u64 bar_k_full[kStages], bar_k_empty[kStages];  // full: TMA bytes landed; empty: 8 consumer warps done
   u64 bar_v_full[kStages], bar_v_empty[kStages];
 };
 static_assert(sizeof(SharedStorage) + 1024 ==
-                  smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO),
+                  smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes),
               "host and kernel disagree on the shared-memory size");
-static_assert(smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO) <= kSmemLimit, "over 227 KB");
+static_assert(smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes) <= kSmemLimit,
+              "over 227 KB");
+static_assert(!kFp8 || !kPersistent, "the FP8 kernel runs one CTA per query block");
 
 // Two consumers take turns issuing their GEMMs (ping-pong), so one's softmax overlaps the other's
 // GEMMs. Three (BLOCK_M 192) issue freely: the warp schedulers interleave them (FA3 does the same).
@@ -114,8 +118,26 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
   sm90::mbar_arrive_expect_tx(bar_q, kChunks * kTileM * kChunkRowBytes);
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch)
-    sm90::tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, 64 * ch, (int)blk.h, blk.q_row,
-                         blk.q_batch);
+    sm90::tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, kChunkCols * ch, (int)blk.h,
+                         blk.q_row, blk.q_batch);
+}
+
+/// V of key tile n into `stage`: 16-bit, kChunks boxes of the V map like K; FP8, kVChunks boxes of 128 keys
+/// x HEAD_DIM rows of the V^T map (keys, head dim, kv head, sequence: fp8_v_transpose's layout, keys
+/// counted from the sequence's first).
+FP_DEV void load_v(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_v,
+                   int stage, int n, u32 v_full) {
+  if constexpr (kFp8) {
+#pragma unroll
+    for (int ch = 0; ch < kVChunks; ++ch)
+      sm90::tma_load_4d(smem_addr(&s.v[stage][ch][0][0]), tma_v, v_full, n * kBlockN + kChunkCols * ch, 0,
+                        (int)blk.hk, blk.b);
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch)
+      sm90::tma_load_chunk(smem_addr(&s.v[stage][ch][0][0]), tma_v, prm.dims_v, v_full, kChunkCols * ch,
+                           (int)blk.hk, blk.k_row + n * kBlockN, blk.k_batch);
+  }
 }
 
 /// Q, then K and V of every key tile from n_max - 1 down to n_min through the stage ring.
@@ -135,15 +157,12 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
     sm90::mbar_arrive_expect_tx(k_full, kKVTileBytes);
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch)
-      sm90::tma_load_chunk(smem_addr(&s.k[stage][ch][0][0]), tma_k, prm.dims_k, k_full, 64 * ch, (int)blk.hk,
-                           row, blk.k_batch);
+      sm90::tma_load_chunk(smem_addr(&s.k[stage][ch][0][0]), tma_k, prm.dims_k, k_full, kChunkCols * ch,
+                           (int)blk.hk, row, blk.k_batch);
     if (kPersistent && n == blk.n_max - 1) load_q(prm, s, blk, tma_q, q_count);
     sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
-    sm90::mbar_arrive_expect_tx(v_full, kKVTileBytes);
-#pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch)
-      sm90::tma_load_chunk(smem_addr(&s.v[stage][ch][0][0]), tma_v, prm.dims_v, v_full, 64 * ch, (int)blk.hk,
-                           row, blk.k_batch);
+    sm90::mbar_arrive_expect_tx(v_full, kVTileBytes);
+    load_v(prm, s, blk, tma_v, stage, n, v_full);
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
   ring = {stage, phase};
@@ -155,14 +174,23 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
 // next chunk after 4 steps); V is the MN-major B of P V (k step of 16 keys: +2048 bytes; the N
 // extent crosses chunks through LBO = one chunk).
 
-/// S = Q K^T for this warpgroup's 64 rows: HEAD_DIM / 16 wgmmas, the first overwriting S.
+/// S = Q K^T for this warpgroup's 64 rows: HEAD_DIM / 16 wgmmas (FP8: / 32), the first overwriting S.
 FP_DEV void gemm_qk(float (&r_s)[kBlockN / 2], u64 desc_q, u64 desc_k) {
+#if FP_FP8
+  sm90::gemm_ss_kmajor_fp8<kBlockN, kHeadDim, kTileM * kChunkRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
+#else
   sm90::gemm_ss_kmajor<kBlockN, kHeadDim, kTileM * kChunkRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
+#endif
 }
 
-/// O += P V: BLOCK_N / 16 wgmmas with P (bf16/f16 pairs in registers) as the A operand.
-FP_DEV void gemm_pv(float (&r_o)[kPvN / 2], const u32 (&r_p)[kBlockN / 4], u64 desc_v) {
+/// O += P V: BLOCK_N / 16 wgmmas with P (bf16/f16 pairs in registers) as the A operand; FP8: BLOCK_N / 32
+/// with e4m3 P and V^T as the K-major B.
+FP_DEV void gemm_pv(float (&r_o)[kPvN / 2], const u32 (&r_p)[kPRegs], u64 desc_v) {
+#if FP_FP8
+  sm90::gemm_rs_kmajor_fp8<kPvN, kBlockN, kVChunkBytes>(r_o, r_p, desc_v);
+#else
   sm90::gemm_rs_mn<kPvN, kBlockN>(r_o, r_p, desc_v);
+#endif
 }
 
 /// One arrival per warp on a stage's empty barrier, after this warp's wgmmas reading it completed.
@@ -182,6 +210,8 @@ FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
 /// (after a barrier: a warp may still be reading the previous block's rows) in the same swizzled layout
 /// (conflict-free: the 8 rows g of a store land in 8 different 16-byte units), then copies rows
 /// inside the sequence to global memory with 16-byte stores. Rows past the sequence are never written.
+/// FP8: O (twice Q's bytes) has no staging room; each thread stores its pairs straight from registers
+/// (four lanes fill a row's 16 bytes of every 8 columns), scaled by v's descale.
 FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& s, float (&r_o)[kPvN / 2],
                          const RowState& st, int c, int tid) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -198,8 +228,24 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
       if (i < blk.sq) p.lse[lse_offset(p, blk.b, blk.h, i)] = lse[h];
     }
   }
+  if constexpr (kFp8) {
+    const float v_scale = descale(p, 2, blk.b, blk.hk);
+    u32* g_o = static_cast<u32*>(p.o.ptr);  // pairs: o's strides are even (the host checks multiples of 8)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = thread_row(blk, h);
+      if (i >= blk.sq) continue;
+      const i64 row = q_offset(p, p.o, blk.b, i, blk.h) / 2 + t4;
+      const float f = inv[h] * v_scale;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j)
+        g_o[row + 4 * j] = OutElem::pack(r_o[4 * j + 2 * h] * f, r_o[4 * j + 2 * h + 1] * f);
+    }
+    return;
+  }
   if (kSeparateO) sm90::named_bar_sync(kBarEpilogue + c, 128);
   const u32 s_q = smem_addr(s.o_staging(&s.q[0][0][0]));
+  static_assert(sizeof(typename OutElem::Storage) == 2, "16-bit output staged in Q's layout");
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
@@ -207,7 +253,7 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
       const int row = 64 * c + 16 * warp + g + 8 * h;  // row % 8 == g
       const u32 addr =
           s_q + (j / 8) * kTileM * kChunkRowBytes + row * kChunkRowBytes + (((j % 8) ^ g) << 4) + 4 * t4;
-      st_shared_u32(addr, Elem::pack(r_o[4 * j + 2 * h] * inv[h], r_o[4 * j + 2 * h + 1] * inv[h]));
+      st_shared_u32(addr, OutElem::pack(r_o[4 * j + 2 * h] * inv[h], r_o[4 * j + 2 * h + 1] * inv[h]));
     }
   }
   sm90::named_bar_sync(kBarEpilogue + c, 128);
@@ -258,16 +304,19 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
                     u32& q_count) {
   const int tid = thread_index() - 128 * (c + 1);
   const int lane = tid & 31;
-  const float to_log2 = scores_to_log2(p);
+  // FP8: q's and k's descales of this (sequence, kv head) scale every score (SPEC "FP8").
+  const float to_log2 = kFp8 ? scores_to_log2(p) * descale(p, 0, blk.b, blk.hk) * descale(p, 1, blk.b, blk.hk)
+                             : scores_to_log2(p);
   const float slope2 = kAlibi ? alibi_slope(p, blk.b, blk.h) * sem::kLog2e : 0.0f;  // ALiBi's, log2 units
 
   const u64 desc_q = sm90::smem_desc(smem_addr(&s.q[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
   const u64 desc_k = sm90::smem_desc(smem_addr(&s.k[0][0][0][0]), 16, 1024);
-  const u64 desc_v = sm90::smem_desc(smem_addr(&s.v[0][0][0][0]), kKVChunkBytes, 1024);
+  // V: 16-bit MN-major (LBO = one chunk); FP8 V^T K-major like K.
+  const u64 desc_v = sm90::smem_desc(smem_addr(&s.v[0][0][0][0]), kFp8 ? 16 : kKVChunkBytes, 1024);
 
   float r_o[kPvN / 2];     // (64, kPvN) accumulator fragment: O, columns >= HEAD_DIM stay 0
   float r_s[kBlockN / 2];  // (64, BLOCK_N) scores, then probabilities in fp32
-  u32 r_p[kBlockN / 4];    // (64, BLOCK_N) probabilities as the register A operand
+  u32 r_p[kPRegs];         // (64, BLOCK_N) probabilities as the register A operand
   float alpha[2];
 #pragma unroll
   for (int e = 0; e < kPvN / 2; ++e) r_o[e] = 0.0f;
@@ -301,7 +350,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     sm90::wgmma_fence();
     gemm_qk(r_s, desc_q, sm90::desc_advance(desc_k, stage * kKVTileBytes));
     sm90::wgmma_commit();
-    gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage_v * kKVTileBytes));
+    gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage_v * kVTileBytes));
     sm90::wgmma_commit();
     if (kPingPong) sm90::named_bar_arrive(kBarTurn + (1 - c), 256);
     sm90::wgmma_wait<1>();
@@ -332,7 +381,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   if (kSeparateO) release(s.bar_q_empty, lane);
   sm90::mbar_wait(bar_addr(s.bar_v_full[stage]), phase);
   sm90::wgmma_fence();
-  gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage * kKVTileBytes));
+  gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage * kVTileBytes));
   sm90::wgmma_commit();
   sm90::wgmma_wait<0>();
   sm90::pin_registers(r_o);

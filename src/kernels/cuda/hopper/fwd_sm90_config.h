@@ -41,9 +41,14 @@ FP_HD constexpr bool block_m_fits(int d, Tile t) {
 /// to 1024.
 /// `separate_o`: persistent kernels with FP_PERSISTENT=2 stage O in a buffer of its own (block_m rows)
 /// so that Q can be reloaded while the last P V and the epilogue run.
-FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false) {
-  const int chunks = head_dim_chunks(d);
-  const int tiles = chunks * kChunkRowBytes * ((separate_o ? 2 : 1) * t.block_m + 2 * t.stages * t.block_n);
+/// `elem_bytes` 1 (the FP8 kernel): Q and K rows of d bytes, V stored transposed (d rows of block_n
+/// one-byte keys, fp8_tile_for).
+FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false, int elem_bytes = 2) {
+  const int row_bytes = head_dim_chunks(d, elem_bytes) * kChunkRowBytes;  // one Q or K row
+  const int v_tile =
+      elem_bytes == 1 ? d * head_dim_chunks(t.block_n, 1) * kChunkRowBytes : row_bytes * t.block_n;
+  const int tiles =
+      row_bytes * (separate_o ? 2 : 1) * t.block_m + t.stages * (row_bytes * t.block_n + v_tile);
   const int barriers = 8 * (5 + 4 * t.stages);
   return (tiles + barriers + 1023) / 1024 * 1024 + 1024;
 }
@@ -82,6 +87,33 @@ FP_HD constexpr Tile tile_for(int d) {
       return {0, 0, 0};
   }
 }
+
+/// The FP8 (e4m3) kernel's tile per head dim, {0, 0, 0} where it has none. wgmma takes fp8 operands
+/// K-major only, so V enters shared memory transposed (V^T: d rows of block_n keys, written by the
+/// launcher's transpose pass) and P is the register A operand as e4m3 (four per register): per
+/// consumer thread O d/2 + S block_n/2 + P block_n/8 registers. d 128: 64 + 64 + 16, shared memory
+/// 16K (Q) + 2 x (16K K + 16K V^T) = 80K. d 256 adds 64 registers of O (O + S + P = 208 of 240) and
+/// 160K. Q and K rows are whole 128-byte chunks (d a multiple of 128: d 64 would need the 64-byte swizzle).
+FP_HD constexpr Tile fp8_tile_for(int d) {
+  return d == 128 || d == 256 ? Tile{kBlockM, 128, 2} : Tile{0, 0, 0};
+}
+
+/// The key (within its 32-key step) that slot `slot` of the FP8 kernel's V^T holds: the order of
+/// convert_p's registers (softmax_sm90.cuh), where the thread holding keys 2t, 2t + 1, 8 + 2t, 9 + 2t of
+/// a 16-key half places them in A's columns 4t..4t + 3. A bijection of [0, 32).
+FP_HD constexpr int fp8_key_of_slot(int slot) {
+  return (slot & 16) + 2 * ((slot >> 2) & 3) + (slot & 1) + ((slot & 2) ? 8 : 0);
+}
+
+/// Keys per CTA of the V^T pass (one 128-byte row segment per head-dim column) and the pass's parameters:
+/// vt is (batch, hk, dv, keys) one-byte elements, keys = sk rounded up to kFp8VtKeys, slots past a
+/// sequence's guarded length zero (the forward's masked probabilities multiply them: no NaN may hide there).
+inline constexpr int kFp8VtKeys = 128;
+struct Fp8VtParams {
+  AttnProblem p;
+  unsigned char* vt;
+  long long keys;
+};
 
 /// Kernel parameters besides the three tensor maps.
 /// K/V bytes one section of the causal persistent schedule may keep in L2 (of the H200's 50 MB; FA3's

@@ -9,13 +9,13 @@ namespace flashport::cuda::hopper {
 
 /// Largest dynamic shared memory a block may opt into on sm_90 (227 KB).
 inline constexpr int kSmemLimit = 232448;
-/// Bytes of one 64-column row of a 128B-swizzled tile chunk (64 two-byte elements).
+/// Bytes of one row of a 128B-swizzled tile chunk (64 two-byte or 128 one-byte elements).
 inline constexpr int kChunkRowBytes = 128;
 
-/// 64-column chunks a head dim occupies in shared memory (d = 96 pads its second chunk with
-/// TMA's zero fill).
-FP_HD constexpr int head_dim_chunks(int d) {
-  return (d + 63) / 64;
+/// 128-byte chunks `d` columns of `elem_bytes` occupy in shared memory (d = 96 pads its second chunk
+/// with TMA's zero fill).
+FP_HD constexpr int head_dim_chunks(int d, int elem_bytes = 2) {
+  return (d * elem_bytes + kChunkRowBytes - 1) / kChunkRowBytes;
 }
 
 /// A CUtensorMap (128 bytes; CUDA 13 aligns it to 128, TMA needs at least 64), opaque to the kernel;

@@ -14,20 +14,44 @@
 
 namespace flashport::cuda::hopper {
 
+#ifndef FP_FP8
+#define FP_FP8 0
+#endif
+/// FP_FP8=1: e4m3 Q, K, V (FP_DTYPE=e4m3) with fp32 descales per (sequence, kv head), output in
+/// FP_OUT_DTYPE (bf16 / f16). wgmma reads fp8 operands K-major only: V arrives transposed (V^T, keys
+/// contiguous, written by the launcher's fp8_v_transpose pass), and P enters P V as e4m3 registers.
+constexpr bool kFp8 = FP_FP8 != 0;
+#ifndef FP_OUT_DTYPE
+#define FP_OUT_DTYPE FP_DTYPE
+#endif
 using Elem = FP_DTYPE;
-constexpr int kHeadDim = FP_HEADDIM;  // d == dv, one of 64, 96, 128, 192, 256
+using OutElem = FP_OUT_DTYPE;  // the output's element type (Elem except in the FP8 kernel)
+constexpr int kElemBytes = kFp8 ? 1 : 2;
+constexpr int kHeadDim = FP_HEADDIM;  // d == dv, one of 64, 96, 128, 192, 256 (FP8: 128, 256)
 constexpr int kBlockN = FP_BLOCK_N;   // keys per tile (the N of S = Q K^T)
 constexpr int kStages = FP_STAGES;    // K/V ring depth
-constexpr int kChunks = head_dim_chunks(kHeadDim);
+constexpr int kChunks = head_dim_chunks(kHeadDim, kElemBytes);  // 128-byte chunks of a Q or K row
+constexpr int kChunkCols = kChunkRowBytes / kElemBytes;         // elements per chunk row
 // Columns of the O accumulator = N of the P V wgmma: whole 64-column chunks. At d = 96 the second V
 // chunk's columns 96..127 are TMA zero fill, so O gains 32 zero columns that are never stored;
 // this keeps the MN-major (transposed) B operand made of whole 128B-swizzle atoms (64 columns).
-constexpr int kPvN = kChunks * 64;
-constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk of a K or V tile
-constexpr int kKVTileBytes = kChunks * kKVChunkBytes;    // TMA bytes of a tile (OOB fill included)
-constexpr int kTileM = FP_BLOCK_M;                       // query rows per CTA, 64 per consumer warpgroup
-constexpr int kConsumers = consumers_for(kTileM);        // consumer warpgroups
-constexpr int kCtaThreads = threads_for(kTileM);         // the producer warpgroup and the consumers
+// FP8: V^T's rows are the head dim, so N = d.
+constexpr int kPvN = kFp8 ? kHeadDim : kChunks * 64;
+constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one chunk of a K tile (and of V, 16-bit)
+constexpr int kKVTileBytes = kChunks * kKVChunkBytes;    // TMA bytes of a K tile (OOB fill included)
+// V in shared memory: 16-bit, like K (block_n rows of the head dim's chunks); FP8, V^T: kHeadDim rows
+// of block_n keys, in chunks of 128 keys.
+constexpr int kVChunks = kFp8 ? head_dim_chunks(kBlockN, 1) : kChunks;
+constexpr int kVRows = kFp8 ? kHeadDim : kBlockN;
+constexpr int kVChunkBytes = kVRows * kChunkRowBytes;
+constexpr int kVTileBytes = kVChunks * kVChunkBytes;
+// Registers of P as the A operand of P V: two 16-bit or four e4m3 probabilities each.
+constexpr int kPRegs = kFp8 ? kBlockN / 8 : kBlockN / 4;
+static_assert(!kFp8 || (kHeadDim % 128 == 0 && kBlockN % 32 == 0),
+              "the FP8 kernel takes d a multiple of 128 (whole 128-byte rows) and k steps of 32 keys");
+constexpr int kTileM = FP_BLOCK_M;                 // query rows per CTA, 64 per consumer warpgroup
+constexpr int kConsumers = consumers_for(kTileM);  // consumer warpgroups
+constexpr int kCtaThreads = threads_for(kTileM);   // the producer warpgroup and the consumers
 static_assert(block_m_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}),
               "BLOCK_M 128 (two consumer warpgroups), or 192 (three) at d <= 64 with BLOCK_N <= 128");
 static_assert(kHeadDim % 16 == 0 && kHeadDim >= 16 && kPvN <= 256, "wgmma K steps of 16, N = kPvN <= 256");
@@ -47,7 +71,12 @@ static_assert(kExpEmu >= 0 && kExpEmu <= 8, "FP_EXP_EMU counts eighths of the co
 /// maximum m updated only when a row's new maximum exceeds it by more than this, so P <= 2^8 = 256
 /// (exact in bf16/f16 up to their usual relative rounding), row sums <= 256 * sk and |O| <= 256 * sk *
 /// max|V| stay far inside fp32, and O/l and the LSE are unchanged (both carry the same stale m).
-constexpr float kRescaleSlack = 8.0f;
+/// FP8: P is rounded to e4m3 (3 mantissa bits, subnormal below 2^-6) for P V, so probabilities are
+/// taken relative to 2^kPHeadroom times the running maximum (up to 256, e4m3's maximum is 448) and
+/// the maximum is kept exact (slack 0): a row's small probabilities then keep e4m3's normal range
+/// down to 2^-14 of the largest instead of 2^-6. The row sums and the LSE carry the same factor.
+constexpr float kPHeadroom = kFp8 ? 8.0f : 0.0f;
+constexpr float kRescaleSlack = kFp8 ? 0.0f : 8.0f;
 
 #ifndef FP_FWD_TRANSFORM
 #define FP_FWD_TRANSFORM 0
@@ -61,6 +90,7 @@ constexpr bool kAlibi = kTransform == 1 || kTransform == 2;
 constexpr bool kSoftcap = kTransform == 2;
 constexpr bool kDropout = kTransform == 3;
 static_assert(kTransform >= 0 && kTransform <= 3, "FP_FWD_TRANSFORM is 0, 1, 2 or 3");
+static_assert(!kFp8 || kTransform == 0, "the FP8 kernel has no score transform (the portable one has)");
 
 /// Factor from the scores prepare_scores leaves to the log2 domain of the softmax.
 FP_DEV float scores_to_log2(const AttnProblem& p) {
@@ -259,7 +289,7 @@ FP_DEV bool online_softmax(float (&r_s)[kBlockN / 2], RowState& st, float to_log
     float mx = sem::kNegInf;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(r_s[4 * j + 2 * h], r_s[4 * j + 2 * h + 1]));
-    tile_max[h] = quad_max(mx) * to_log2;
+    tile_max[h] = quad_max(mx) * to_log2 - kPHeadroom;
   }
   const bool grow = tile_max[0] > st.m[0] + kRescaleSlack || tile_max[1] > st.m[1] + kRescaleSlack;
   const bool rescale = __any_sync(kFullMask, grow);
@@ -290,11 +320,24 @@ FP_DEV bool online_softmax(float (&r_s)[kBlockN / 2], RowState& st, float to_log
   return rescale;
 }
 
-/// P (fp32 fragment) -> register A operand: pair (e, e + 1) becomes register e / 2, low half first.
+/// P (fp32 fragment) -> register A operand. 16-bit: pair (e, e + 1) becomes register e / 2, low half
+/// first. FP8: a 32-key step's four registers need keys (g, 4t..4t+3), (g + 8, ..), (g, 16 + 4t..),
+/// (g + 8, ..) where the thread holds keys 2t, 2t + 1 of every 8 (wgmma.cuh): rather than shuffling
+/// bytes between lanes, register q of step kk takes the thread's own pairs of 8-key groups 4kk + 2(q / 2)
+/// and 4kk + 2(q / 2) + 1 at row half q % 2, and fp8_v_transpose stores V^T's keys in the matching
+/// order (its key_of_slot), so P V sums the same products.
 template <class E>
-FP_DEV void convert_p(const float (&r_s)[kBlockN / 2], u32 (&r_p)[kBlockN / 4]) {
+FP_DEV void convert_p(const float (&r_s)[kBlockN / 2], u32 (&r_p)[kPRegs]) {
+  if constexpr (kFp8) {
 #pragma unroll
-  for (int q = 0; q < kBlockN / 4; ++q) r_p[q] = E::pack(r_s[2 * q], r_s[2 * q + 1]);
+    for (int q = 0; q < kPRegs; ++q) {
+      const int e = 16 * (q / 4) + 8 * ((q / 2) % 2) + 2 * (q % 2);  // first pair: group 4kk + 2(q/2 % 2)
+      r_p[q] = E::pack4(r_s[e], r_s[e + 1], r_s[e + 4], r_s[e + 5]);
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < kBlockN / 4; ++q) r_p[q] = E::pack(r_s[2 * q], r_s[2 * q + 1]);
+  }
 }
 
 /// O rows times alpha (O has the accumulator layout of S with N = kPvN).

@@ -63,40 +63,53 @@ namespace flashport::cuda::sm90 {
 /// wgmma with N output columns; specialised below for every N in 16, 32, ..., 256.
 template <int N>
 struct Wgmma;
+/// The same with e4m3 operands (k32: one k step is 32 one-byte elements, the 32 bytes of a 16-bit step).
+template <int N>
+struct WgmmaFp8;
 
 }  // namespace flashport::cuda::sm90
 
-// K = N / 16 groups of 8 accumulators; A0.. are the operand numbers after the accumulators.
+// K = N / 16 groups of 8 accumulators; A0.. are the operand numbers after the accumulators. SHAPE is
+// "k16.f32.<type>.<type>" (bf16 / f16) or "k32.f32.e4m3.e4m3"; IMM the operands after the scales:
+// the transposes of A and B as literal immediates (16-bit types), none for fp8 (K-major only).
 // ss: D (+)= A(desc) * B(desc), K-major A and B (imm-trans 0, 0); scale_d = 0 overwrites D.
 // ss_mn: the same with MN-major A and B (imm-trans 1, 1: both stored with M / N contiguous).
 // ss_kmn: K-major A, MN-major B (imm-trans 0, 1).
-// rs: D (+)= A(regs) * B(desc) with B MN-major (imm-trans-b 1).
-// One SS method: the shared-memory operands' transposes TA, TB as literal immediates.
-#define FPW_SS_METHOD(NAME, N, K, A0, A1, A2, TA, TB)                                                  \
-  static FP_DEV void NAME(float(&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                              \
-                 ", 0;\n"                                                                              \
-                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
-                 "}, %" #A0 ", %" #A1 ", p, 1, 1, " #TA ", " #TB ";\n}\n"                              \
-                 : FPW_O##K                                                                            \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                            \
+// rs: D (+)= A(regs) * B(desc) with B MN-major (imm-trans-b 1); fp8: B K-major.
+#define FPW_SS_METHOD(NAME, N, K, A0, A1, A2, SHAPE, IMM)                                            \
+  static FP_DEV void NAME(float(&d)[N / 2], u64 desc_a, u64 desc_b, u32 scale_d) {                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A2                                            \
+                 ", 0;\n"                                                                            \
+                 "wgmma.mma_async.sync.aligned.m64n" #N SHAPE " {" FPW_S##K "}, %" #A0 ", %" #A1     \
+                                                                            ", p, 1, 1" IMM ";\n}\n" \
+                 : FPW_O##K                                                                          \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                          \
   }
-#define FPW_DEFINE(N, K, A0, A1, A2, A3, A4, A5)                                                         \
-  namespace flashport::cuda::sm90 {                                                                      \
-  template <>                                                                                            \
-  struct Wgmma<N> {                                                                                      \
-    FPW_SS_METHOD(ss, N, K, A0, A1, A2, 0, 0)                                                            \
-    FPW_SS_METHOD(ss_mn, N, K, A0, A1, A2, 1, 1)                                                         \
-    FPW_SS_METHOD(ss_kmn, N, K, A0, A1, A2, 0, 1)                                                        \
-    static FP_DEV void rs(float (&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, u32 scale_d) {  \
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A5                                              \
-                   ", 0;\n"                                                                              \
-                   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." FPW_TYPE "." FPW_TYPE " {" FPW_S##K \
-                   "}, {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #A4 ", p, 1, 1, 1;\n}\n"             \
-                   : FPW_O##K                                                                            \
-                   : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d));                     \
-    }                                                                                                    \
-  };                                                                                                     \
+#define FPW_RS_METHOD(N, K, A0, A1, A2, A3, A4, A5, SHAPE, IMM)                                      \
+  static FP_DEV void rs(float(&d)[N / 2], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc_b, u32 scale_d) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #A5                                            \
+                 ", 0;\n"                                                                            \
+                 "wgmma.mma_async.sync.aligned.m64n" #N SHAPE " {" FPW_S##K                          \
+                 "}, {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #A4 ", p, 1, 1" IMM ";\n}\n"       \
+                 : FPW_O##K                                                                          \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b), "r"(scale_d));                   \
+  }
+#define FPW_SHAPE16 "k16.f32." FPW_TYPE "." FPW_TYPE
+#define FPW_SHAPE8 "k32.f32.e4m3.e4m3"
+#define FPW_DEFINE(N, K, A0, A1, A2, A3, A4, A5)                    \
+  namespace flashport::cuda::sm90 {                                 \
+  template <>                                                       \
+  struct Wgmma<N> {                                                 \
+    FPW_SS_METHOD(ss, N, K, A0, A1, A2, FPW_SHAPE16, ", 0, 0")      \
+    FPW_SS_METHOD(ss_mn, N, K, A0, A1, A2, FPW_SHAPE16, ", 1, 1")   \
+    FPW_SS_METHOD(ss_kmn, N, K, A0, A1, A2, FPW_SHAPE16, ", 0, 1")  \
+    FPW_RS_METHOD(N, K, A0, A1, A2, A3, A4, A5, FPW_SHAPE16, ", 1") \
+  };                                                                \
+  template <>                                                       \
+  struct WgmmaFp8<N> {                                              \
+    FPW_SS_METHOD(ss, N, K, A0, A1, A2, FPW_SHAPE8, "")             \
+    FPW_RS_METHOD(N, K, A0, A1, A2, A3, A4, A5, FPW_SHAPE8, "")     \
+  };                                                                \
   }
 
 FPW_DEFINE(16, 1, 8, 9, 10, 11, 12, 13)
@@ -118,6 +131,7 @@ FPW_DEFINE(256, 16, 128, 129, 130, 131, 132, 133)
 
 #undef FPW_DEFINE
 #undef FPW_SS_METHOD
+#undef FPW_RS_METHOD
 
 namespace flashport::cuda::sm90 {
 
@@ -131,6 +145,28 @@ FP_DEV void gemm_ss_kmajor(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
     const u32 a_off = (kk / 4) * kAChunk + (kk % 4) * 32, b_off = (kk / 4) * kBChunk + (kk % 4) * 32;
     Wgmma<N>::ss(d, desc_advance(desc_a, a_off), desc_advance(desc_b, b_off), kk == 0 ? 0u : 1u);
   }
+}
+
+/// The FP8 forms: D (64 x N) = A B^T over K = kK one-byte elements, both K-major, as gemm_ss_kmajor
+/// (a 32-element k step is 32 bytes, chunks hold 128 elements). The first wgmma overwrites D.
+template <int N, int kK, u32 kAChunk, u32 kBChunk>
+FP_DEV void gemm_ss_kmajor_fp8(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 32; ++kk) {
+    const u32 a_off = (kk / 4) * kAChunk + (kk % 4) * 32, b_off = (kk / 4) * kBChunk + (kk % 4) * 32;
+    WgmmaFp8<N>::ss(d, desc_advance(desc_a, a_off), desc_advance(desc_b, b_off), kk == 0 ? 0u : 1u);
+  }
+}
+
+/// D (64 x N) += A B over K = kK one-byte elements: A in registers (four e4m3 per register, four
+/// registers per 32-element k step in the m16n8k32 A layout: (g, 4t..4t+3), (g + 8, ..), (g, 16 + 4t..),
+/// (g + 8, ..)), B K-major in chunks of 128 elements kBChunk bytes apart.
+template <int N, int kK, u32 kBChunk>
+FP_DEV void gemm_rs_kmajor_fp8(float (&d)[N / 2], const u32 (&a)[kK / 8], u64 desc_b) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 32; ++kk)
+    WgmmaFp8<N>::rs(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
+                    desc_advance(desc_b, (kk / 4) * kBChunk + (kk % 4) * 32), 1u);
 }
 
 /// D (64 x N) += A B over K = kK: A in registers (accumulator pairs packed as in the header comment),

@@ -1,0 +1,122 @@
+// The Hopper fp8 forward (e4m3 q, k, v; the V^T pass, QGMMA, e4m3 probabilities) called directly
+// (hopper::forward) against the CPU reference on the same fp8 inputs with non-unit (b, hk) descales, by
+// SPEC's accuracy rule with SPEC's own same-precision baseline (scores and P rounded to e4m3: this kernel's
+// P V runs on e4m3 probabilities, unlike the portable kernel's, whose suite holds it to a bf16 baseline).
+// d 128 and 256, bf16 and fp16 out, seqlen 1, 113 x 203, sq > sk with fully masked rows, multi-tile,
+// GQA 7:1, causal / window, varlen with empty sequences; out and LSE poisoned beforehand.
+#include <string>
+
+#include "backends/cuda/sm90/hopper_fwd.hpp"
+#include "core/attn_validate.hpp"
+#include "gpu/gpu_fp8_util.hpp"
+
+namespace flashport::test::gpu {
+namespace {
+
+namespace hopper = cuda::hopper;
+
+/// The call `a` on the Hopper kernel (the CPU reference in cpu_mode()); a test failure when it declines.
+void run_hopper_fp8(const ForwardArgs& a) {
+  AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, nullptr);
+  core::attach_lse(p, *a.lse, a.q.device);
+  const std::string why = hopper::unsupported(p, 90);
+  ASSERT_EQ(why, "") << "the Hopper kernel declines this case";
+  if (cpu_mode()) {
+    ForwardArgs ref = a;
+    ref.impl = Impl::reference;
+    forward(ref);
+  } else {
+    hopper::forward(p);
+  }
+}
+
+/// The Hopper result for `in` against the reference, with SPEC's fp8 baseline; no element unwritten.
+void expect_hopper_fp8(const Case& c, const fp8check::Inputs& in, DType out) {
+  SCOPED_TRACE(c.describe() + " out " + dtype_name(out));
+  const Fp8Result got = run_cuda_fp8(c, in, out, false, run_hopper_fp8);
+  EXPECT_EQ(got.out_nan, 0) << "output elements unwritten";
+  EXPECT_EQ(got.lse_nan, 0) << "LSE elements unwritten";
+  const fastcheck::Forward ref = fp8check::reference(c, in), base = fp8check::baseline_fp8(c, in);
+  EXPECT_TRUE(accuracy_rule(got.f.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(got.f.lse, base.lse, ref.lse)) << "lse";
+}
+void expect_hopper_fp8(const Case& c, DType out) {
+  expect_hopper_fp8(c, fp8check::make(c), out);
+}
+
+TEST(HopperFwdFp8, SmallSupport) {
+  AttnProblem p{};
+  p.batch = 2, p.hq = 4, p.hk = 2, p.d = 128, p.dv = 128, p.sq = 100, p.sk = 300;
+  p.in_type = kE4M3, p.out_type = kBF16;
+  void* aligned = reinterpret_cast<void*>(uintptr_t{1} << 20);
+  p.q = {aligned, p.sq * p.hq * p.d, p.hq * p.d, p.d};
+  p.k = {aligned, p.sk * p.hk * p.d, p.hk * p.d, p.d};
+  p.v = p.k;
+  p.o = p.q;
+  p.scale = 0.1f;
+  p.window_left = p.window_right = -1;
+  EXPECT_EQ(hopper::unsupported(p, 90), "");
+  auto declines = [&](auto change) {
+    AttnProblem x = p;
+    change(x);
+    return !hopper::unsupported(x, 90).empty();
+  };
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.out_type = kF16; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 256; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.out_type = kF32; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = kE5M2; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = kE4M3FNUZ; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 64; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 256; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.softcap = 5.0f; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f; }));
+  EXPECT_TRUE(declines([&](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 8; }));  // rows 8 bytes apart from 16-aligned
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.q.row_stride += 16; }));
+}
+
+TEST(HopperFwdFp8, SmallShapes) {
+  FP_SKIP_WITHOUT_SM90();
+  int n = 0;
+  for (int64_t d : {128, 256}) {
+    const DType out = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_hopper_fp8(dense(DType::e4m3, 1, 1, 1, 2, 1, d), out);                     // seqlen 1
+    expect_hopper_fp8(with(dense(DType::e4m3, 1, 113, 203, 4, 2, d), kCausal), out);  // GQA 2:1
+    expect_hopper_fp8(with(dense(DType::e4m3, 2, 203, 113, 7, 1, d), kCausal), out);  // sq > sk, GQA 7:1
+    expect_hopper_fp8(dense(DType::e4m3, 1, 300, 700, 2, 2, d), out);                 // 6 key tiles, tail 60
+    Case w = dense(DType::e4m3, 1, 257, 300, 2, 1, d);
+    w.wl = 50, w.wr = 10;
+    expect_hopper_fp8(w, out);
+  }
+}
+
+TEST(HopperFwdFp8, SmallVarlen) {
+  FP_SKIP_WITHOUT_SM90();
+  // Empty sequences on either side, a sequence of 300 keys (three V^T blocks), GQA 2:1.
+  Case v = varlen(dense(DType::e4m3, 1, 1, 1, 4, 2, 128), {0, 21, 130, 1, 77}, {3, 50, 260, 0, 300});
+  expect_hopper_fp8(v, DType::bf16);
+  v.causal = true;
+  expect_hopper_fp8(v, DType::f16);
+  v.d = v.dv = 256;
+  expect_hopper_fp8(v, DType::bf16);
+}
+
+TEST(HopperFwdFp8, SmallDescalesMatter) {
+  FP_SKIP_WITHOUT_SM90();
+  if (cpu_mode()) GTEST_SKIP() << "the reference stands in for the kernel";
+  // Each of q's, k's and v's descales doubled must fail against the original oracle under the rule this
+  // suite uses: the loose fp8 baseline still sees every descale.
+  const Case c = with(dense(DType::e4m3, 2, 150, 260, 4, 2, 128), kCausal);
+  const fp8check::Inputs original = fp8check::make(c);
+  const fastcheck::Forward ref = fp8check::reference(c, original), base = fp8check::baseline_fp8(c, original);
+  for (int w = 0; w < 3; ++w) {
+    fp8check::Inputs in = original;
+    for (int64_t i = 0; i < in.descale[w].numel(); ++i) in.descale[w].set(i, 2 * in.descale[w].get(i));
+    const Fp8Result got = run_cuda_fp8(c, in, DType::bf16, false, run_hopper_fp8);
+    EXPECT_FALSE(accuracy_rule(got.f.out, base.out, ref.out))
+        << "a doubled descale " << w << " went unnoticed";
+  }
+}
+
+}  // namespace
+}  // namespace flashport::test::gpu
