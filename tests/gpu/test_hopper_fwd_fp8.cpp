@@ -2,7 +2,7 @@
 // (hopper::forward) against the CPU reference on the same fp8 inputs with non-unit (b, hk) descales, by
 // SPEC's accuracy rule with SPEC's own same-precision baseline (scores and P rounded to e4m3: this kernel's
 // P V runs on e4m3 probabilities, unlike the portable kernel's, whose suite holds it to a bf16 baseline).
-// d 128 and 256, bf16 and fp16 out, seqlen 1, 113 x 203, sq > sk with fully masked rows, multi-tile,
+// d 64, 128 and 256, bf16 and fp16 out, seqlen 1, 113 x 203, sq > sk with fully masked rows, multi-tile,
 // GQA 7:1, causal / window, varlen with empty sequences; out and LSE poisoned beforehand.
 #include <string>
 
@@ -66,7 +66,8 @@ TEST(HopperFwdFp8, SmallSupport) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.out_type = kF32; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = kE5M2; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = kE4M3FNUZ; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 64; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 64; }));
+  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 96; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 256; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.softcap = 5.0f; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f; }));
@@ -78,7 +79,7 @@ TEST(HopperFwdFp8, SmallSupport) {
 TEST(HopperFwdFp8, SmallShapes) {
   FP_SKIP_WITHOUT_SM90();
   int n = 0;
-  for (int64_t d : {128, 256}) {
+  for (int64_t d : {64, 128, 256}) {
     const DType out = n++ % 2 ? DType::f16 : DType::bf16;
     expect_hopper_fp8(dense(DType::e4m3, 1, 1, 1, 2, 1, d), out);                     // seqlen 1
     expect_hopper_fp8(with(dense(DType::e4m3, 1, 113, 203, 4, 2, d), kCausal), out);  // GQA 2:1
@@ -99,6 +100,8 @@ TEST(HopperFwdFp8, SmallVarlen) {
   expect_hopper_fp8(v, DType::f16);
   v.d = v.dv = 256;
   expect_hopper_fp8(v, DType::bf16);
+  v.d = v.dv = 64, v.causal = false, v.wl = 30, v.wr = 0;
+  expect_hopper_fp8(v, DType::f16);
 }
 
 TEST(HopperFwdFp8, SmallDescalesMatter) {

@@ -27,7 +27,7 @@ namespace {
 constexpr const char* kSource = "cuda/hopper/attn_fwd_sm90.cu";
 constexpr const char* kEntry = "flashport_attn_fwd_sm90";
 constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
-constexpr int kFp8HeadDims[] = {128, 256};  // fp8_tile_for's
+constexpr int kFp8HeadDims[] = {64, 128, 256};  // fp8_tile_for's
 
 constexpr bool tile_table_fits() {
   for (int d : kHeadDims) {
@@ -479,7 +479,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
     if (p.out_type != kBF16 && p.out_type != kF16)
       return "the Hopper fp8 kernel writes bf16 or fp16 out (fp32 out runs on the portable kernel)";
     if (p.d != p.dv || fp8_tile_for((int)p.d).block_n == 0)
-      return "the Hopper fp8 kernel takes d == dv in {128, 256} (others run on the portable kernel)";
+      return "the Hopper fp8 kernel takes d == dv in {64, 128, 256} (others run on the portable kernel)";
     if (p.softcap > 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f)
       return "fp8 with softcap, ALiBi or dropout runs on the portable kernel";
   } else {

@@ -44,7 +44,9 @@ MapPlan plan_map(const char* name, const Operand& t, long long d, long long head
     return a.stride < b.stride;
   });
   m.dims[0] = (cuuint64_t)d;
-  m.box[0] = (cuuint32_t)(kChunkRowBytes / elem_bytes);
+  // Boxes of 128-byte rows (the 128-byte swizzle), or one 64-byte row (fp8 at d 64: the 64-byte swizzle).
+  m.swizzle_bytes = d * elem_bytes == 64 ? 64 : kChunkRowBytes;
+  m.box[0] = (cuuint32_t)(m.swizzle_bytes / elem_bytes);
   long long extent = d * elem_bytes;  // bytes spanned by the dimensions placed so far
   for (int i = 0; i < 3; ++i) {
     const Outer& o = outer[i];
@@ -77,9 +79,10 @@ TmaDesc encode(const char* name, const MapPlan& plan, int elem_type, void* ptr, 
   const CUtensorMapDataType type = elem_type == kBF16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                    : elem_type == kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                        : CU_TENSOR_MAP_DATA_TYPE_UINT8;  // fp8: bytes
-  const CUresult rc = encode_tiled()(&map, type, 4, ptr, plan.dims, plan.strides, plan.box, element_strides,
-                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult rc = encode_tiled()(
+      &map, type, 4, ptr, plan.dims, plan.strides, plan.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      plan.swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (rc != CUDA_SUCCESS) {
     throw Error(name, "cuTensorMapEncodeTiled failed (CUresult " + std::to_string((int)rc) + ") for dims (" +
                           std::to_string(plan.dims[0]) + ", " + std::to_string(plan.dims[1]) + ", " +

@@ -21,7 +21,8 @@ struct MapPlan {
   cuuint64_t strides[3];  // bytes, of dimensions 1..3
   cuuint32_t box[4];
   TmaDims pos;
-  std::string error;  // empty when encodable
+  int swizzle_bytes = 128;  // 128, or 64 for rows of 64 bytes (fp8 at d 64)
+  std::string error;        // empty when encodable
 };
 
 /// TMA and the kernels' 16-byte shared/global accesses need 16-byte aligned base pointers.

@@ -46,8 +46,8 @@ struct OStaging<false> {
 // wgmma descriptors need no base offset.
 
 struct alignas(1024) SharedStorage : OStaging<kSeparateO> {
-  u8 q[kChunks][kTileM][kChunkRowBytes];  // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
-  u8 k[kStages][kChunks][kBlockN][kChunkRowBytes];  // (BLOCK_N, HEAD_DIM) per stage
+  u8 q[kChunks][kTileM][kRowBytes];            // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
+  u8 k[kStages][kChunks][kBlockN][kRowBytes];  // (BLOCK_N, HEAD_DIM) per stage
   u8 v[kStages][kVChunks][kVRows]
       [kChunkRowBytes];                        // (BLOCK_N, HEAD_DIM) per stage; FP8: V^T (HEAD_DIM, BLOCK_N)
   u64 bar_q;                                   // Q landed (one phase per query block)
@@ -115,7 +115,7 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
                    u32 q_count) {
   if (kPersistent) sm90::mbar_wait(bar_addr(s.bar_q_empty), (q_count & 1) ^ 1);
   const u32 bar_q = bar_addr(s.bar_q);
-  sm90::mbar_arrive_expect_tx(bar_q, kChunks * kTileM * kChunkRowBytes);
+  sm90::mbar_arrive_expect_tx(bar_q, kChunks * kTileM * kRowBytes);
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch)
     sm90::tma_load_chunk(smem_addr(&s.q[ch][0][0]), tma_q, prm.dims_q, bar_q, kChunkCols * ch, (int)blk.h,
@@ -177,7 +177,7 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
 /// S = Q K^T for this warpgroup's 64 rows: HEAD_DIM / 16 wgmmas (FP8: / 32), the first overwriting S.
 FP_DEV void gemm_qk(float (&r_s)[kBlockN / 2], u64 desc_q, u64 desc_k) {
 #if FP_FP8
-  sm90::gemm_ss_kmajor_fp8<kBlockN, kHeadDim, kTileM * kChunkRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
+  sm90::gemm_ss_kmajor_fp8<kBlockN, kHeadDim, kTileM * kRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
 #else
   sm90::gemm_ss_kmajor<kBlockN, kHeadDim, kTileM * kChunkRowBytes, kKVChunkBytes>(r_s, desc_q, desc_k);
 #endif
@@ -309,8 +309,10 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
                              : scores_to_log2(p);
   const float slope2 = kAlibi ? alibi_slope(p, blk.b, blk.h) * sem::kLog2e : 0.0f;  // ALiBi's, log2 units
 
-  const u64 desc_q = sm90::smem_desc(smem_addr(&s.q[0][0][0]) + 64 * c * kChunkRowBytes, 16, 1024);
-  const u64 desc_k = sm90::smem_desc(smem_addr(&s.k[0][0][0][0]), 16, 1024);
+  // Q, K: K-major, the next 8 rows one swizzle atom (8 rows) further.
+  const u64 desc_q =
+      sm90::smem_desc(smem_addr(&s.q[0][0][0]) + 64 * c * kRowBytes, 16, 8 * kRowBytes, kRowBytes);
+  const u64 desc_k = sm90::smem_desc(smem_addr(&s.k[0][0][0][0]), 16, 8 * kRowBytes, kRowBytes);
   // V: 16-bit MN-major (LBO = one chunk); FP8 V^T K-major like K.
   const u64 desc_v = sm90::smem_desc(smem_addr(&s.v[0][0][0][0]), kFp8 ? 16 : kKVChunkBytes, 1024);
 

@@ -44,7 +44,8 @@ FP_HD constexpr bool block_m_fits(int d, Tile t) {
 /// `elem_bytes` 1 (the FP8 kernel): Q and K rows of d bytes, V stored transposed (d rows of block_n
 /// one-byte keys, fp8_tile_for).
 FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false, int elem_bytes = 2) {
-  const int row_bytes = head_dim_chunks(d, elem_bytes) * kChunkRowBytes;  // one Q or K row
+  // One Q or K row: whole 128-byte chunks, or 64 bytes (the FP8 kernel's d 64, 64-byte swizzle).
+  const int row_bytes = d * elem_bytes == 64 ? 64 : head_dim_chunks(d, elem_bytes) * kChunkRowBytes;
   const int v_tile =
       elem_bytes == 1 ? d * head_dim_chunks(t.block_n, 1) * kChunkRowBytes : row_bytes * t.block_n;
   const int tiles =
@@ -93,9 +94,9 @@ FP_HD constexpr Tile tile_for(int d) {
 /// launcher's transpose pass) and P is the register A operand as e4m3 (four per register): per
 /// consumer thread O d/2 + S block_n/2 + P block_n/8 registers. d 128: 64 + 64 + 16, shared memory
 /// 16K (Q) + 2 x (16K K + 16K V^T) = 80K. d 256 adds 64 registers of O (O + S + P = 208 of 240) and
-/// 160K. Q and K rows are whole 128-byte chunks (d a multiple of 128: d 64 would need the 64-byte swizzle).
+/// 160K. Q and K rows are whole 128-byte chunks, at d 64 one 64-byte row in the 64-byte swizzle.
 FP_HD constexpr Tile fp8_tile_for(int d) {
-  return d == 128 || d == 256 ? Tile{kBlockM, 128, 2} : Tile{0, 0, 0};
+  return d == 64 || d == 128 || d == 256 ? Tile{kBlockM, 128, 2} : Tile{0, 0, 0};
 }
 
 /// The key (within its 32-key step) that slot `slot` of the FP8 kernel's V^T holds: the order of

@@ -183,10 +183,12 @@ FP_DEV void pin_registers(u32 (&r)[kN]) {
 //   MN-major (V as the B operand of P V; rows = keys, 64 columns along N): LBO = byte distance
 //     between 64-column chunks along N, SBO = 1024 (next 8 keys); step k of 16 keys = 2048 bytes.
 
-/// Descriptor of the 128B-swizzled operand at shared address `addr` (1024-aligned atom + k offset).
-FP_DEV u64 smem_desc(u32 addr, u32 lbo_bytes, u32 sbo_bytes) {
+/// Descriptor of the 128B-swizzled operand at shared address `addr` (1024-aligned atom + k offset), or
+/// with `swizzle_bytes` 64 of a 64B-swizzled one (atoms of 8 rows x 64 bytes, 512-aligned; mode 2: the FP8
+/// forward's 64-byte Q and K rows at d 64; TMA's CU_TENSOR_MAP_SWIZZLE_64B writes that layout).
+FP_DEV u64 smem_desc(u32 addr, u32 lbo_bytes, u32 sbo_bytes, int swizzle_bytes = 128) {
   return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)((lbo_bytes >> 4) & 0x3FFFu) << 16) |
-         ((u64)((sbo_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+         ((u64)((sbo_bytes >> 4) & 0x3FFFu) << 32) | ((swizzle_bytes == 64 ? 2ull : 1ull) << 62);
 }
 
 /// A descriptor advanced by `bytes` (a multiple of 16; the 14-bit address field cannot carry out

@@ -31,14 +31,17 @@ constexpr int kHeadDim = FP_HEADDIM;  // d == dv, one of 64, 96, 128, 192, 256 (
 constexpr int kBlockN = FP_BLOCK_N;   // keys per tile (the N of S = Q K^T)
 constexpr int kStages = FP_STAGES;    // K/V ring depth
 constexpr int kChunks = head_dim_chunks(kHeadDim, kElemBytes);  // 128-byte chunks of a Q or K row
-constexpr int kChunkCols = kChunkRowBytes / kElemBytes;         // elements per chunk row
+// Bytes of a Q / K chunk row: 128 (the 128-byte swizzle), or 64 for the FP8 kernel at d 64 (rows of 64
+// bytes in the 64-byte swizzle: padding them to 128 would double its Q K^T).
+constexpr int kRowBytes = kHeadDim * kElemBytes < kChunkRowBytes ? kHeadDim * kElemBytes : kChunkRowBytes;
+constexpr int kChunkCols = kRowBytes / kElemBytes;  // elements per chunk row
 // Columns of the O accumulator = N of the P V wgmma: whole 64-column chunks. At d = 96 the second V
 // chunk's columns 96..127 are TMA zero fill, so O gains 32 zero columns that are never stored;
 // this keeps the MN-major (transposed) B operand made of whole 128B-swizzle atoms (64 columns).
 // FP8: V^T's rows are the head dim, so N = d.
 constexpr int kPvN = kFp8 ? kHeadDim : kChunks * 64;
-constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one chunk of a K tile (and of V, 16-bit)
-constexpr int kKVTileBytes = kChunks * kKVChunkBytes;    // TMA bytes of a K tile (OOB fill included)
+constexpr int kKVChunkBytes = kBlockN * kRowBytes;     // one chunk of a K tile (and of V, 16-bit)
+constexpr int kKVTileBytes = kChunks * kKVChunkBytes;  // TMA bytes of a K tile (OOB fill included)
 // V in shared memory: 16-bit, like K (block_n rows of the head dim's chunks); FP8, V^T: kHeadDim rows
 // of block_n keys, in chunks of 128 keys.
 constexpr int kVChunks = kFp8 ? head_dim_chunks(kBlockN, 1) : kChunks;
@@ -47,8 +50,9 @@ constexpr int kVChunkBytes = kVRows * kChunkRowBytes;
 constexpr int kVTileBytes = kVChunks * kVChunkBytes;
 // Registers of P as the A operand of P V: two 16-bit or four e4m3 probabilities each.
 constexpr int kPRegs = kFp8 ? kBlockN / 8 : kBlockN / 4;
-static_assert(!kFp8 || (kHeadDim % 128 == 0 && kBlockN % 32 == 0),
-              "the FP8 kernel takes d a multiple of 128 (whole 128-byte rows) and k steps of 32 keys");
+static_assert(
+    !kFp8 || ((kHeadDim == 64 || kHeadDim % 128 == 0) && kBlockN % 32 == 0),
+    "the FP8 kernel takes d 64 or a multiple of 128 (whole 64- or 128-byte rows), k steps of 32 keys");
 constexpr int kTileM = FP_BLOCK_M;                 // query rows per CTA, 64 per consumer warpgroup
 constexpr int kConsumers = consumers_for(kTileM);  // consumer warpgroups
 constexpr int kCtaThreads = threads_for(kTileM);   // the producer warpgroup and the consumers
