@@ -17,7 +17,8 @@
 # `fa3` builds FA3 (flash-attention's hopper/, the same-run peer) in the background from the first step on,
 # from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
 # copied from the workspace's shared/peers), and at the end times it beside flashport (FA3_SEQS, FA3_DIMS
-# narrow the grid); overhead_bench then imports it too.
+# narrow the grid; FA3_MODES=fwd,bwd,fp8_fwd times it with bench/gpu_bench.py instead, fp8_fwd against an
+# FA3_FP8=1 build); overhead_bench then imports it too.
 # `bwdab` times the backward under each value of one knob (scripts/ab_bwd.py; BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS).
 # `sweep` times the Hopper forward per launch setting at training shapes (SWEEP_SHAPES, SWEEP_SETTINGS).
 # BUILD_TARGETS narrows the build step to some ninja targets (e.g. host_overhead_bench).
@@ -275,8 +276,14 @@ if has fa3; then
   step "FA3 same-run peer: flashport vs FA3 vs cuDNN vs FA2"
   if fa3_ready; then
     python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
-    OUT="$OUT" SEQS="${FA3_SEQS:-512,1024,2048,4096,8192,16384}" DIMS="${FA3_DIMS:-64,128,256}" \
-      python3 .peers/fa3_bench.py 2>&1 | tee "$OUT/fa3_bench.log" || status=1
+    if [[ -n "${FA3_MODES:-}" ]]; then  # the repo's grid script with FA3 as a peer (fp8_fwd: e4m3 forwards)
+      PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH} python3 bench/gpu_bench.py --peers cudnn,fa3 --modes "$FA3_MODES" --dims "${FA3_DIMS:-64,128,256}" \
+        --seqlens "${FA3_SEQS:-512,1024,2048,4096,8192,16384}" --out "$OUT/bench_fa3.jsonl" 2>&1 |
+        tee "$OUT/fa3_bench.log" || status=1
+    else
+      OUT="$OUT" SEQS="${FA3_SEQS:-512,1024,2048,4096,8192,16384}" DIMS="${FA3_DIMS:-64,128,256}" \
+        python3 .peers/fa3_bench.py 2>&1 | tee "$OUT/fa3_bench.log" || status=1
+    fi
   else
     echo "FA3 did not build in time:"; tail -20 /tmp/fa3_build.log 2>/dev/null
   fi
