@@ -56,6 +56,9 @@ struct Tuning {
   Knob<std::string> cuda_backward{"FLASHPORT_CUDA_BACKWARD"};  // same
   Knob<std::vector<HopperTileSetting>> hopper_tile{"FLASHPORT_HOPPER_TILE"};
   Knob<int> hopper_persistent{"FLASHPORT_HOPPER_PERSISTENT", -1};  // 0, 1, 2; -1: the launch rule
+  // 1: e4m3 calls the Hopper fp8 forward takes run there; 0 (unset): on the portable fp8 variant. Opt-in
+  // until the kernel has run on a GPU (written in a session without one; hopper::declines).
+  Knob<bool> hopper_fp8{"FLASHPORT_HOPPER_FP8"};
   Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
   Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset

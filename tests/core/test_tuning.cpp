@@ -42,6 +42,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_HOPPER_TILE", ""},
                                     {"FLASHPORT_HOPPER_PERSISTENT", ""},
                                     {"FLASHPORT_AUTOTUNE", ""},
+                                    {"FLASHPORT_HOPPER_FP8", ""},
                                     {"FLASHPORT_BWD_TILE", ""},
                                     {"FLASHPORT_BWD_PIPE", ""},
                                     {"FLASHPORT_BWD_STAGES", ""},
@@ -58,6 +59,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_TRUE(t.hopper_tile.get().empty());
     EXPECT_EQ(t.hopper_persistent.get(), -1);  // unset: the Hopper launch rule decides
     EXPECT_FALSE(t.autotune.get());
+    EXPECT_FALSE(t.hopper_fp8.get());  // unset: e4m3 stays on the portable kernel
     EXPECT_EQ(t.bwd_tile.get().warps, 0);
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
@@ -101,12 +103,14 @@ TEST(Tuning, SwitchesOnByDefault) {
 }
 
 TEST(Tuning, Switches) {
-  for (const char* name : {"FLASHPORT_AUTOTUNE", "FLASHPORT_BWD_GENERAL", "FLASHPORT_JIT_VERBOSE"}) {
+  for (const char* name :
+       {"FLASHPORT_AUTOTUNE", "FLASHPORT_BWD_GENERAL", "FLASHPORT_JIT_VERBOSE", "FLASHPORT_HOPPER_FP8"}) {
     const auto knob = [&](const Env& env) {
       const Tuning t = parse(env);
       const std::string n = name;
       return n == "FLASHPORT_AUTOTUNE"      ? t.autotune
              : n == "FLASHPORT_BWD_GENERAL" ? t.bwd_general
+             : n == "FLASHPORT_HOPPER_FP8"  ? t.hopper_fp8
                                             : t.jit_verbose;
     };
     EXPECT_TRUE(knob({{name, "1"}}).get());

@@ -8,6 +8,7 @@
 
 #include "backends/cuda/sm90/hopper_fwd.hpp"
 #include "core/attn_validate.hpp"
+#include "core/tuning.hpp"
 #include "gpu/gpu_fp8_util.hpp"
 
 namespace flashport::test::gpu {
@@ -74,6 +75,13 @@ TEST(HopperFwdFp8, SmallSupport) {
   EXPECT_TRUE(declines([&](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 8; }));  // rows 8 bytes apart from 16-aligned
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.row_stride += 16; }));
+  // Opt-in until the kernel has run on a GPU: automatic dispatch leaves e4m3 on the portable kernel
+  // (before asking how many SMs the device has) unless FLASHPORT_HOPPER_FP8=1.
+  if (!core::tuning().hopper_fp8.get()) {
+    const char* why = hopper::declines(p, 90);
+    ASSERT_NE(why, nullptr);
+    EXPECT_NE(std::string(why).find("FLASHPORT_HOPPER_FP8"), std::string::npos) << why;
+  }
 }
 
 TEST(HopperFwdFp8, SmallShapes) {

@@ -20,7 +20,8 @@ namespace flashport::cuda::hopper {
 std::string unsupported(const AttnProblem& p, int arch);
 
 /// The forward family's heuristic (family.hpp): null when `p` fills the GPU with 128-row query tiles (two
-/// per SM), else why the portable kernel, which splits the keys of decode-like calls, should run it.
+/// per SM), else why the portable kernel, which splits the keys of decode-like calls, should run it. e4m3
+/// calls go portable unless FLASHPORT_HOPPER_FP8=1 (the fp8 kernel has not run on a GPU yet).
 const char* declines(const AttnProblem& p, int arch);
 
 /// The forward family's launch: forward() without the support check (the family table made it).
