@@ -98,10 +98,10 @@ void forward(const ForwardArgs& a) {
 void backward(const BackwardArgs& a) {
   core::begin_call(a.stream);
   AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, a.stream);
-  require(!is_fp8(a.q.dtype), "q", "backward is not defined for fp8 inputs");
   const Device dev = a.q.device;
   core::attach_lse(p, a.lse, dev);
-  // dout looks like out; dq/dk/dv like q/k/v.
+  // dout looks like out; dq/dk/dv like q/k/v, in their dtype, or for fp8 inputs in out's (grad_type).
+  const DType grad_dtype = is_fp8(a.q.dtype) ? a.out.dtype : a.q.dtype;
   const TensorView& o = a.out;
   if (o.ndim == 4)
     core::check_tensor(a.dout, "dout", {o.shape[0], o.shape[1], o.shape[2], o.shape[3]}, {o.dtype}, dev);
@@ -113,10 +113,10 @@ void backward(const BackwardArgs& a) {
     const TensorView& in = *ins[i].first;
     const TensorView& g = *grads[i].first;
     if (in.ndim == 4)
-      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2], in.shape[3]}, {in.dtype},
-                         dev);
+      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2], in.shape[3]},
+                         {grad_dtype}, dev);
     else
-      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2]}, {in.dtype}, dev);
+      core::check_tensor(g, grads[i].second, {in.shape[0], in.shape[1], in.shape[2]}, {grad_dtype}, dev);
     for (const auto& [other, name] : ins) core::check_no_overlap(g, grads[i].second, *other, name);
     core::check_no_overlap(g, grads[i].second, a.out, "out");
     core::check_no_overlap(g, grads[i].second, a.dout, "dout");

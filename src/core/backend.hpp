@@ -28,12 +28,12 @@ struct KvCacheProblem {
 };
 
 /// The dtype rules the GPU backends share: fp16/bf16 inputs with an output of the same dtype, or fp8
-/// inputs (forward only: their kernels decode fp8 to bf16 while loading) with a bf16/fp16/fp32
-/// output. `where` ("CUDA", "AMD") goes into the reason; empty when the dtypes are served.
+/// inputs (forward only: their kernels decode fp8 to bf16 while loading, or run e4m3 on Hopper) with a
+/// bf16/fp16/fp32 output. `where` ("CUDA", "AMD") goes into the reason; empty when the dtypes are served.
 inline std::string gpu_dtype_unsupported(const AttnProblem& p, bool backward, const char* where) {
   const auto name = [](int t) { return std::string(dtype_name(static_cast<DType>(t))); };
   const bool fp8 = is_fp8_elem(p.in_type);
-  if (fp8 && backward) return "backward is not defined for fp8 inputs";
+  if (fp8 && backward) return "fp8 backward runs on the CPU reference only (no GPU kernel has it yet)";
   if (!fp8 && p.in_type != kF16 && p.in_type != kBF16)
     return std::string("inputs must be fp16, bf16 or fp8 (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2) on ") +
            where + ", got " + name(p.in_type);

@@ -235,6 +235,13 @@ FP_HD float alibi_slope(const AttnProblem& p, long long b, long long h) {
   return p.alibi ? p.alibi[b * p.alibi_batch_stride + h] : 0.0f;
 }
 
+/// ElemType of dq / dk / dv: the input's, or for fp8 inputs the output's (SPEC "Backward": fp8 gradients
+/// are taken with respect to the fp8 tensors' values, the descales being constants, and come out in the
+/// output dtype).
+FP_HD int grad_type(const AttnProblem& p) {
+  return is_fp8_elem(p.in_type) ? p.out_type : p.in_type;
+}
+
 /// Descale factor `which` (0 q, 1 k, 2 v) of (b, kv head hk); 1 when absent.
 FP_HD float descale(const AttnProblem& p, int which, long long b, long long hk) {
   const float* d = which == 0 ? p.q_descale : which == 1 ? p.k_descale : p.v_descale;

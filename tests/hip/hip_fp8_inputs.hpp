@@ -49,6 +49,21 @@ inline int64_t sequence_of(const Case& c, const HostTensor& cu, const HostTensor
   return t / rows_per_seq;
 }
 
+/// The descale of element n of operand w (0 q, 1 k, 2 v) of `r`: its (sequence, kv head)'s.
+inline double descale_of(const Case& c, const Inputs& r, int w, int64_t n) {
+  const TensorView& tv = (w == 0 ? r.fp8.q : w == 1 ? r.fp8.k : r.fp8.v).tv;
+  const HostTensor& cu = w == 0 ? r.fp8.cu_q : r.fp8.cu_k;
+  const int64_t ch = tv.shape[tv.ndim - 1], heads = tv.shape[tv.ndim - 2];
+  // Dense and paged q: (b, s, h, c), s rows per sequence; varlen: (total, h, c); paged k/v: pool.
+  const int64_t rows_per_seq = c.layout == Layout::varlen            ? 1
+                               : c.layout == Layout::paged && w != 0 ? -1
+                                                                     : tv.shape[1];
+  const int64_t t = n / (heads * ch), h = (n / ch) % heads;
+  const int64_t b = sequence_of(c, cu, r.fp8.block_table, t, rows_per_seq);
+  const int64_t hk = w == 0 ? h / (c.hq / c.hk) : h;
+  return r.descale[w].get(b * c.hk + hk);
+}
+
 /// r.deq = r.fp8's values times their (b, hk) descales, stored as bf16. `exact`: each product must be a
 /// bf16 (make's descales guarantee it); otherwise it is rounded, as a caller with arbitrary descales wants.
 inline void dequantize(const Case& c, Inputs& r, bool exact) {
@@ -56,18 +71,9 @@ inline void dequantize(const Case& c, Inputs& r, bool exact) {
   HostTensor* dst[3] = {&r.deq.q, &r.deq.k, &r.deq.v};
   for (int w = 0; w < 3; ++w) {
     const TensorView& tv = src[w]->tv;
-    const HostTensor& cu = w == 0 ? r.fp8.cu_q : r.fp8.cu_k;
-    const int64_t ch = tv.shape[tv.ndim - 1], heads = tv.shape[tv.ndim - 2];
-    // Dense and paged q: (b, s, h, c), s rows per sequence; varlen: (total, h, c); paged k/v: pool.
-    const int64_t rows_per_seq = c.layout == Layout::varlen            ? 1
-                                 : c.layout == Layout::paged && w != 0 ? -1
-                                                                       : tv.shape[1];
     HostTensor out(DType::bf16, std::vector<int64_t>(tv.shape.begin(), tv.shape.begin() + tv.ndim));
     for (int64_t n = 0; n < out.numel(); ++n) {
-      const int64_t t = n / (heads * ch), h = (n / ch) % heads;
-      const int64_t b = sequence_of(c, cu, r.fp8.block_table, t, rows_per_seq);
-      const int64_t hk = w == 0 ? h / (c.hq / c.hk) : h;
-      const double x = src[w]->get(n) * r.descale[w].get(b * c.hk + hk);
+      const double x = src[w]->get(n) * descale_of(c, r, w, n);
       out.set(n, x);
       if (exact) EXPECT_EQ(out.get(n), x) << "a dequantised value is not a bf16";
     }

@@ -230,16 +230,16 @@ void backward_kv_head(const AttnProblem& p, long long b, long long hk) {
         }
       }
       const long long dq_off = q_offset(p, p.grad_q, b, i, h);
-      for (long long c = 0; c < p.d; ++c) store(p.grad_q.ptr, p.in_type, dq_off + c, dq[(size_t)c]);
+      for (long long c = 0; c < p.d; ++c) store(p.grad_q.ptr, grad_type(p), dq_off + c, dq[(size_t)c]);
     }
   }
   for (long long j = 0; j < key_rows(p, b); ++j) {
     const bool used = j < n_keys;
     const long long dk_off = k_offset(p, p.grad_k, b, j, hk), dv_off = k_offset(p, p.grad_v, b, j, hk);
     for (long long c = 0; c < p.d; ++c)
-      store(p.grad_k.ptr, p.in_type, dk_off + c, used ? dk[(size_t)(j * p.d + c)] : 0.0);
+      store(p.grad_k.ptr, grad_type(p), dk_off + c, used ? dk[(size_t)(j * p.d + c)] : 0.0);
     for (long long c = 0; c < p.dv; ++c)
-      store(p.grad_v.ptr, p.in_type, dv_off + c, used ? dv[(size_t)(j * p.dv + c)] : 0.0);
+      store(p.grad_v.ptr, grad_type(p), dv_off + c, used ? dv[(size_t)(j * p.dv + c)] : 0.0);
   }
 }
 
