@@ -33,7 +33,7 @@ struct KvCacheProblem {
 inline std::string gpu_dtype_unsupported(const AttnProblem& p, bool backward, const char* where) {
   const auto name = [](int t) { return std::string(dtype_name(static_cast<DType>(t))); };
   const bool fp8 = is_fp8_elem(p.in_type);
-  if (fp8 && backward) return "fp8 backward runs on the CPU reference only (no GPU kernel has it yet)";
+  if (fp8 && backward) return std::string("fp8 backward is not supported on ") + where;
   if (!fp8 && p.in_type != kF16 && p.in_type != kBF16)
     return std::string("inputs must be fp16, bf16 or fp8 (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2) on ") +
            where + ", got " + name(p.in_type);

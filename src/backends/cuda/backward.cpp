@@ -14,6 +14,7 @@
 #include "core/tuning.hpp"
 #include "flashport/error.hpp"
 #include "flashport/tensor.hpp"
+#include "kernels/cuda/fp8_scale_params.cuh"
 
 namespace flashport::cuda {
 namespace {
@@ -42,17 +43,76 @@ jit::KernelSpec backward_convert_spec(int arch, int elem_type) {
   return {"cuda/attn_bwd_aux.cu", "attn_bwd_dq_convert", {{"FP_DTYPE", type_define(elem_type)}}, arch};
 }
 
+jit::KernelSpec fp8_scale_spec(int arch) {
+  return {"cuda/fp8_scale.cu", "fp8_scale", {}, arch};
+}
+
 std::vector<jit::KernelSpec> backward_aux_variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   for (int type : {kF16, kBF16, kF32}) {
     specs.push_back(backward_dot_spec(arch, type));
     specs.push_back(backward_convert_spec(arch, type));
   }
+  specs.push_back(fp8_scale_spec(arch));
   return specs;
 }
 
+namespace {
+
+/// One fp8_scale pass: operand `which` (0 q, 1 k, 2 v) of `p` from `src` (ElemType src_type) into `dst`
+/// (dst_type), times its (sequence, kv head) descale, over `rows` rows (per sequence; varlen: all) of
+/// `heads` x `cols`.
+void scale_operand(const AttnProblem& p, int which, const Operand& src, int src_type, const Operand& dst,
+                   int dst_type, long long rows, long long heads, long long cols) {
+  Fp8ScaleParams prm{p, src, dst, src_type, dst_type, which, p.cu_seqlens_q ? 1 : p.batch, rows, heads, cols};
+  const long long vecs = prm.batch * rows * heads;
+  if (vecs <= 0) return;
+  constexpr unsigned kThreads = 128;
+  const jit::Kernel& kernel = cached_kernel(fp8_scale_spec, p.device, 0, jit::device_arch(p.device));
+  void* args[] = {&prm};
+  jit::launch(kernel, (unsigned)((vecs + kThreads - 1) / kThreads), 1, 1, kThreads, 0, p.stream, args);
+}
+
+/// The fp8 backward (see launch_backward): dequantise, the backward of the dequantised problem, descale
+/// the gradients.
+void launch_backward_fp8(const AttnProblem& p) {
+  const int t = grad_type(p);
+  const size_t elem = (size_t)dtype_size(static_cast<DType>(t));
+  const bool varlen = p.cu_seqlens_q != nullptr;  // validation pairs it with cu_seqlens_k
+  const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
+  const long long batch = varlen ? 1 : p.batch;
+  const long long q_elems = batch * q_rows * p.hq * p.d, k_elems = batch * k_rows * p.hk * p.d;
+  const long long v_elems = batch * k_rows * p.hk * p.dv;
+  const size_t q_bytes = ((size_t)q_elems * elem + 255) / 256 * 256,
+               k_bytes = ((size_t)k_elems * elem + 255) / 256 * 256;
+  char* scratch = static_cast<char*>(
+      jit::alloc_async(std::max<size_t>(q_bytes + k_bytes + (size_t)v_elems * elem, 256), p.stream));
+  AttnProblem d = p;  // the dequantised problem: dense scratch q, k, v in the output dtype, no descales
+  d.in_type = t;
+  d.q = {scratch, q_rows * p.hq * p.d, p.hq * p.d, p.d};
+  d.k = {scratch + q_bytes, k_rows * p.hk * p.d, p.hk * p.d, p.d};
+  d.v = {scratch + q_bytes + k_bytes, k_rows * p.hk * p.dv, p.hk * p.dv, p.dv};
+  d.q_descale = d.k_descale = d.v_descale = nullptr;
+  try {
+    scale_operand(p, 0, p.q, p.in_type, d.q, t, q_rows, p.hq, p.d);
+    scale_operand(p, 1, p.k, p.in_type, d.k, t, k_rows, p.hk, p.d);
+    scale_operand(p, 2, p.v, p.in_type, d.v, t, k_rows, p.hk, p.dv);
+    launch_backward(d);
+    scale_operand(p, 0, p.grad_q, t, p.grad_q, t, q_rows, p.hq, p.d);
+    scale_operand(p, 1, p.grad_k, t, p.grad_k, t, k_rows, p.hk, p.d);
+    scale_operand(p, 2, p.grad_v, t, p.grad_v, t, k_rows, p.hk, p.dv);
+  } catch (...) {
+    jit::free_async(scratch, p.stream);
+    throw;
+  }
+  jit::free_async(scratch, p.stream);
+}
+
+}  // namespace
+
 void launch_backward(const AttnProblem& p) {
   if (p.batch <= 0 || p.hq <= 0) return;
+  if (is_fp8_elem(p.in_type)) return launch_backward_fp8(p);
   if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30))
     throw Error("q", "the CUDA backward needs sequence lengths < 2^30 (32-bit positions)");
   const int device = p.device;

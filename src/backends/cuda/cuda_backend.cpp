@@ -26,13 +26,15 @@ class CudaBackend final : public core::Backend {
   std::string unsupported(const AttnProblem& p, Impl impl, bool backward) const override {
     if (impl == Impl::reference || impl == Impl::baseline)
       return "the reference and baseline implementations are CPU only";
-    // fp8 (e4m3fn, e4m3fnuz, e5m2): forward only, through the portable kernel's fp8 variant (every
-    // format decoded exactly to bf16 while loading tiles; the Hopper kernels decline fp8).
+    // fp8 (e4m3fn, e4m3fnuz, e5m2): the forward through the portable kernel's fp8 variant (every format
+    // decoded exactly to bf16 while loading tiles) or, for e4m3 where it applies, the Hopper fp8 kernel;
+    // the backward as the output dtype's backward of the dequantised inputs (launch_backward).
     // fp32: forward and backward on the portable family's fp32 kernels (CUDA cores; attn_fwd_f32.cu,
     // attn_bwd_f32.cu).
     if (p.in_type == kF32) {
       if (p.out_type != kF32) return "out must have the input dtype float32 on CUDA";
-    } else if (std::string why = core::gpu_dtype_unsupported(p, backward, "CUDA"); !why.empty()) {
+    } else if (std::string why = core::gpu_dtype_unsupported(p, backward && !is_fp8_elem(p.in_type), "CUDA");
+               !why.empty()) {
       return why;
     }
     const bool fp8 = is_fp8_elem(p.in_type);

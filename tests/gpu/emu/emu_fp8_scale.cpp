@@ -1,0 +1,10 @@
+// The emulated fp8_scale kernel (the fp8 backward's dequantise and descale passes).
+#include "cuda/fp8_scale.cu"
+#include "emu_kernels.hpp"
+
+namespace {
+void trampoline(const void* p) {
+  ::fp8_scale(*static_cast<const flashport::cuda::Fp8ScaleParams*>(p));
+}
+const flashport::emu::Registrar reg("fp8_scale|", trampoline);
+}  // namespace
