@@ -80,7 +80,7 @@ void expect_fp8_backward(const Case& c, DType out) {
 TEST(GpuBackwardFp8, F32OutEveryFormat) {
   FP_SKIP_WITHOUT_GPU();
   expect_fp8_backward(with(dense(DType::e4m3, 2, 37, 53, 6, 2, 64), kCausal), DType::f32);  // GQA 3:1
-  expect_fp8_backward(dense(DType::e5m2, 1, 70, 45, 2, 2, 128), DType::f32);               // sq > sk
+  expect_fp8_backward(dense(DType::e5m2, 1, 70, 45, 2, 2, 128), DType::f32);                // sq > sk
   Case v = varlen(dense(DType::e4m3, 1, 1, 1, 4, 1, 64), {21, 0, 66}, {30, 9, 70});
   v.wl = 12, v.wr = 0;
   expect_fp8_backward(v, DType::f32);

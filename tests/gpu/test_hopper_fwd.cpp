@@ -11,6 +11,7 @@
 #include "backends/cuda/sm90/hopper_fwd.hpp"
 #include "core/attn_validate.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "gpu/hopper_support_problem.hpp"
 #include "jit/test_jit_util.hpp"
 
 namespace flashport::test::gpu {
@@ -59,16 +60,8 @@ void expect_hopper_accurate(const Case& c) {
 }
 
 TEST(HopperFwd, SmallSupportAndVariants) {
-  AttnProblem p{};
-  p.batch = 2, p.hq = 4, p.hk = 2, p.d = 128, p.dv = 128, p.sq = 100, p.sk = 300;
-  p.in_type = p.out_type = kBF16;
-  void* aligned = reinterpret_cast<void*>(uintptr_t{1} << 20);
-  p.q = {aligned, p.sq * p.hq * p.d, p.hq * p.d, p.d};
-  p.k = {aligned, p.sk * p.hk * p.d, p.hk * p.d, p.d};
-  p.v = p.k;
-  p.o = p.q;
-  p.scale = 0.1f;
-  p.window_left = p.window_right = -1;
+  const AttnProblem p = hopper_support_problem(kBF16, kBF16);
+  const void* aligned = p.q.ptr;
   EXPECT_EQ(hopper::unsupported(p, 90), "");
   EXPECT_NE(hopper::unsupported(p, 80), "");
   auto declines = [&](auto change) {

@@ -10,6 +10,7 @@
 #include "core/attn_validate.hpp"
 #include "core/tuning.hpp"
 #include "gpu/gpu_fp8_util.hpp"
+#include "gpu/hopper_support_problem.hpp"
 
 namespace flashport::test::gpu {
 namespace {
@@ -46,16 +47,8 @@ void expect_hopper_fp8(const Case& c, DType out) {
 }
 
 TEST(HopperFwdFp8, SmallSupport) {
-  AttnProblem p{};
-  p.batch = 2, p.hq = 4, p.hk = 2, p.d = 128, p.dv = 128, p.sq = 100, p.sk = 300;
-  p.in_type = kE4M3, p.out_type = kBF16;
-  void* aligned = reinterpret_cast<void*>(uintptr_t{1} << 20);
-  p.q = {aligned, p.sq * p.hq * p.d, p.hq * p.d, p.d};
-  p.k = {aligned, p.sk * p.hk * p.d, p.hk * p.d, p.d};
-  p.v = p.k;
-  p.o = p.q;
-  p.scale = 0.1f;
-  p.window_left = p.window_right = -1;
+  const AttnProblem p = hopper_support_problem(kE4M3, kBF16);
+  const void* aligned = p.q.ptr;
   EXPECT_EQ(hopper::unsupported(p, 90), "");
   auto declines = [&](auto change) {
     AttnProblem x = p;

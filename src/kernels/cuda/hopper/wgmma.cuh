@@ -135,27 +135,28 @@ FPW_DEFINE(256, 16, 128, 129, 130, 131, 132, 133)
 
 namespace flashport::cuda::sm90 {
 
-/// D (64 x N) = A B^T over K = kK, both operands K-major 128B-swizzled tiles stored as 64-column chunks
-/// (sm90.cuh): k step kk is 32 bytes into its chunk, chunks kAChunk / kBChunk bytes apart. The first
-/// wgmma overwrites D.
-template <int N, int kK, u32 kAChunk, u32 kBChunk>
-FP_DEV void gemm_ss_kmajor(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
+/// D (64 x N) = A B^T in kSteps wgmmas of `Mma` (Wgmma<N> or WgmmaFp8<N>), both operands K-major
+/// 128B-swizzled tiles stored as 128-byte chunks (sm90.cuh): k step kk is 32 bytes into its chunk (16
+/// two-byte or 32 one-byte elements), chunks kAChunk / kBChunk bytes apart. The first wgmma overwrites D.
+template <class Mma, int kSteps, u32 kAChunk, u32 kBChunk, int N>
+FP_DEV void gemm_ss_kmajor_steps(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
 #pragma unroll
-  for (int kk = 0; kk < kK / 16; ++kk) {
+  for (int kk = 0; kk < kSteps; ++kk) {
     const u32 a_off = (kk / 4) * kAChunk + (kk % 4) * 32, b_off = (kk / 4) * kBChunk + (kk % 4) * 32;
-    Wgmma<N>::ss(d, desc_advance(desc_a, a_off), desc_advance(desc_b, b_off), kk == 0 ? 0u : 1u);
+    Mma::ss(d, desc_advance(desc_a, a_off), desc_advance(desc_b, b_off), kk == 0 ? 0u : 1u);
   }
 }
 
-/// The FP8 forms: D (64 x N) = A B^T over K = kK one-byte elements, both K-major, as gemm_ss_kmajor
-/// (a 32-element k step is 32 bytes, chunks hold 128 elements). The first wgmma overwrites D.
+/// D (64 x N) = A B^T over K = kK 16-bit elements (gemm_ss_kmajor_steps).
+template <int N, int kK, u32 kAChunk, u32 kBChunk>
+FP_DEV void gemm_ss_kmajor(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
+  gemm_ss_kmajor_steps<Wgmma<N>, kK / 16, kAChunk, kBChunk, N>(d, desc_a, desc_b);
+}
+
+/// The same over K = kK e4m3 elements (the FP8 forward's S = Q K^T).
 template <int N, int kK, u32 kAChunk, u32 kBChunk>
 FP_DEV void gemm_ss_kmajor_fp8(float (&d)[N / 2], u64 desc_a, u64 desc_b) {
-#pragma unroll
-  for (int kk = 0; kk < kK / 32; ++kk) {
-    const u32 a_off = (kk / 4) * kAChunk + (kk % 4) * 32, b_off = (kk / 4) * kBChunk + (kk % 4) * 32;
-    WgmmaFp8<N>::ss(d, desc_advance(desc_a, a_off), desc_advance(desc_b, b_off), kk == 0 ? 0u : 1u);
-  }
+  gemm_ss_kmajor_steps<WgmmaFp8<N>, kK / 32, kAChunk, kBChunk, N>(d, desc_a, desc_b);
 }
 
 /// D (64 x N) += A B over K = kK one-byte elements: A in registers (four e4m3 per register, four
