@@ -3,6 +3,7 @@
 // each section's pairs together and, within a section, deal heavier blocks (more keys) first.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -79,6 +80,36 @@ TEST(HopperSchedule, Fp8KeyOrderMatchesThePRegisters) {
         const int slot = 16 * (r / 2) + 4 * t + i, group = 2 * (r / 2) + i / 2;
         EXPECT_EQ(fp8_key_of_slot(slot), 8 * group + 2 * t + i % 2) << "t " << t << " r " << r << " i " << i;
       }
+}
+
+// The FP8 forward's V^T slots for varlen batches: each sequence's region (its keys rounded up to whole
+// 128-key blocks, which the V^T pass writes and the forward reads) starts at a multiple of 128, after the
+// previous one's end, and ends within fp8_vt_keys: regions never overlap, and the scratch follows total_k.
+TEST(HopperSchedule, Fp8VtRegionsAreDisjointAndBounded) {
+  std::mt19937 gen(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int batch = 1 + (int)(gen() % 12);
+    std::vector<int> cu(batch + 1, 0);
+    int longest = 0;
+    for (int b = 0; b < batch; ++b) {
+      const int len = gen() % 3 == 0 ? 0 : (int)(gen() % 700);
+      cu[b + 1] = cu[b] + len;
+      longest = std::max(longest, len);
+    }
+    AttnProblem p{};
+    p.batch = batch, p.sk = longest, p.total_k = cu[batch];
+    p.cu_seqlens_k = cu.data();
+    long long end = 0;
+    for (int b = 0; b < batch; ++b) {
+      const long long start = fp8_vt_start(p, b), len = cu[b + 1] - cu[b];
+      const long long rounded = (len + kFp8VtKeys - 1) / kFp8VtKeys * kFp8VtKeys;
+      EXPECT_EQ(start % kFp8VtKeys, 0);
+      EXPECT_GE(start, end) << "sequence " << b << " overlaps the previous one";
+      end = start + rounded;
+      EXPECT_LE(end, fp8_vt_keys(p)) << "sequence " << b;
+    }
+    EXPECT_LE(fp8_vt_keys(p), p.total_k + kFp8VtKeys * (batch + 2) + p.sk);
+  }
 }
 
 }  // namespace

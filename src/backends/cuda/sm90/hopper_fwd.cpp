@@ -299,12 +299,12 @@ jit::KernelSpec make_fp8_spec(int out_type, int d) {
   return spec;
 }
 
-/// The map of fp8_v_transpose's V^T (keys, dv, hk, batch; dense, keys a multiple of kFp8VtKeys): boxes of
-/// 128 keys x all dv rows, the kernel's V^T tile.
+/// The map of fp8_v_transpose's V^T (keys, dv, hk, slabs: batch dense, 1 varlen; keys a multiple of
+/// kFp8VtKeys): boxes of 128 keys x all dv rows, the kernel's V^T tile.
 TmaDesc fp8_vt_map(const AttnProblem& p, unsigned char* vt, long long keys) {
   MapPlan m{};
   m.dims[0] = (cuuint64_t)keys, m.dims[1] = (cuuint64_t)p.dv, m.dims[2] = (cuuint64_t)p.hk;
-  m.dims[3] = (cuuint64_t)p.batch;
+  m.dims[3] = (cuuint64_t)(p.cu_seqlens_k ? 1 : p.batch);
   m.strides[0] = (cuuint64_t)keys, m.strides[1] = (cuuint64_t)(keys * p.dv);
   m.strides[2] = (cuuint64_t)(keys * p.dv * p.hk);
   m.box[0] = kFp8VtKeys, m.box[1] = (cuuint32_t)p.dv, m.box[2] = m.box[3] = 1;
@@ -328,8 +328,8 @@ void launch_fp8(const AttnProblem& p, int device) {
   l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d);
   l.grid[0] = (unsigned)((p.sq + tile.block_m - 1) / tile.block_m), l.grid[1] = (unsigned)p.hq;
   l.grid[2] = (unsigned)p.batch;
-  const long long keys = (p.sk + kFp8VtKeys - 1) / kFp8VtKeys * kFp8VtKeys;
-  const size_t vt_bytes = (size_t)(p.batch * p.hk * p.dv * keys);
+  const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
+  const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
   if (vt_bytes == 0) {  // no keys: every block stores O = 0, LSE = -inf without reading V
     run(l, p.stream);
     return;
@@ -339,8 +339,8 @@ void launch_fp8(const AttnProblem& p, int device) {
     Fp8VtParams vp{p, vt, keys};
     void* args[] = {&vp};
     const jit::Kernel& transpose = cached_kernel(fp8_transpose_spec, device, 0, 90);
-    jit::launch(transpose, (unsigned)(keys / kFp8VtKeys), (unsigned)p.hk, (unsigned)p.batch, 256, 0, p.stream,
-                args);
+    const long long key_blocks = (p.sk + kFp8VtKeys - 1) / kFp8VtKeys;  // per sequence, at most
+    jit::launch(transpose, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)p.batch, 256, 0, p.stream, args);
     l.tma_v = fp8_vt_map(p, vt, keys);
     run(l, p.stream);
   } catch (...) {

@@ -123,15 +123,16 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
 }
 
 /// V of key tile n into `stage`: 16-bit, kChunks boxes of the V map like K; FP8, kVChunks boxes of 128 keys
-/// x HEAD_DIM rows of the V^T map (keys, head dim, kv head, sequence: fp8_v_transpose's layout, keys
-/// counted from the sequence's first).
+/// x HEAD_DIM rows of the V^T map (slots, head dim, kv head, slab: fp8_v_transpose's layout, the sequence's
+/// keys from its fp8_vt_start slot).
 FP_DEV void load_v(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_v,
                    int stage, int n, u32 v_full) {
   if constexpr (kFp8) {
 #pragma unroll
     for (int ch = 0; ch < kVChunks; ++ch)
-      sm90::tma_load_4d(smem_addr(&s.v[stage][ch][0][0]), tma_v, v_full, n * kBlockN + kChunkCols * ch, 0,
-                        (int)blk.hk, blk.b);
+      sm90::tma_load_4d(smem_addr(&s.v[stage][ch][0][0]), tma_v, v_full,
+                        (int)fp8_vt_start(prm.p, blk.b) + n * kBlockN + kChunkCols * ch, 0, (int)blk.hk,
+                        blk.k_batch);
   } else {
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch)

@@ -17,8 +17,10 @@ constexpr int kMaxDv = 256;
 constexpr int kRowPad = 4;  // bytes after each staged key row: the column reads of a warp spread over banks
 }  // namespace
 
-/// Grid (keys / kFp8VtKeys, hk, batch), kThreads threads. Stage the CTA's kFp8VtKeys keys (zero past the
-/// sequence's guarded length, problem.h), then write each head-dim column's 128 slots as 32-bit words.
+/// Grid (sk rounded up / kFp8VtKeys, hk, batch), kThreads threads. Stage the CTA's kFp8VtKeys keys (zero
+/// past the sequence's guarded length, problem.h), then write each head-dim column's 128 slots as 32-bit
+/// words at the sequence's slots (fp8_vt_start). CTAs past the sequence's rounded-up length write nothing
+/// (varlen: those slots are the next sequence's).
 extern "C" __global__ void __launch_bounds__(kThreads)
     flashport_fp8_v_transpose(const __grid_constant__ flashport::cuda::hopper::Fp8VtParams prm) {
   __shared__ u8 tile[kFp8VtKeys][kMaxDv + kRowPad];
@@ -26,6 +28,7 @@ extern "C" __global__ void __launch_bounds__(kThreads)
   const int hk = (int)blockIdx.y, b = (int)blockIdx.z, dv = (int)p.dv;
   const i64 key0 = (i64)blockIdx.x * kFp8VtKeys;
   const i64 len = guarded_lengths(p, b).k;
+  if (key0 >= len) return;
   const u8* v = static_cast<const u8*>(p.v.ptr);
   const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
   for (int r = warp; r < kFp8VtKeys; r += kThreads / 32) {
@@ -39,8 +42,9 @@ extern "C" __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  constexpr int kWords = kFp8VtKeys / 4;  // 32-bit words per column
-  u32* vt = reinterpret_cast<u32*>(prm.vt + ((i64)b * p.hk + hk) * dv * prm.keys + key0);
+  constexpr int kWords = kFp8VtKeys / 4;    // 32-bit words per column
+  const i64 slab = p.cu_seqlens_k ? 0 : b;  // varlen: one slab, sequences at their start slots
+  u32* vt = reinterpret_cast<u32*>(prm.vt + (slab * p.hk + hk) * dv * prm.keys + fp8_vt_start(p, b) + key0);
   for (int idx = (int)threadIdx.x; idx < dv * kWords; idx += kThreads) {
     const int c = idx / kWords, slot = (idx % kWords) * 4;
     u32 w = 0;

@@ -107,14 +107,30 @@ FP_HD constexpr int fp8_key_of_slot(int slot) {
 }
 
 /// Keys per CTA of the V^T pass (one 128-byte row segment per head-dim column) and the pass's parameters:
-/// vt is (batch, hk, dv, keys) one-byte elements, keys = sk rounded up to kFp8VtKeys, slots past a
-/// sequence's guarded length zero (the forward's masked probabilities multiply them: no NaN may hide there).
+/// vt is (batches, hk, dv, keys) one-byte elements, slots past a sequence's guarded length zero up to its
+/// next multiple of kFp8VtKeys (the forward's masked probabilities multiply them: no NaN may hide there).
+/// Dense: one slab per sequence (batches = batch, keys = sk rounded up). Varlen: one slab (batches 1) of
+/// fp8_vt_keys slots, sequence b from fp8_vt_start(b), so the scratch follows total_k, not batch x max.
 inline constexpr int kFp8VtKeys = 128;
 struct Fp8VtParams {
   AttnProblem p;
   unsigned char* vt;
   long long keys;
 };
+
+/// Sequence b's first V^T slot: 0 (dense), or for varlen kFp8VtKeys * (cu_seqlens_k[b] / kFp8VtKeys + b):
+/// a multiple of kFp8VtKeys at or after the previous sequence's rounded-up end (floor((c + L) / K) + 1 >=
+/// floor(c / K) + ceil(L / K)). Read only for sequences whose guarded length is positive (0 <= cu[b] <=
+/// total_k).
+FP_HD long long fp8_vt_start(const AttnProblem& p, long long b) {
+  return p.cu_seqlens_k ? kFp8VtKeys * ((long long)p.cu_seqlens_k[b] / kFp8VtKeys + b) : 0;
+}
+
+/// Slots per V^T row: dense sk rounded up; varlen the last start's bound plus the longest sequence.
+FP_HD long long fp8_vt_keys(const AttnProblem& p) {
+  const long long rounded_sk = (p.sk + kFp8VtKeys - 1) / kFp8VtKeys * kFp8VtKeys;
+  return p.cu_seqlens_k ? kFp8VtKeys * (p.total_k / kFp8VtKeys + p.batch) + rounded_sk : rounded_sk;
+}
 
 /// Kernel parameters besides the three tensor maps.
 /// K/V bytes one section of the causal persistent schedule may keep in L2 (of the H200's 50 MB; FA3's
