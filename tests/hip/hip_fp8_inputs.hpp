@@ -75,7 +75,9 @@ inline void dequantize(const Case& c, Inputs& r, bool exact) {
     for (int64_t n = 0; n < out.numel(); ++n) {
       const double x = src[w]->get(n) * descale_of(c, r, w, n);
       out.set(n, x);
-      if (exact) EXPECT_EQ(out.get(n), x) << "a dequantised value is not a bf16";
+      if (exact) {
+        EXPECT_EQ(out.get(n), x) << "a dequantised value is not a bf16";
+      }
     }
     *dst[w] = std::move(out);
   }

@@ -40,7 +40,7 @@ while read -r flags; do
   jobs+=("$kernel_flags $flags -c $emu/emu_attn_bwd_f32.cpp -o $out/attn_bwd_f32_$i.o")
   i=$((i + 1))
 done < <("$out/list_variants" "$arch" attn_bwd_f32)
-for k in split_combine kvcache merge bwd_aux fp8_scale; do
+for k in split_combine kvcache merge bwd_aux fp8_scale fp8_v_transpose; do
   jobs+=("$kernel_flags -c $emu/emu_$k.cpp -o $out/$k.o")
 done
 for f in emu_runtime emu_registry; do
@@ -48,7 +48,7 @@ for f in emu_runtime emu_registry; do
 done
 for t in "$root"/tests/gpu/test_*.cpp; do
   case $(basename "$t") in test_fwd_*|test_merge_*|test_bwd_f32*|test_bwd_fp8*) ;; *) continue ;; esac  # the kernels emulated here
-  jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I$cuda_inc -c $t -o $out/$(basename "$t" .cpp).o")
+  jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I$root/src/kernels -I$cuda_inc -c $t -o $out/$(basename "$t" .cpp).o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} sh -c "$cxx {}"
 $cxx $san -o "$out/flashport_tests_emu" "$out"/*.o "$build/libflashport.a" -lgtest -lgtest_main -fopenmp -ldl -lpthread \
