@@ -3,7 +3,8 @@
 // SPEC's accuracy rule with SPEC's own same-precision baseline (scores and P rounded to e4m3: this kernel's
 // P V runs on e4m3 probabilities, unlike the portable kernel's, whose suite holds it to a bf16 baseline).
 // d 64, 128 and 256, bf16 and fp16 out, seqlen 1, 113 x 203, sq > sk with fully masked rows, multi-tile,
-// GQA 7:1, causal / window, varlen with empty sequences; out and LSE poisoned beforehand.
+// GQA 7:1, causal / window, varlen with empty sequences, more blocks than SMs (the persistent grid); out
+// and LSE poisoned beforehand.
 #include <string>
 
 #include "backends/cuda/sm90/hopper_fwd.hpp"
@@ -90,6 +91,14 @@ TEST(HopperFwdFp8, SmallShapes) {
     w.wl = 50, w.wr = 10;
     expect_hopper_fp8(w, out);
   }
+}
+
+TEST(HopperFwdFp8, ManyBlocksPersistent) {
+  FP_SKIP_WITHOUT_SM90();
+  // More query blocks than SMs: dense problems without a window take the persistent grid (d 64 / 128), so
+  // CTAs loop over blocks (causal: in causal_tile's order), Q released after each block's last Q K^T.
+  expect_hopper_fp8(dense(DType::e4m3, 4, 1100, 1100, 8, 2, 128), DType::bf16);
+  expect_hopper_fp8(with(dense(DType::e4m3, 4, 1100, 1100, 8, 2, 64), kCausal), DType::f16);
 }
 
 TEST(HopperFwdFp8, SmallVarlen) {

@@ -282,8 +282,9 @@ void run(Launch& l, void* stream) {
 
 // --- FP8 (e4m3 q, k, v; bf16 / fp16 out) -------------------------------------------------------------
 
-/// The FP8 kernel writing ElemType `out_type` at head dim d (fp8_tile_for's tile, one CTA per block).
-jit::KernelSpec make_fp8_spec(int out_type, int d) {
+/// The FP8 kernel writing ElemType `out_type` at head dim d (fp8_tile_for's tile); `persistent` 1: one CTA
+/// per SM looping over query blocks (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's).
+jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent) {
   const Tile t = fp8_tile_for(d);
   jit::KernelSpec spec;
   spec.source = kSource;
@@ -296,6 +297,7 @@ jit::KernelSpec make_fp8_spec(int out_type, int d) {
                   {"FP_BLOCK_M", std::to_string(t.block_m)},
                   {"FP_BLOCK_N", std::to_string(t.block_n)},
                   {"FP_STAGES", std::to_string(t.stages)}};
+  if (persistent) spec.defines.push_back({"FP_PERSISTENT", "1"});
   return spec;
 }
 
@@ -325,9 +327,16 @@ void launch_fp8(const AttnProblem& p, int device) {
   l.prm.dims_k = plans.k.pos;
   l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, p.cu_seqlens_q ? p.total_q : p.sq);
   l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, p.cu_seqlens_k ? p.total_k : p.sk);
-  l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d);
-  l.grid[0] = (unsigned)((p.sq + tile.block_m - 1) / tile.block_m), l.grid[1] = (unsigned)p.hq;
-  l.grid[2] = (unsigned)p.batch;
+  // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1.
+  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m, blocks = m_blocks * p.hq * p.batch;
+  const int persistent = blocks < (1LL << 30) && persistent_for(p) ? 1 : 0;
+  l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent);
+  if (persistent) {
+    l.grid[0] = (unsigned)std::min<long long>(blocks, jit::device_sm_count(device));
+    l.prm.section = causal_section(p.sk, p.d, p.dv, p.hq / p.hk, p.hq * p.batch, l.grid[0], m_blocks, 1);
+  } else {
+    l.grid[0] = (unsigned)m_blocks, l.grid[1] = (unsigned)p.hq, l.grid[2] = (unsigned)p.batch;
+  }
   const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
   const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
   if (vt_bytes == 0) {  // no keys: every block stores O = 0, LSE = -inf without reading V
@@ -568,7 +577,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
       for (int persistent : {0, 2})
         if (persistent == dropout_persistent(d, persistent))
           specs.push_back(make_spec(elem_type, d, {kDropoutTile, 0, persistent, kDropoutTransform}));
-    for (int d : kFp8HeadDims) specs.push_back(make_fp8_spec(elem_type, d));  // e4m3 in, this dtype out
+    for (int d : kFp8HeadDims)  // e4m3 in, this dtype out; persistent where the launch rule takes it
+      for (int persistent : {0, 1})
+        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent));
   }
   return specs;
 }

@@ -62,7 +62,11 @@ static_assert(sizeof(SharedStorage) + 1024 ==
               "host and kernel disagree on the shared-memory size");
 static_assert(smem_bytes(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes) <= kSmemLimit,
               "over 227 KB");
-static_assert(!kFp8 || !kPersistent, "the FP8 kernel runs one CTA per query block");
+static_assert(!kFp8 || FP_PERSISTENT != 2, "the FP8 kernel stages no O: persistent mode 1 only");
+/// Whether Q is released right after the block's last Q K^T (so the next block's Q loads during the last
+/// P V and the epilogue): O staged apart (kSeparateO), or not staged at all (FP8, which stores O from
+/// registers). Otherwise the release follows the epilogue, which stages O in Q's rows.
+constexpr bool kReleaseQEarly = kSeparateO || (kFp8 && kPersistent);
 
 // Two consumers take turns issuing their GEMMs (ping-pong), so one's softmax overlaps the other's
 // GEMMs. Three (BLOCK_M 192) issue freely: the warp schedulers interleave them (FA3 does the same).
@@ -381,7 +385,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   }
 
   // Every Q K^T of the block has completed: with O staged elsewhere, the next block's Q may load now.
-  if (kSeparateO) release(s.bar_q_empty, lane);
+  if (kReleaseQEarly) release(s.bar_q_empty, lane);
   sm90::mbar_wait(bar_addr(s.bar_v_full[stage]), phase);
   sm90::wgmma_fence();
   gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage * kVTileBytes));
@@ -393,7 +397,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   if (++stage == kStages) stage = 0, phase ^= 1;
   ring = {stage, phase};
   ++q_count;
-  if (kPersistent && !kSeparateO) {
+  if (kPersistent && !kReleaseQEarly) {
     // Release Q (and the O staging in it) to the producer's next TMA: order this thread's generic
     // shared-memory accesses before the async proxy's writes, then one arrival per warp.
     sm90::fence_proxy_async();

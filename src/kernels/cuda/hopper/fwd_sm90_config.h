@@ -138,13 +138,14 @@ FP_HD long long fp8_vt_keys(const AttnProblem& p) {
 inline constexpr long long kL2SectionBytes = 32ll << 20;
 
 /// (sequence, head) pairs per section of the causal persistent schedule: the query heads of as many kv
-/// heads as keep K and V (sk keys of d + dv 16-bit columns) within kL2SectionBytes, at least one kv
-/// head's, and at least as many as give each of the `ctas` persistent CTAs a block (a section of fewer
-/// blocks than CTAs leaves the others idle through it: 4-8 MB budgets ran d 64/128 causal at 0.37-0.90x
-/// of 32 MB from 2k); whole GQA groups (`group` query heads per kv head); at most all `pairs`, at least 1.
+/// heads as keep K and V (sk keys of d + dv columns of elem_bytes: 2, the FP8 kernel's 1) within
+/// kL2SectionBytes, at least one kv head's, and at least as many as give each of the `ctas` persistent CTAs a
+/// block (a section of fewer blocks than CTAs leaves the others idle through it: 4-8 MB budgets ran d 64/128
+/// causal at 0.37-0.90x of 32 MB from 2k); whole GQA groups (`group` query heads per kv head); at most all
+/// `pairs`, at least 1.
 FP_HD constexpr int causal_section(long long sk, long long d, long long dv, long long group, long long pairs,
-                                   long long ctas, long long m_blocks) {
-  const long long kv_head_bytes = sk * (d + dv) * 2;
+                                   long long ctas, long long m_blocks, long long elem_bytes = 2) {
+  const long long kv_head_bytes = sk * (d + dv) * elem_bytes;
   const long long kv_heads = kv_head_bytes > 0 ? kL2SectionBytes / kv_head_bytes : 1;
   const long long fit = (kv_heads > 1 ? kv_heads : 1) * group;
   const long long per_round = m_blocks > 0 ? (ctas + m_blocks - 1) / m_blocks : 1;
