@@ -11,20 +11,13 @@
 namespace flashport::test {
 namespace {
 
-/// `t` as fp32 (exact for the dequantised bf16 values).
-HostTensor as_f32(const HostTensor& t) {
-  HostTensor r(DType::f32, std::vector<int64_t>(t.tv.shape.begin(), t.tv.shape.begin() + t.tv.ndim));
-  for (int64_t n = 0; n < t.numel(); ++n) r.set(n, t.get(n));
-  return r;
-}
-
 /// Forward and backward of `c` on `in` (descales attached for fp8) into fp32 out / dout / gradients.
 fastcheck::Grads grads_of(const Case& c, const fastcheck::Inputs& in, const HostTensor* descale,
                           const HostTensor& dout) {
   fastcheck::Forward f = fp8check::outputs(c, DType::f32);
   forward(fp8check::args(c, in, descale, f, Impl::reference));
   auto shaped = [](const HostTensor& t) {
-    HostTensor g(DType::f32, std::vector<int64_t>(t.tv.shape.begin(), t.tv.shape.begin() + t.tv.ndim));
+    HostTensor g(DType::f32, shape_of(t));
     poison(g);
     return g;
   };
@@ -47,7 +40,7 @@ void expect_chain_rule(const Case& c) {
   SCOPED_TRACE(c.describe());
   const fp8check::Inputs in = fp8check::make(c);
   fastcheck::Inputs deq = in.deq;
-  deq.q = as_f32(in.deq.q), deq.k = as_f32(in.deq.k), deq.v = as_f32(in.deq.v);
+  deq.q = in.deq.q.as(DType::f32), deq.k = in.deq.k.as(DType::f32), deq.v = in.deq.v.as(DType::f32);
   HostTensor dout = randn(DType::f32, out_shape(c));
   const fastcheck::Grads g8 = grads_of(c, in.fp8, in.descale, dout);
   Case c32 = c;

@@ -11,10 +11,6 @@
 namespace flashport::test::gpu {
 namespace {
 
-HostTensor shaped_like(DType dtype, const HostTensor& t) {
-  return HostTensor(dtype, std::vector<int64_t>(t.tv.shape.begin(), t.tv.shape.begin() + t.tv.ndim));
-}
-
 /// The fp8 backward of `c` (output dtype `out`) on cuda:0 and the rule's checks.
 void expect_fp8_backward(const Case& c, DType out) {
   SCOPED_TRACE(c.describe() + " out " + dtype_name(out));
@@ -25,8 +21,8 @@ void expect_fp8_backward(const Case& c, DType out) {
   const HostTensor dout = randn(out, out_shape(c));
 
   // The oracle: the reference fp8 backward with fp32 out / dO / gradients (the same values).
-  fastcheck::Grads ref{shaped_like(DType::f32, in.fp8.q), shaped_like(DType::f32, in.fp8.k),
-                       shaped_like(DType::f32, in.fp8.v)};
+  fastcheck::Grads ref{HostTensor(DType::f32, shape_of(in.fp8.q)), HostTensor(DType::f32, shape_of(in.fp8.k)),
+                       HostTensor(DType::f32, shape_of(in.fp8.v))};
   {
     const HostTensor out32 = f.out.as(DType::f32), dout32 = dout.as(DType::f32);
     BackwardArgs a;
@@ -51,7 +47,8 @@ void expect_fp8_backward(const Case& c, DType out) {
 
   // The device run: fp8 inputs and descales, out / dO / LSE, poisoned gradients in `out`.
   DeviceCopies dev;
-  HostTensor grads[3] = {shaped_like(out, in.fp8.q), shaped_like(out, in.fp8.k), shaped_like(out, in.fp8.v)};
+  HostTensor grads[3] = {HostTensor(out, shape_of(in.fp8.q)), HostTensor(out, shape_of(in.fp8.k)),
+                         HostTensor(out, shape_of(in.fp8.v))};
   std::vector<DeviceTensor> d_grads;
   for (HostTensor& g : grads) {
     poison(g);

@@ -235,6 +235,42 @@ struct Launch {
   int smem = 0;
 };
 
+/// What every launch of `p` with `tile` shares, the kernel and grid aside: shared memory, threads, the
+/// parameter block and the q / k (and, 16-bit, v) tensor maps, whose boxes are this tile's.
+Launch launch_base(const AttnProblem& p, const Tile& tile, bool separate) {
+  const int elem_bytes = p.in_type == kE4M3 ? 1 : 2;
+  Launch l;
+  l.smem = smem_bytes((int)p.d, tile, separate, elem_bytes);
+  l.threads = (unsigned)threads_for(tile.block_m);
+  std::string error;
+  const Plans plans = plan_maps(p, tile, error);  // boxes of this tile: the kernel's TMA loads assume them
+  const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
+  const long long k_rows = p.cu_seqlens_k ? p.total_k : p.sk;
+  l.prm.p = p;
+  l.prm.dims_q = plans.q.pos;
+  l.prm.dims_k = plans.k.pos;
+  l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
+  l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
+  if (elem_bytes == 2) {  // fp8 reads V^T through fp8_vt_map instead
+    l.prm.dims_v = plans.v.pos;
+    l.tma_v = encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
+  }
+  return l;
+}
+
+/// The grid: one CTA per query block, or with `persistent` one per SM (at most one per block) and the
+/// causal schedule's section size (K/V of one byte per element for fp8, else two).
+void place_grid(Launch& l, const AttnProblem& p, const Tile& tile, bool persistent, int device) {
+  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
+  if (persistent) {
+    l.grid[0] = (unsigned)std::min<long long>(m_blocks * p.hq * p.batch, jit::device_sm_count(device));
+    l.prm.section = causal_section(p.sk, p.d, p.dv, p.hq / p.hk, p.hq * p.batch, l.grid[0], m_blocks,
+                                   p.in_type == kE4M3 ? 1 : 2);
+  } else {
+    l.grid[0] = (unsigned)m_blocks, l.grid[1] = (unsigned)p.hq, l.grid[2] = (unsigned)p.batch;
+  }
+}
+
 /// The launch of `p` with the tile and exp_emu of `chosen` (its persistent mode is decided here) on
 /// GPU `device`: compiles or loads the kernel on first use.
 Launch prepare(const AttnProblem& p, Shape chosen, int device) {
@@ -244,34 +280,15 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
   const bool dropout = shape.transform == kDropoutTransform;
   if (dropout) shape.tile = kDropoutTile, shape.exp_emu = 0;
   const Tile tile = shape.tile;
-  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m;
-  const long long blocks = m_blocks * p.hq * p.batch;
+  const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
   shape.persistent = blocks < (1LL << 30) ? persistent_for(p) : 0;  // the kernel counts blocks in int
   if (dropout) shape.persistent = dropout_persistent(d, shape.persistent);
-  Launch l;
-  l.smem = smem_bytes(d, tile, separate_o(d, shape));
-  l.threads = (unsigned)threads_for(tile.block_m);
-  std::string error;
-  const Plans plans = plan_maps(p, tile, error);  // boxes of this tile: the kernel's TMA loads assume them
-  const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
-  const long long k_rows = p.cu_seqlens_k ? p.total_k : p.sk;
-  l.prm.p = p;
-  l.prm.dims_q = plans.q.pos;
-  l.prm.dims_k = plans.k.pos;
-  l.prm.dims_v = plans.v.pos;
-  l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
-  l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
-  l.tma_v = encode("v", plans.v, p.in_type, p.v.ptr, k_rows);
+  Launch l = launch_base(p, tile, separate_o(d, shape));
   const jit::SpecKey key{reinterpret_cast<const void*>(&make_spec),
                          {p.in_type, d, tile.block_m, tile.block_n, tile.stages, shape.exp_emu,
                           shape.persistent, shape.transform}};
   l.kernel = &jit::get_cached(key, device, l.smem, [&] { return make_spec(p.in_type, d, shape); });
-  if (shape.persistent) {
-    l.grid[0] = (unsigned)std::min<long long>(blocks, jit::device_sm_count(device));
-    l.prm.section = causal_section(p.sk, p.d, p.dv, p.hq / p.hk, p.hq * p.batch, l.grid[0], m_blocks);
-  } else {
-    l.grid[0] = (unsigned)m_blocks, l.grid[1] = (unsigned)p.hq, l.grid[2] = (unsigned)p.batch;
-  }
+  place_grid(l, p, tile, shape.persistent != 0, device);
   return l;
 }
 
@@ -317,26 +334,12 @@ TmaDesc fp8_vt_map(const AttnProblem& p, unsigned char* vt, long long keys) {
 void launch_fp8(const AttnProblem& p, int device) {
   const int d = (int)p.d;
   const Tile tile = fp8_tile_for(d);
-  Launch l;
-  l.smem = smem_bytes(d, tile, false, 1);
-  l.threads = (unsigned)threads_for(tile.block_m);
-  std::string error;
-  const Plans plans = plan_maps(p, tile, error);
-  l.prm.p = p;
-  l.prm.dims_q = plans.q.pos;
-  l.prm.dims_k = plans.k.pos;
-  l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, p.cu_seqlens_q ? p.total_q : p.sq);
-  l.tma_k = encode("k", plans.k, p.in_type, p.k.ptr, p.cu_seqlens_k ? p.total_k : p.sk);
+  Launch l = launch_base(p, tile, false);
   // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1.
-  const long long m_blocks = (p.sq + tile.block_m - 1) / tile.block_m, blocks = m_blocks * p.hq * p.batch;
+  const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
   const int persistent = blocks < (1LL << 30) && persistent_for(p) ? 1 : 0;
   l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent);
-  if (persistent) {
-    l.grid[0] = (unsigned)std::min<long long>(blocks, jit::device_sm_count(device));
-    l.prm.section = causal_section(p.sk, p.d, p.dv, p.hq / p.hk, p.hq * p.batch, l.grid[0], m_blocks, 1);
-  } else {
-    l.grid[0] = (unsigned)m_blocks, l.grid[1] = (unsigned)p.hq, l.grid[2] = (unsigned)p.batch;
-  }
+  place_grid(l, p, tile, persistent != 0, device);
   const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
   const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
   if (vt_bytes == 0) {  // no keys: every block stores O = 0, LSE = -inf without reading V

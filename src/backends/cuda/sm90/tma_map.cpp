@@ -44,8 +44,7 @@ MapPlan plan_map(const char* name, const Operand& t, long long d, long long head
     return a.stride < b.stride;
   });
   m.dims[0] = (cuuint64_t)d;
-  // Boxes of 128-byte rows (the 128-byte swizzle), or one 64-byte row (fp8 at d 64: the 64-byte swizzle).
-  m.swizzle_bytes = d * elem_bytes == 64 ? 64 : kChunkRowBytes;
+  m.swizzle_bytes = chunk_row_bytes((int)d, elem_bytes);  // the kernels' Q / K chunk rows
   m.box[0] = (cuuint32_t)(m.swizzle_bytes / elem_bytes);
   long long extent = d * elem_bytes;  // bytes spanned by the dimensions placed so far
   for (int i = 0; i < 3; ++i) {

@@ -128,15 +128,14 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
 
 /// V of key tile n into `stage`: 16-bit, kChunks boxes of the V map like K; FP8, kVChunks boxes of 128 keys
 /// x HEAD_DIM rows of the V^T map (slots, head dim, kv head, slab: fp8_v_transpose's layout, the sequence's
-/// keys from its fp8_vt_start slot).
+/// keys from `vt_start`, its fp8_vt_start slot).
 FP_DEV void load_v(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_v,
-                   int stage, int n, u32 v_full) {
+                   int stage, int n, u32 v_full, int vt_start) {
   if constexpr (kFp8) {
 #pragma unroll
     for (int ch = 0; ch < kVChunks; ++ch)
       sm90::tma_load_4d(smem_addr(&s.v[stage][ch][0][0]), tma_v, v_full,
-                        (int)fp8_vt_start(prm.p, blk.b) + n * kBlockN + kChunkCols * ch, 0, (int)blk.hk,
-                        blk.k_batch);
+                        vt_start + n * kBlockN + kChunkCols * ch, 0, (int)blk.hk, blk.k_batch);
   } else {
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch)
@@ -155,6 +154,7 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
   if (!kPersistent) load_q(prm, s, blk, tma_q, q_count);
   int stage = ring.stage;
   u32 phase = ring.phase;
+  const int vt_start = kFp8 ? (int)fp8_vt_start(prm.p, blk.b) : 0;  // read once per block
   for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
     const int row = blk.k_row + n * kBlockN;
     const u32 k_full = bar_addr(s.bar_k_full[stage]), v_full = bar_addr(s.bar_v_full[stage]);
@@ -167,7 +167,7 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
     if (kPersistent && n == blk.n_max - 1) load_q(prm, s, blk, tma_q, q_count);
     sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
     sm90::mbar_arrive_expect_tx(v_full, kVTileBytes);
-    load_v(prm, s, blk, tma_v, stage, n, v_full);
+    load_v(prm, s, blk, tma_v, stage, n, v_full, vt_start);
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
   ring = {stage, phase};

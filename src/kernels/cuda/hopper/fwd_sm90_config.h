@@ -44,8 +44,7 @@ FP_HD constexpr bool block_m_fits(int d, Tile t) {
 /// `elem_bytes` 1 (the FP8 kernel): Q and K rows of d bytes, V stored transposed (d rows of block_n
 /// one-byte keys, fp8_tile_for).
 FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false, int elem_bytes = 2) {
-  // One Q or K row: whole 128-byte chunks, or 64 bytes (the FP8 kernel's d 64, 64-byte swizzle).
-  const int row_bytes = d * elem_bytes == 64 ? 64 : head_dim_chunks(d, elem_bytes) * kChunkRowBytes;
+  const int row_bytes = head_dim_chunks(d, elem_bytes) * chunk_row_bytes(d, elem_bytes);  // one Q or K row
   const int v_tile =
       elem_bytes == 1 ? d * head_dim_chunks(t.block_n, 1) * kChunkRowBytes : row_bytes * t.block_n;
   const int tiles =

@@ -18,6 +18,12 @@ FP_HD constexpr int head_dim_chunks(int d, int elem_bytes = 2) {
   return (d * elem_bytes + kChunkRowBytes - 1) / kChunkRowBytes;
 }
 
+/// Bytes of one chunk row of a Q / K tile, which is also its swizzle span: 128, or 64 where the whole row
+/// is 64 bytes (the FP8 forward at d 64: the 64-byte swizzle, so Q K^T does no padded work).
+FP_HD constexpr int chunk_row_bytes(int d, int elem_bytes = 2) {
+  return d * elem_bytes == 64 ? 64 : kChunkRowBytes;
+}
+
 /// A CUtensorMap (128 bytes; CUDA 13 aligns it to 128, TMA needs at least 64), opaque to the kernel;
 /// passed as a __grid_constant__ parameter so its address is a parameter-space address TMA reads.
 struct alignas(128) TmaDesc {

@@ -30,11 +30,9 @@ constexpr int kElemBytes = kFp8 ? 1 : 2;
 constexpr int kHeadDim = FP_HEADDIM;  // d == dv, one of 64, 96, 128, 192, 256 (FP8: 128, 256)
 constexpr int kBlockN = FP_BLOCK_N;   // keys per tile (the N of S = Q K^T)
 constexpr int kStages = FP_STAGES;    // K/V ring depth
-constexpr int kChunks = head_dim_chunks(kHeadDim, kElemBytes);  // 128-byte chunks of a Q or K row
-// Bytes of a Q / K chunk row: 128 (the 128-byte swizzle), or 64 for the FP8 kernel at d 64 (rows of 64
-// bytes in the 64-byte swizzle: padding them to 128 would double its Q K^T).
-constexpr int kRowBytes = kHeadDim * kElemBytes < kChunkRowBytes ? kHeadDim * kElemBytes : kChunkRowBytes;
-constexpr int kChunkCols = kRowBytes / kElemBytes;  // elements per chunk row
+constexpr int kChunks = head_dim_chunks(kHeadDim, kElemBytes);    // 128-byte chunks of a Q or K row
+constexpr int kRowBytes = chunk_row_bytes(kHeadDim, kElemBytes);  // Q / K chunk row: 128, or 64 (fp8 d 64)
+constexpr int kChunkCols = kRowBytes / kElemBytes;                // elements per chunk row
 // Columns of the O accumulator = N of the P V wgmma: whole 64-column chunks. At d = 96 the second V
 // chunk's columns 96..127 are TMA zero fill, so O gains 32 zero columns that are never stored;
 // this keeps the MN-major (transposed) B operand made of whole 128B-swizzle atoms (64 columns).
