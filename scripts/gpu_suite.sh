@@ -18,7 +18,8 @@
 # from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
 # copied from the workspace's shared/peers), and at the end times it beside flashport (FA3_SEQS, FA3_DIMS
 # narrow the grid; FA3_MODES=fwd,bwd,fp8_fwd times it with bench/gpu_bench.py instead, fp8_fwd against an
-# FA3_FP8=1 build); overhead_bench then imports it too.
+# FA3_FP8=1 build); overhead_bench then imports it too. A warm machine's /tmp/fa3 (a build an earlier
+# call started: `bash .peers/build_fa3.sh` runs on after its call) is reused.
 # `bwdab` times the backward under each value of one knob (scripts/ab_bwd.py; BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS).
 # `sweep` times the Hopper forward per launch setting at training shapes (SWEEP_SHAPES, SWEEP_SETTINGS).
 # BUILD_TARGETS narrows the build step to some ninja targets (e.g. host_overhead_bench).
@@ -44,7 +45,10 @@ status=0
 step() { echo; echo "=== $1 ($(date +%T))"; }
 
 if has fa3; then
-  if [[ -f .peers/build_fa3.sh && -d .peers/fa3/hopper ]]; then
+  if [[ -d /tmp/fa3 && ! -f /tmp/fa3_failed ]]; then
+    # A warm machine keeps the background build an earlier call started (setsid): reuse it, done or not.
+    echo "fa3: reusing the build in /tmp/fa3 ($([[ -f /tmp/fa3_done ]] && echo done || echo running))"
+  elif [[ -f .peers/build_fa3.sh && -d .peers/fa3/hopper ]]; then
     bash .peers/build_fa3.sh .peers/fa3
   else
     echo "fa3: .peers/build_fa3.sh or .peers/fa3/hopper missing (carry .peers)"
