@@ -167,6 +167,12 @@ FP_HD u32 dropout_threshold(double p) {
   return t >= 4294967295.0 ? 0xFFFFFFFFu : (u32)t;
 }
 
+/// Dropout's factor on a kept probability, 1 / (1 - p) (SPEC step 6), in fp32 on every backend; 1 without
+/// dropout (p <= 0).
+FP_HD float dropout_keep_scale(float p) {
+  return p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+}
+
 /// The four Philox words that hold keys 4*(j/4) .. 4*(j/4)+3 of row i of head (b_idx * hq + h).
 FP_HD Philox4 dropout_words(u64 seed, u32 offset, i64 i, i64 j, i64 b_idx, i64 hq, i64 h) {
   return philox4x32_10((u32)(j >> 2), (u32)i, (u32)(b_idx * hq + h), offset, (u32)seed, (u32)(seed >> 32));

@@ -431,7 +431,7 @@ inline void amx_forward_block(const AttnProblem& p, const QueryBlock& blk, const
 
   // Finalise: O / l (times the dropout's 1/(1-p)) and LSE = ln(2) * (m + log2 l), m the reference
   // max P was taken against; rows that saw no key get 0 and -inf.
-  const float keep_scale = dropout ? (float)(1.0 / (1.0 - (double)p.dropout_p)) : 1.0f;
+  const float keep_scale = dropout ? sem::dropout_keep_scale(p.dropout_p) : 1.0f;
   float* inv_l = alpha;
   for (int r = 0; r < kBlockQ; ++r) inv_l[r] = keep_scale * sem::softmax_norm(l[r]);
   amx_store_out(p, b, h, i0, nq, o_t, lay.dv32, inv_l, row);

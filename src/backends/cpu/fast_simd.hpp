@@ -315,7 +315,7 @@ inline void philox_rows(uint32_t group, long long i0, uint32_t head, uint32_t of
 /// too, which nobody reads.
 inline void dropout_scale(const AttnProblem& p, long long b, long long h, long long i0, long long j0, int nk,
                           float* s, float kept = 0.0f) {
-  const float keep_scale = kept > 0.0f ? kept : (float)(1.0 / (1.0 - (double)p.dropout_p));
+  const float keep_scale = kept > 0.0f ? kept : sem::dropout_keep_scale(p.dropout_p);
   const uint32_t threshold = p.dropout_threshold, head = (uint32_t)(b * p.hq + h);
   uint32_t words[4][kBlockQ];
   for (long long g = j0 >> 2; g <= (j0 + nk - 1) >> 2; ++g) {

@@ -181,7 +181,7 @@ FP_STAGE void online_softmax(S& s, O& o, RowState<Rows::kRows>& st) {
 /// The factor the finished output rows are multiplied by beside 1 / l: dropout's 1 / (1 - p) and the
 /// fp8 descale of v.
 FP_HD float output_scale(const AttnProblem& p, i64 b, i64 hk, bool dropout) {
-  return (dropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f) * descale(p, 2, b, hk);
+  return (dropout ? sem::dropout_keep_scale(p.dropout_p) : 1.0f) * descale(p, 2, b, hk);
 }
 
 /// Finalize (after the last tile, every lane of the row taking part: row_sum is a collective): O =

@@ -209,7 +209,7 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, int h, int m0, int 
 
   const float cap = kGeneral ? p.softcap : 0.0f, slope = kGeneral ? alibi_slope(p, c.b, h) : 0.0f;
   const bool dropout = kGeneral && p.dropout_p > 0.0f, alibi = kGeneral && p.alibi != nullptr;
-  const float rp = dropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  const float rp = dropout ? sem::dropout_keep_scale(p.dropout_p) : 1.0f;
 #pragma unroll
   for (int mt = 0; mt < kMtS; ++mt) {
     // Rows g, g + 8 of this m tile: visible keys [lo, hi) and the diagonal i + sk - sq, block-relative.

@@ -135,7 +135,7 @@ FP_DEV void stage_scores(const BwdParams& prm, const Cta& c, float* smem, int h,
   const i64 row0 = bwd::lse_row0(p, c.seq, c.b, h);  // LSE and D of query i at row0 + i
   const float cap = p.softcap, slope = alibi_slope(p, c.b, h);
   const bool dropout = p.dropout_p > 0.0f;
-  const float rp = dropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  const float rp = sem::dropout_keep_scale(p.dropout_p);
   // Keep bits first, in a rolled loop: one Philox body, not one per element inlined beside the tiles.
   static_assert(kRowsS * kColsS <= 32, "keep bits in one word");
   unsigned keep = ~0u;

@@ -190,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 
   if (!live) return;  // no barrier follows
   // O / l (times dropout's 1 / (1 - p)); a row without visible keys stores 0 and LSE -inf.
-  const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  const float keep_scale = sem::dropout_keep_scale(p.dropout_p);
   const float fac = keep_scale * sem::softmax_norm(l);
   float* g_o = static_cast<float*>(p.o.ptr);
   const i64 o_off = q_offset(p, p.o, b, i, h);

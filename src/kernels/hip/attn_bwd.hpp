@@ -203,7 +203,7 @@ struct Kernel {
                                const float* s_lse, const float* s_dd, const AttnProblem& p, const HeadCtx& hc,
                                const Lens32& seq, i64 b, int m0, int j, Range32 seen, int wave, int lane) {
     const int quad = lane >> 4, col = lane & 15;
-    const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+    const float keep_scale = sem::dropout_keep_scale(p.dropout_p);
     for (int u = 0; u < kSubtiles; ++u) {
       f32x4 s = {0.0f, 0.0f, 0.0f, 0.0f}, dp = {0.0f, 0.0f, 0.0f, 0.0f};
       for (int kk = 0; kk < kSteps && 16 * kk < p.d; ++kk)

@@ -224,7 +224,7 @@ FP_DEV void store_output(const AttnProblem& p, const Block& blk, SharedStorage& 
   finalize_rows(st, inv, lse);
   if constexpr (kDropout) {  // kept probabilities scaled by 1 / (1 - p) (SPEC step 6)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) inv[h] *= 1.0f / (1.0f - p.dropout_p);
+    for (int h = 0; h < 2; ++h) inv[h] *= sem::dropout_keep_scale(p.dropout_p);
   }
   if (p.lse && t4 == 0) {
 #pragma unroll

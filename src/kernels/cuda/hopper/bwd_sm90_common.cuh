@@ -408,7 +408,7 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
   const float diag_minus_key = kAlibi ? (float)(m0 + q_off + 2 * t4 + shift - key) : 0.0f;
   const float cap = kSoftcap ? p.softcap : 0.0f;
   const float tanh_scale = kSoftcap ? p.scale / cap : 0.0f;
-  const float keep_scale = kDropout ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  const float keep_scale = kDropout ? sem::dropout_keep_scale(p.dropout_p) : 1.0f;
   const u32 s_lse2 = smem_addr(&s.lse2[stage][0]) + 4u * q_off,
             s_dsum = smem_addr(&s.dsum[stage][0]) + 4u * q_off;
 #pragma unroll
