@@ -24,6 +24,7 @@ void expect_vt_layout(const Case& c) {
   fastcheck::Forward f = fp8check::outputs(c, DType::bf16);
   DeviceTensor d_out = DeviceTensor::from(f.out);
   f.out.tv = d_out.view();
+  const bool varlen = c.layout == Layout::varlen;
   const ForwardArgs a = fp8check::args(c, d, nullptr, f, Impl::automatic);
   const AttnProblem p = core::build_attention(a.q, a.k, a.v, a.out, a.options, a.layout, nullptr);
   const long long keys = hopper::fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
@@ -38,12 +39,14 @@ void expect_vt_layout(const Case& c) {
   std::vector<unsigned char> got(bytes);
   copy_bytes(got.data(), vt.get(), bytes, cudaMemcpyDeviceToHost);
 
+  // fp8_vt_start reads cu_seqlens_k: on the host, from the host copy (p's is a device pointer).
+  AttnProblem p_host = p;
+  if (varlen) p_host.cu_seqlens_k = reinterpret_cast<const int*>(in.fp8.cu_k.bytes.data());
   const unsigned char* v = in.fp8.v.bytes.data();
-  const bool varlen = c.layout == Layout::varlen;
   int64_t wrong = 0, checked = 0;
   for (int64_t b = 0; b < c.batch(); ++b) {
     const int64_t len = c.k_lens[(size_t)b], first = varlen ? fp8check::i32_at(in.fp8.cu_k, b) : 0;
-    const int64_t start = hopper::fp8_vt_start(p, b), rounded = (len + 127) / 128 * 128;
+    const int64_t start = hopper::fp8_vt_start(p_host, b), rounded = (len + 127) / 128 * 128;
     for (int64_t h = 0; h < c.hk; ++h)
       for (int64_t ch = 0; ch < c.dv; ++ch)
         for (int64_t s = 0; s < rounded; ++s) {
