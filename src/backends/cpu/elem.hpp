@@ -83,6 +83,12 @@ inline double round_to(int type, double v) {
       return num::f16_to_f32(num::f32_to_f16((float)v));
     case kBF16:
       return num::bf16_to_f32(num::f32_to_bf16((float)v));
+    case kE4M3:
+      return num::fp8_to_f32(num::f32_to_fp8((float)v, num::kE4M3), num::kE4M3);
+    case kE4M3FNUZ:
+      return num::fp8_to_f32(num::f32_to_fp8((float)v, num::kE4M3FNUZ), num::kE4M3FNUZ);
+    case kE5M2:
+      return num::fp8_to_f32(num::f32_to_fp8((float)v, num::kE5M2), num::kE5M2);
     default:
       return v;
   }

@@ -119,7 +119,9 @@ struct RowScratch {
 };
 
 /// Forward of query row i of head hd over its (sequence, kv head) slab. `round` is the baseline's
-/// rounding of scores and P to the input dtype.
+/// rounding of scores and P to the input dtype; for fp8 inputs (docs/SPEC.md, "where the contract is
+/// silent") scores to bf16 and P to the input dtype relative to 2^8 times the row's largest, as an fp8
+/// P V consumes it.
 template <class T>
 void forward_row(const AttnProblem& p, const KvSlab<T>& slab, const Head<T>& hd, long long i, bool round,
                  RowScratch<T>& sc) {
@@ -128,17 +130,20 @@ void forward_row(const AttnProblem& p, const KvSlab<T>& slab, const Head<T>& hd,
   const long long n = kr.hi - kr.lo;
   std::fill(sc.acc.begin(), sc.acc.end(), T(0));
   T lse = T(sem::kNegInf);
+  const bool fp8 = round && is_fp8_elem(p.in_type);
   if (n > 0) {
     T* s = sc.s.data();
     load_query_row<T>(p, p.q, p.in_type, p.d, b, i, h, sc.q);
     row_dots<T>(p, slab, sc.q, kr, s);
     for (long long j = kr.lo; j < kr.hi; ++j) {
       const T x = score<T>(p, s[j - kr.lo], hd.scale, hd.slope, i, j, hd.sq, hd.sk);
-      s[j - kr.lo] = round ? T(round_to(p.in_type, x)) : x;
+      s[j - kr.lo] = round ? T(round_to(fp8 ? kBF16 : p.in_type, x)) : x;
     }
     lse = softmax_inplace<T>(s, n);
+    // fp8: P * p_up is 256 at the row's largest probability (1 / sum of the exponentials, by construction).
+    const T p_up = fp8 ? T(256) / *std::max_element(s, s + n) : T(1);
     for (long long j = kr.lo; j < kr.hi; ++j) {
-      const T pj = round ? T(round_to(p.in_type, s[j - kr.lo])) : s[j - kr.lo];
+      const T pj = round ? T(round_to(p.in_type, s[j - kr.lo] * p_up)) / p_up : s[j - kr.lo];
       sc.prob[(size_t)(j - kr.lo)] = (double)pj;
       const T pz = pj * dropout_factor<T>(p, b, h, i, j);
       if (pz == T(0)) continue;
