@@ -57,7 +57,7 @@ struct Tuning {
   Knob<std::vector<HopperTileSetting>> hopper_tile{"FLASHPORT_HOPPER_TILE"};
   Knob<int> hopper_persistent{"FLASHPORT_HOPPER_PERSISTENT", -1};  // 0, 1, 2; -1: the launch rule
   // 1: e4m3 calls the Hopper fp8 forward takes run there; 0 (unset): on the portable fp8 variant. Opt-in
-  // until the kernel has run on a GPU (written in a session without one; hopper::declines).
+  // until its GPU suite has passed (first run 2026-12-05: docs/HOPPER_NOTES.md; hopper::declines).
   Knob<bool> hopper_fp8{"FLASHPORT_HOPPER_FP8"};
   Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
   Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
