@@ -97,13 +97,14 @@ if has gpu; then
       if ((left <= 0)); then echo "[ NOT RUN  ] $t (GPU_TIMEOUT)" >>"$OUT/gpu.log"; status=1; continue; fi
       timeout "$left" build-gpu/tests/flashport_tests_gpu --gtest_filter="$t" >>"$OUT/gpu.log" 2>&1
       rc=$?
-      if ((rc > 1)); then echo "[  CRASHED ] $t (exit $rc)" >>"$OUT/gpu.log"; fi
+      if ((rc == 124)); then echo "[ TIMED OUT] $t (GPU_TIMEOUT)" >>"$OUT/gpu.log"
+      elif ((rc > 1)); then echo "[  CRASHED ] $t (exit $rc)" >>"$OUT/gpu.log"; fi
       ((rc == 0)) || status=1
     done
   else
     (cd build-gpu && ctest -L gpu --output-on-failure -j 1 --timeout 300 >"$OUT/gpu.log" 2>&1) || status=1
   fi
-  grep -E "tests passed|OK \]|Failed|FAILED \]|CRASHED|NOT RUN|\*\*\*" "$OUT/gpu.log" | head -60
+  grep -E "tests passed|OK \]|Failed|FAILED \]|CRASHED|TIMED OUT|NOT RUN|\*\*\*" "$OUT/gpu.log" | head -60
 fi
 if has portable; then
   # On sm_90 the backward tests above run the Hopper main kernel wherever it applies; this reruns them
