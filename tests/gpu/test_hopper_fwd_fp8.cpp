@@ -120,8 +120,9 @@ TEST(HopperFwdFp8, SmallVarlen) {
 TEST(HopperFwdFp8, SmallExactProducts) {
   FP_SKIP_WITHOUT_SM90();
   // q, k, v drawn from {0, +-0.5, +-1}: every partial sum of Q K^T is exact in a few bits, so the fp8
-  // tensor cores' accumulation (narrower than fp32) cannot round the scores; what remains is P's e4m3
-  // rounding, which the fp8 baseline models. Separates that accumulation from a layout error.
+  // tensor cores' accumulation (narrower than fp32) cannot round the scores: a failing LSE here is a layout
+  // error in Q K^T, not accumulation. out also meets P's e4m3 rounding (the baseline models it) and P V's
+  // fp8 accumulation (it does not).
   const double kValues[] = {0.0, 0.5, -0.5, 1.0, -1.0};
   std::uniform_int_distribution<int> pick(0, 4);
   for (int64_t d : {64, 128, 256}) {
