@@ -43,6 +43,13 @@ jit::KernelSpec backward_convert_spec(int arch, int elem_type) {
   return {"cuda/attn_bwd_aux.cu", "attn_bwd_dq_convert", {{"FP_DTYPE", type_define(elem_type)}}, arch};
 }
 
+namespace {
+/// Scratch sections start 256-byte aligned.
+constexpr size_t align_256(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+}  // namespace
+
 jit::KernelSpec fp8_scale_spec(int arch) {
   return {"cuda/fp8_scale.cu", "fp8_scale", {}, arch};
 }
@@ -83,29 +90,23 @@ void launch_backward_fp8(const AttnProblem& p) {
   const long long batch = varlen ? 1 : p.batch;
   const long long q_elems = batch * q_rows * p.hq * p.d, k_elems = batch * k_rows * p.hk * p.d;
   const long long v_elems = batch * k_rows * p.hk * p.dv;
-  const size_t q_bytes = ((size_t)q_elems * elem + 255) / 256 * 256,
-               k_bytes = ((size_t)k_elems * elem + 255) / 256 * 256;
-  char* scratch = static_cast<char*>(
-      jit::alloc_async(std::max<size_t>(q_bytes + k_bytes + (size_t)v_elems * elem, 256), p.stream));
+  const size_t q_bytes = align_256((size_t)q_elems * elem), k_bytes = align_256((size_t)k_elems * elem);
+  jit::AsyncScratch ws(std::max<size_t>(q_bytes + k_bytes + (size_t)v_elems * elem, 256), p.stream);
+  char* scratch = ws.bytes();
   AttnProblem d = p;  // the dequantised problem: dense scratch q, k, v in the output dtype, no descales
   d.in_type = t;
   d.q = {scratch, q_rows * p.hq * p.d, p.hq * p.d, p.d};
   d.k = {scratch + q_bytes, k_rows * p.hk * p.d, p.hk * p.d, p.d};
   d.v = {scratch + q_bytes + k_bytes, k_rows * p.hk * p.dv, p.hk * p.dv, p.dv};
   d.q_descale = d.k_descale = d.v_descale = nullptr;
-  try {
-    scale_operand(p, 0, p.q, p.in_type, d.q, t, q_rows, p.hq, p.d);
-    scale_operand(p, 1, p.k, p.in_type, d.k, t, k_rows, p.hk, p.d);
-    scale_operand(p, 2, p.v, p.in_type, d.v, t, k_rows, p.hk, p.dv);
-    launch_backward(d);
-    scale_operand(p, 0, p.grad_q, t, p.grad_q, t, q_rows, p.hq, p.d);
-    scale_operand(p, 1, p.grad_k, t, p.grad_k, t, k_rows, p.hk, p.d);
-    scale_operand(p, 2, p.grad_v, t, p.grad_v, t, k_rows, p.hk, p.dv);
-  } catch (...) {
-    jit::free_async(scratch, p.stream);
-    throw;
-  }
-  jit::free_async(scratch, p.stream);
+  scale_operand(p, 0, p.q, p.in_type, d.q, t, q_rows, p.hq, p.d);
+  scale_operand(p, 1, p.k, p.in_type, d.k, t, k_rows, p.hk, p.d);
+  scale_operand(p, 2, p.v, p.in_type, d.v, t, k_rows, p.hk, p.dv);
+  launch_backward(d);
+  scale_operand(p, 0, p.grad_q, t, p.grad_q, t, q_rows, p.hq, p.d);
+  scale_operand(p, 1, p.grad_k, t, p.grad_k, t, k_rows, p.hk, p.d);
+  scale_operand(p, 2, p.grad_v, t, p.grad_v, t, k_rows, p.hk, p.dv);
+  ws.free();
 }
 
 }  // namespace
@@ -131,31 +132,26 @@ void launch_backward(const AttnProblem& p) {
 
   // Scratch: D (hq * rows_total floats), then the dQ accumulator, 256-byte aligned, then the dQ tiles'
   // turn counters (deterministic mode of a single-slice kernel), zeroed with the accumulator.
-  const size_t dsum_bytes = ((size_t)(p.hq * prm.rows_total) * sizeof(float) + 255) / 256 * 256;
+  const size_t dsum_bytes = align_256((size_t)(p.hq * prm.rows_total) * sizeof(float));
   const size_t accum_bytes = (size_t)(prm.num_slices * slice_floats) * sizeof(float);
   const size_t count_bytes = (size_t)family.launch.dq_tile_counts(prm) * sizeof(int);
-  char* scratch = static_cast<char*>(
-      jit::alloc_async(std::max<size_t>(dsum_bytes + accum_bytes + count_bytes, 256), p.stream));
+  jit::AsyncScratch ws(std::max<size_t>(dsum_bytes + accum_bytes + count_bytes, 256), p.stream);
+  char* scratch = ws.bytes();
   prm.dsum = reinterpret_cast<float*>(scratch);
   prm.dq_accum = reinterpret_cast<float*>(scratch + dsum_bytes);
   prm.dq_tile_count = count_bytes ? reinterpret_cast<int*>(scratch + dsum_bytes + accum_bytes) : nullptr;
-  try {
-    if (accum_bytes + count_bytes) jit::memset_async(prm.dq_accum, 0, accum_bytes + count_bytes, p.stream);
-    const unsigned aux_x = (unsigned)((p.sq + kAuxRows - 1) / kAuxRows);
-    if (aux_x > 0) {
-      const jit::Kernel& dot = cached_kernel(backward_dot_spec, device, 0, arch, p.in_type);
-      launch_batch_chunks(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, arch);
-    }
-    family.launch.main(prm, arch);
-    if (aux_x > 0) {
-      const jit::Kernel& convert = cached_kernel(backward_convert_spec, device, 0, arch, p.in_type);
-      launch_batch_chunks(convert, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, arch);
-    }
-  } catch (...) {
-    jit::free_async(scratch, p.stream);
-    throw;
+  if (accum_bytes + count_bytes) jit::memset_async(prm.dq_accum, 0, accum_bytes + count_bytes, p.stream);
+  const unsigned aux_x = (unsigned)((p.sq + kAuxRows - 1) / kAuxRows);
+  if (aux_x > 0) {
+    const jit::Kernel& dot = cached_kernel(backward_dot_spec, device, 0, arch, p.in_type);
+    launch_batch_chunks(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, arch);
   }
-  jit::free_async(scratch, p.stream);
+  family.launch.main(prm, arch);
+  if (aux_x > 0) {
+    const jit::Kernel& convert = cached_kernel(backward_convert_spec, device, 0, arch, p.in_type);
+    launch_batch_chunks(convert, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, arch);
+  }
+  ws.free();
 }
 
 }  // namespace flashport::cuda

@@ -162,18 +162,13 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   const long long rows = p.batch * p.hq * p.sq;
   const size_t o_bytes = (size_t)(prm.num_splits * rows * p.dv) * sizeof(float);
   const size_t lse_bytes = (size_t)(prm.num_splits * rows) * sizeof(float);
-  char* scratch = static_cast<char*>(jit::alloc_async(o_bytes + lse_bytes, p.stream));
-  prm.o_partial = reinterpret_cast<float*>(scratch);
-  prm.lse_partial = reinterpret_cast<float*>(scratch + o_bytes);
+  jit::AsyncScratch ws(o_bytes + lse_bytes, p.stream);
+  prm.o_partial = reinterpret_cast<float*>(ws.bytes());
+  prm.lse_partial = reinterpret_cast<float*>(ws.bytes() + o_bytes);
   prm.batch_offset = 0;
-  try {
-    jit::launch(kernel, gx, gy, (unsigned)(p.batch * prm.num_splits), threads, smem, p.stream, args);
-    launch_aux(split_combine_spec, device, rows, p.stream, &prm);
-  } catch (...) {
-    jit::free_async(scratch, p.stream);
-    throw;
-  }
-  jit::free_async(scratch, p.stream);
+  jit::launch(kernel, gx, gy, (unsigned)(p.batch * prm.num_splits), threads, smem, p.stream, args);
+  launch_aux(split_combine_spec, device, rows, p.stream, &prm);
+  ws.free();
 }
 
 void launch_forward_kvcache(const core::KvCacheProblem& kp) {
@@ -190,18 +185,13 @@ void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   const long long q_rows = a.batch * a.sq * a.hq;
   if (q_rows <= 0) return;
   const size_t elem_bytes = (size_t)dtype_size(static_cast<DType>(a.in_type));
-  void* q_rot = jit::alloc_async((size_t)(q_rows * a.d) * elem_bytes, a.stream);
-  prm.q_rot = q_rot;
-  try {
-    launch_aux(rotate_q_spec, device, q_rows, a.stream, &prm);
-    AttnProblem rotated = a;
-    rotated.q = {q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
-    launch_forward(rotated, kp.num_splits);
-  } catch (...) {
-    jit::free_async(q_rot, a.stream);
-    throw;
-  }
-  jit::free_async(q_rot, a.stream);
+  jit::AsyncScratch q_rot((size_t)(q_rows * a.d) * elem_bytes, a.stream);
+  prm.q_rot = q_rot.bytes();
+  launch_aux(rotate_q_spec, device, q_rows, a.stream, &prm);
+  AttnProblem rotated = a;
+  rotated.q = {q_rot.bytes(), a.sq * a.hq * a.d, a.hq * a.d, a.d};
+  launch_forward(rotated, kp.num_splits);
+  q_rot.free();
 }
 
 void launch_merge_states(const core::MergeProblem& mp) {

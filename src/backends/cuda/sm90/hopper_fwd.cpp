@@ -346,20 +346,16 @@ void launch_fp8(const AttnProblem& p, int device) {
     run(l, p.stream);
     return;
   }
-  auto* vt = static_cast<unsigned char*>(jit::alloc_async(vt_bytes, p.stream));
-  try {
-    Fp8VtParams vp{p, vt, keys};
-    void* args[] = {&vp};
-    const jit::Kernel& transpose = cached_kernel(fp8_transpose_spec, device, 0, 90);
-    const long long key_blocks = (p.sk + kFp8VtKeys - 1) / kFp8VtKeys;  // per sequence, at most
-    jit::launch(transpose, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)p.batch, 256, 0, p.stream, args);
-    l.tma_v = fp8_vt_map(p, vt, keys);
-    run(l, p.stream);
-  } catch (...) {
-    jit::free_async(vt, p.stream);
-    throw;
-  }
-  jit::free_async(vt, p.stream);
+  jit::AsyncScratch ws(vt_bytes, p.stream);
+  auto* vt = reinterpret_cast<unsigned char*>(ws.bytes());
+  Fp8VtParams vp{p, vt, keys};
+  void* args[] = {&vp};
+  const jit::Kernel& transpose = cached_kernel(fp8_transpose_spec, device, 0, 90);
+  const long long key_blocks = (p.sk + kFp8VtKeys - 1) / kFp8VtKeys;  // per sequence, at most
+  jit::launch(transpose, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)p.batch, 256, 0, p.stream, args);
+  l.tma_v = fp8_vt_map(p, vt, keys);
+  run(l, p.stream);
+  ws.free();
 }
 
 // --- autotuning (FLASHPORT_AUTOTUNE=1) -----------------------------------------------------------
