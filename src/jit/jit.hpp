@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/stream_scratch.hpp"
+
 namespace flashport::jit {
 
 /// What makes one compiled kernel: the embedded entry source, the extern "C" kernel name, the -D
@@ -112,29 +114,16 @@ int pointer_device(const void* ptr);
 /// dQ accumulators, rotated queries. Never synchronises.
 void* alloc_async(size_t bytes, void* stream);
 void free_async(void* ptr, void* stream);
-/// Stream-ordered scratch owned by one library call. free() at the call's end returns it (and reports a
-/// failing cuMemFreeAsync); on an error path the destructor returns it, keeping the original error.
-class AsyncScratch {
+/// Stream-ordered scratch owned by one library call (core::StreamScratch: free() at the call's end reports
+/// a failing cuMemFreeAsync; on an error path the destructor returns it, keeping the original error).
+struct FreeOnStream {
+  void* stream;
+  void operator()(void* ptr) const { free_async(ptr, stream); }
+};
+class AsyncScratch : public core::StreamScratch<FreeOnStream> {
  public:
-  AsyncScratch(size_t bytes, void* stream) : ptr_(alloc_async(bytes, stream)), stream_(stream) {}
-  ~AsyncScratch() {
-    try {
-      free_async(ptr_, stream_);
-    } catch (...) {  // unwinding already: the first error is the one to report
-    }
-  }
-  AsyncScratch(const AsyncScratch&) = delete;
-  AsyncScratch& operator=(const AsyncScratch&) = delete;
-  char* bytes() const { return static_cast<char*>(ptr_); }
-  void free() {
-    void* p = ptr_;
-    ptr_ = nullptr;
-    free_async(p, stream_);
-  }
-
- private:
-  void* ptr_;
-  void* stream_;
+  AsyncScratch(size_t bytes, void* stream)
+      : StreamScratch(alloc_async(bytes, stream), FreeOnStream{stream}) {}
 };
 /// Copies `bytes` from device memory to host memory after the work queued on `stream` and waits for it
 /// (cuMemcpyDtoHAsync + cuStreamSynchronize): checked mode only.

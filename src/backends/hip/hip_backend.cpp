@@ -129,21 +129,16 @@ class HipBackend final : public core::Backend {
     if (!split) return launch(p.device, kernel, l, p.stream);
     const long long rows = splits * fwd_split_rows(p);
     const size_t o_bytes = (size_t)(rows * p.dv) * sizeof(float), lse_bytes = (size_t)rows * sizeof(float);
-    char* ws = static_cast<char*>(alloc_async(p.device, o_bytes + lse_bytes, p.stream));
-    prm.o_partial = reinterpret_cast<float*>(ws);  // o_bytes is a multiple of 32 (dv of 8)
-    prm.lse_partial = reinterpret_cast<float*>(ws + o_bytes);
-    try {
-      launch(p.device, kernel, l, p.stream);
-      const FwdGrid cg = fwd_combine_grid(p);
-      const auto combine_object = [&] { return arch_of(p.device).code_object + "/split_combine.co"; };
-      launch(p.device,
-             cached_kernel(p.device, variant_key(Site::split_combine, p, 0), combine_object, "split_combine"),
-             Launch{{cg.x, cg.y, cg.z}, (unsigned)kCombineThreads, &prm}, p.stream);
-    } catch (...) {
-      free_async(p.device, ws, p.stream);
-      throw;
-    }
-    free_async(p.device, ws, p.stream);
+    AsyncScratch ws(p.device, o_bytes + lse_bytes, p.stream);
+    prm.o_partial = reinterpret_cast<float*>(ws.bytes());  // o_bytes is a multiple of 32 (dv of 8)
+    prm.lse_partial = reinterpret_cast<float*>(ws.bytes() + o_bytes);
+    launch(p.device, kernel, l, p.stream);
+    const FwdGrid cg = fwd_combine_grid(p);
+    const auto combine_object = [&] { return arch_of(p.device).code_object + "/split_combine.co"; };
+    launch(p.device,
+           cached_kernel(p.device, variant_key(Site::split_combine, p, 0), combine_object, "split_combine"),
+           Launch{{cg.x, cg.y, cg.z}, (unsigned)kCombineThreads, &prm}, p.stream);
+    ws.free();
   }
 
   /// attn_bwd_dot_do_o (D, dQ accumulator zeroed), attn_bwd (dK, dV; dQ accumulated), then
@@ -154,7 +149,8 @@ class HipBackend final : public core::Backend {
     const int slices = bwd_num_slices(p, bucket, kDeterministicSlices);
     const long long d_floats = bwd_d_elems(p), dq_floats = slices * bwd_dq_slice_elems(p);
     const long long d_padded = (d_floats + 63) / 64 * 64;  // 256-byte aligned dQ accumulator
-    float* ws = static_cast<float*>(alloc_async(p.device, (size_t)(d_padded + dq_floats) * 4, p.stream));
+    AsyncScratch scratch(p.device, (size_t)(d_padded + dq_floats) * 4, p.stream);
+    float* ws = reinterpret_cast<float*>(scratch.bytes());
     const BwdParams prm{p, ws, ws + d_padded, slices, bwd_vec_flags(p)};
     const auto object = [&] {
       return arch_of(p.device).code_object + "/attn_bwd_" + (p.in_type == kBF16 ? "bf16" : "f16") + "_d" +
@@ -173,7 +169,7 @@ class HipBackend final : public core::Backend {
     if (tiles > 0) launch(p.device, bwd_kernel(Site::bwd_main, "attn_bwd"), key_launch, p.stream);
     if (rows > 0)
       launch(p.device, bwd_kernel(Site::bwd_convert, "attn_bwd_convert_dq"), row_launch, p.stream);
-    free_async(p.device, ws, p.stream);
+    scratch.free();
   }
 
   /// kv_append (when appending; rotary on k), rotate_q into a dense (b, sq, hq, d) scratch from the
@@ -192,19 +188,15 @@ class HipBackend final : public core::Backend {
     if (kp.rotary_dim <= 0 || !kp.cache_seqlens) return run_forward(a, kp.num_splits);
     const long long q_rows = a.batch * a.sq * a.hq;
     if (q_rows <= 0) return;
-    prm.q_rot = alloc_async(a.device, (size_t)(q_rows * a.d) * 2, a.stream);  // fp16 / bf16
-    try {
-      const Launch l{{blocks_of(q_rows, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
-      launch(a.device, cached_kernel(a.device, variant_key(Site::rotate_q, a, 0), object, "rotate_q"), l,
-             a.stream);
-      AttnProblem rotated = a;
-      rotated.q = {prm.q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
-      run_forward(rotated, kp.num_splits);
-    } catch (...) {
-      free_async(a.device, prm.q_rot, a.stream);
-      throw;
-    }
-    free_async(a.device, prm.q_rot, a.stream);
+    AsyncScratch q_rot(a.device, (size_t)(q_rows * a.d) * 2, a.stream);  // fp16 / bf16
+    prm.q_rot = q_rot.bytes();
+    const Launch l{{blocks_of(q_rows, kKvWaves), 1, 1}, (unsigned)kKvThreads, &prm};
+    launch(a.device, cached_kernel(a.device, variant_key(Site::rotate_q, a, 0), object, "rotate_q"), l,
+           a.stream);
+    AttnProblem rotated = a;
+    rotated.q = {prm.q_rot, a.sq * a.hq * a.d, a.hq * a.d, a.d};
+    run_forward(rotated, kp.num_splits);
+    q_rot.free();
   }
 
   void merge_states(const core::MergeProblem&) const override {

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <string>
 
+#include "core/stream_scratch.hpp"
+
 namespace flashport::amd {
 
 /// A loaded kernel (hipFunction_t) of one device.
@@ -58,6 +60,18 @@ KernelHandle cached_kernel(int device, unsigned key, const ObjectName& object, c
 /// the backward's fp32 atomics need.
 void* alloc_async(int device, size_t bytes, void* stream);
 void free_async(int device, void* ptr, void* stream);
+/// alloc_async's memory owned by one library call (core::StreamScratch: free() at the call's end, or the
+/// destructor on an error path).
+struct FreeOnStream {
+  int device;
+  void* stream;
+  void operator()(void* ptr) const { free_async(device, ptr, stream); }
+};
+class AsyncScratch : public core::StreamScratch<FreeOnStream> {
+ public:
+  AsyncScratch(int device, size_t bytes, void* stream)
+      : StreamScratch(alloc_async(device, bytes, stream), FreeOnStream{device, stream}) {}
+};
 
 /// Queues `launch` of `k` on `stream` (a hipStream_t; null is the default stream) with `device`
 /// current; no synchronisation. Throws flashport::Error with HIP's message on failure.
