@@ -66,18 +66,19 @@ std::vector<jit::KernelSpec> backward_aux_variants(int arch) {
 
 namespace {
 
-/// One fp8_scale pass: operand `which` (0 q, 1 k, 2 v) of `p` from `src` (ElemType src_type) into `dst`
-/// (dst_type), times its (sequence, kv head) descale, over `rows` rows (per sequence; varlen: all) of
-/// `heads` x `cols`.
-void scale_operand(const AttnProblem& p, int which, const Operand& src, int src_type, const Operand& dst,
-                   int dst_type, long long rows, long long heads, long long cols) {
-  Fp8ScaleParams prm{p, src, dst, src_type, dst_type, which, p.cu_seqlens_q ? 1 : p.batch, rows, heads, cols};
-  const long long vecs = prm.batch * rows * heads;
-  if (vecs <= 0) return;
-  constexpr unsigned kThreads = 128;
+/// One fp8_scale pass over q, k and v at once (ops[0..2]): from ElemType src_type into dst_type, times each
+/// (sequence, kv head)'s descale.
+void scale_operands(const AttnProblem& p, const Fp8ScaleOperand (&ops)[3], int src_type, int dst_type) {
+  Fp8ScaleParams prm{p, {ops[0], ops[1], ops[2]}, src_type, dst_type, p.cu_seqlens_q ? 1 : p.batch};
+  constexpr long long kThreads = 128, kChunk = 8;  // fp8_scale.cu's
+  long long items = 0;
+  for (const Fp8ScaleOperand& op : ops)
+    items = std::max(items, prm.batch * op.rows * op.heads * ((op.cols + kChunk - 1) / kChunk));
+  if (items <= 0) return;
   const jit::Kernel& kernel = cached_kernel(fp8_scale_spec, p.device, 0, jit::device_arch(p.device));
   void* args[] = {&prm};
-  jit::launch(kernel, (unsigned)((vecs + kThreads - 1) / kThreads), 1, 1, kThreads, 0, p.stream, args);
+  jit::launch(kernel, (unsigned)((items + kThreads - 1) / kThreads), 3, 1, (unsigned)kThreads, 0, p.stream,
+              args);
 }
 
 /// The fp8 backward (see launch_backward): dequantise, the backward of the dequantised problem, descale
@@ -99,13 +100,15 @@ void launch_backward_fp8(const AttnProblem& p) {
   d.k = {scratch + q_bytes, k_rows * p.hk * p.d, p.hk * p.d, p.d};
   d.v = {scratch + q_bytes + k_bytes, k_rows * p.hk * p.dv, p.hk * p.dv, p.dv};
   d.q_descale = d.k_descale = d.v_descale = nullptr;
-  scale_operand(p, 0, p.q, p.in_type, d.q, t, q_rows, p.hq, p.d);
-  scale_operand(p, 1, p.k, p.in_type, d.k, t, k_rows, p.hk, p.d);
-  scale_operand(p, 2, p.v, p.in_type, d.v, t, k_rows, p.hk, p.dv);
+  scale_operands(
+      p, {{p.q, d.q, q_rows, p.hq, p.d}, {p.k, d.k, k_rows, p.hk, p.d}, {p.v, d.v, k_rows, p.hk, p.dv}},
+      p.in_type, t);
   launch_backward(d);
-  scale_operand(p, 0, p.grad_q, t, p.grad_q, t, q_rows, p.hq, p.d);
-  scale_operand(p, 1, p.grad_k, t, p.grad_k, t, k_rows, p.hk, p.d);
-  scale_operand(p, 2, p.grad_v, t, p.grad_v, t, k_rows, p.hk, p.dv);
+  scale_operands(p,
+                 {{p.grad_q, p.grad_q, q_rows, p.hq, p.d},
+                  {p.grad_k, p.grad_k, k_rows, p.hk, p.d},
+                  {p.grad_v, p.grad_v, k_rows, p.hk, p.dv}},
+                 t, t);
   ws.free();
 }
 

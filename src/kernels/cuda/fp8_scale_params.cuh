@@ -5,14 +5,20 @@
 
 namespace flashport::cuda {
 
-/// dst = src * descale per (sequence, kv head) over one operand of `p` (which: 0 q, 1 k, 2 v), rows of
-/// `cols` elements at (batch, row, head). src of ElemType src_type (fp8 or 16/32-bit), dst of dst_type
-/// (16/32-bit); dst may be src (in place: each element is read and written by one thread).
+/// One operand of an fp8_scale pass: rows of `cols` elements at (batch, row, head).
+struct Fp8ScaleOperand {
+  Operand src, dst;
+  long long rows, heads, cols;  // varlen: rows = total rows (Fp8ScaleParams::batch is then 1)
+};
+
+/// dst = src * descale per (sequence, kv head) over q, k and v of `p` at once (grid y: 0 q, 1 k, 2 v). src
+/// of ElemType src_type (fp8 or 16/32-bit), dst of dst_type (16/32-bit); dst may be src (in place: each
+/// element is read and written by one thread).
 struct Fp8ScaleParams {
   AttnProblem p;  // sizes, cu_seqlens (the sequence of a packed row), descales
-  Operand src, dst;
-  int src_type, dst_type, which;
-  long long batch, rows, heads, cols;  // varlen: batch 1, rows = total rows
+  Fp8ScaleOperand op[3];
+  int src_type, dst_type;
+  long long batch;
 };
 
 }  // namespace flashport::cuda
