@@ -12,7 +12,8 @@
 # when /tmp/fa3 holds an FA3_DECODE=1 build) after a quick pass per FLASHPORT_DECODE shape (DECODE_MODES,
 # default 0 1 2 4: row-split kernel, default, two stages, eight warps). `ab` times the portable forward
 # and decode kernels of this tree and of .base/ (carried: a pre-change tree) in alternating rounds.
-# GPU_FILTER narrows the gpu step to a gtest filter (default: the whole ctest label). A snapshot without
+# GPU_FILTER narrows the gpu step to gtest filters, run group by group in the order given (space-separated;
+# default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
 # `fa3` builds FA3 (flash-attention's hopper/, the same-run peer) in the background from the first step on,
 # from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
@@ -91,8 +92,11 @@ if has gpu; then
     # GPU_TIMEOUT bounds the whole loop: tests it leaves unstarted are listed as such.
     gpu_t0=$(date +%s)
     : >"$OUT/gpu.log"
-    for t in $(build-gpu/tests/flashport_tests_gpu --gtest_list_tests --gtest_filter="$GPU_FILTER" |
-               awk '/^[^ ]/{suite=$1} /^  /{print suite $1}'); do
+    # Several filters separated by spaces run in that order (the first group first within GPU_TIMEOUT).
+    for t in $(for f in $GPU_FILTER; do
+                 build-gpu/tests/flashport_tests_gpu --gtest_list_tests --gtest_filter="$f" |
+                   awk '/^[^ ]/{suite=$1} /^  /{print suite $1}'
+               done); do
       left=$((${GPU_TIMEOUT:-300} - ($(date +%s) - gpu_t0)))
       if ((left <= 0)); then echo "[ NOT RUN  ] $t (GPU_TIMEOUT)" >>"$OUT/gpu.log"; status=1; continue; fi
       timeout "$left" build-gpu/tests/flashport_tests_gpu --gtest_filter="$t" >>"$OUT/gpu.log" 2>&1
