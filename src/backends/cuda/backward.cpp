@@ -70,7 +70,7 @@ namespace {
 /// (sequence, kv head)'s descale.
 void scale_operands(const AttnProblem& p, const Fp8ScaleOperand (&ops)[3], int src_type, int dst_type) {
   Fp8ScaleParams prm{p, {ops[0], ops[1], ops[2]}, src_type, dst_type, p.cu_seqlens_q ? 1 : p.batch};
-  constexpr long long kThreads = 128, kChunk = 8;  // fp8_scale.cu's
+  constexpr long long kThreads = kFp8ScaleThreads, kChunk = kFp8ScaleChunk;
   long long items = 0;
   for (const Fp8ScaleOperand& op : ops)
     items = std::max(items, prm.batch * op.rows * op.heads * ((op.cols + kChunk - 1) / kChunk));

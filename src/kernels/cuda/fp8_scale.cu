@@ -9,10 +9,8 @@ using namespace flashport;
 using namespace flashport::cuda;
 
 namespace {
-constexpr int kThreads = 128;
-// Columns per thread: consecutive threads take consecutive chunks of a row, so a warp reads 32 x 8
-// contiguous elements of a dense operand (one thread per whole row read 32 rows a head apart).
-constexpr int kChunk = 8;
+constexpr int kThreads = kFp8ScaleThreads;
+constexpr int kChunk = kFp8ScaleChunk;
 }  // namespace
 
 /// The sequence that packed row `r` of a varlen operand belongs to: the last b with cu[b] <= r (cu

@@ -5,6 +5,12 @@
 
 namespace flashport::cuda {
 
+/// Threads per block, and columns per thread: consecutive threads take consecutive chunks of a row, so a
+/// warp reads 32 x 8 contiguous elements of a dense operand (one thread per whole row read 32 rows a head
+/// apart). The launcher sizes the grid with both.
+constexpr int kFp8ScaleThreads = 128;
+constexpr int kFp8ScaleChunk = 8;
+
 /// One operand of an fp8_scale pass: rows of `cols` elements at (batch, row, head).
 struct Fp8ScaleOperand {
   Operand src, dst;
