@@ -21,6 +21,11 @@ inline int elem_bytes(int type) {
   }
 }
 
+/// The fp8 format of an fp8 ElemType (is_fp8_elem(type)).
+inline num::Fp8Format fp8_format(int type) {
+  return type == kE5M2 ? num::kE5M2 : type == kE4M3FNUZ ? num::kE4M3FNUZ : num::kE4M3;
+}
+
 /// Value of element `off` of a buffer of ElemType `type`, widened to float.
 inline float load_f32(const void* base, int type, long long off) {
   switch (type) {
@@ -33,11 +38,9 @@ inline float load_f32(const void* base, int type, long long off) {
     case kBF16:
       return num::bf16_to_f32(static_cast<const unsigned short*>(base)[off]);
     case kE4M3:
-      return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE4M3);
     case kE4M3FNUZ:
-      return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE4M3FNUZ);
     case kE5M2:
-      return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], num::kE5M2);
+      return num::fp8_to_f32(static_cast<const unsigned char*>(base)[off], fp8_format(type));
   }
   return 0.0f;
 }
@@ -63,13 +66,9 @@ inline void store(void* base, int type, long long off, double v) {
       static_cast<unsigned short*>(base)[off] = num::f32_to_bf16((float)v);
       return;
     case kE4M3:
-      static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE4M3);
-      return;
     case kE4M3FNUZ:
-      static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE4M3FNUZ);
-      return;
     case kE5M2:
-      static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, num::kE5M2);
+      static_cast<unsigned char*>(base)[off] = num::f32_to_fp8((float)v, fp8_format(type));
       return;
   }
 }
@@ -84,11 +83,9 @@ inline double round_to(int type, double v) {
     case kBF16:
       return num::bf16_to_f32(num::f32_to_bf16((float)v));
     case kE4M3:
-      return num::fp8_to_f32(num::f32_to_fp8((float)v, num::kE4M3), num::kE4M3);
     case kE4M3FNUZ:
-      return num::fp8_to_f32(num::f32_to_fp8((float)v, num::kE4M3FNUZ), num::kE4M3FNUZ);
     case kE5M2:
-      return num::fp8_to_f32(num::f32_to_fp8((float)v, num::kE5M2), num::kE5M2);
+      return num::fp8_to_f32(num::f32_to_fp8((float)v, fp8_format(type)), fp8_format(type));
     default:
       return v;
   }
