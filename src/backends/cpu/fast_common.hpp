@@ -26,6 +26,8 @@ inline constexpr int kBlockQ = 64;
 inline constexpr int kBlockK = 64;
 /// Widest vector (floats) any ISA uses: buffers are padded and aligned to it.
 inline constexpr int kMaxVec = 16;
+/// Widest GEMM micro-tile (floats) any ISA uses: the forward's V panels are padded to it.
+inline constexpr int kMaxPanel = 64;
 
 inline constexpr long long pad_to(long long n, long long m) {
   return (n + m - 1) / m * m;
@@ -132,7 +134,7 @@ inline ScoreParams score_params(const AttnProblem& p, long long b, long long h) 
 inline long long scratch_floats(long long d, long long dv) {
   const long long dp = pad_to(d, kMaxVec), dvp = pad_to(dv, kMaxVec);
   const long long q = kBlockQ, k = kBlockK;
-  const long long fwd = 2 * dp * q + k * dp + k * dvp + k * q + q * dvp;
+  const long long fwd = 2 * dp * q + k * dp + k * pad_to(dv, kMaxPanel) + k * q + q * dvp;
   const long long bwd = 2 * k * dp + 2 * k * dvp + 4 * k * q;
   const long long d32 = pad_to(d, 32), dv32 = pad_to(dv, 32);  // the AMX bf16 forward (fast_amx.hpp)
   const long long amx = d32 * q + 2 * k * q + 2 * k * q + dv32 * q + 2 * k * d32 + 2 * dv32 * k + dv32;
@@ -155,7 +157,8 @@ inline constexpr long long kGroupsPerThread = 4;
 /// One ISA's kernels. `scratch` holds scratch_floats() floats, aligned to 64 bytes.
 ///
 /// The forward packs the K/V of each (sequence, kv head) once into a "group" region that every query
-/// tile of that group reads; the layout is the kernel's own (fp32 rows, or bf16 tiles for AMX).
+/// tile of that group reads; the layout is the kernel's own (fp32 K rows and V column panels, or bf16
+/// tiles for AMX).
 struct Kernels {
   const char* isa;
   /// Floats a group of sk keys takes packed.

@@ -157,20 +157,29 @@ constexpr std::array<GemmTileFn, sizeof...(I)> make_gemm_tiles(std::index_sequen
 inline constexpr std::array<GemmTileFn, MR* NV> kGemmTiles =
     make_gemm_tiles(std::make_index_sequence<MR * NV>{});
 
+/// Columns of one micro-tile's B panel: a B operand stored as panels of kPanelW columns (each kdim rows
+/// of kPanelW floats, contiguous) streams through a tile as one block instead of kdim strided rows.
+inline constexpr int kPanelW = NV * W;
+static_assert(kPanelW <= kMaxPanel, "V panels are padded to kMaxPanel columns");
+
 /// C (m rows x nvec vectors, row stride ldc) (op)= A (m x kdim, strides a_rs/a_ks) * B (kdim x nvec
-/// vectors, row stride ldb). B must be readable for whole vectors (zero-padded past the data). `aux`
-/// is the per-row scale of Store::rescale or the per-column running max of Store::overwrite_max.
+/// vectors, row stride ldb). B's column group g (kPanelW columns) starts at b + g * b_panel: the default
+/// is plain rows; panels (ldb = kPanelW) pass their size. B must be readable for whole vectors
+/// (zero-padded past the data). `aux` is the per-row scale of Store::rescale or the per-column running
+/// max of Store::overwrite_max.
 inline void gemm(float* c, long long ldc, int m, int nvec, const float* a, long long a_rs, long long a_ks,
-                 const float* b, long long ldb, int kdim, float* aux, Store mode) {
+                 const float* b, long long ldb, int kdim, float* aux, Store mode,
+                 long long b_panel = kPanelW) {
   for (int v0 = 0; v0 < nvec; v0 += NV) {
     const int nv = std::min(NV, nvec - v0);
+    const float* b_group = b + (v0 / NV) * b_panel;
     for (int r0 = 0; r0 < m; r0 += MR) {
       const int mr = std::min(MR, m - r0);
       float* tile_aux = mode == Store::rescale         ? aux + r0
                         : mode == Store::overwrite_max ? aux + v0 * W
                                                        : nullptr;
-      kGemmTiles[(mr - 1) * NV + nv - 1](c + r0 * ldc + v0 * W, ldc, a + r0 * a_rs, a_rs, a_ks, b + v0 * W,
-                                         ldb, kdim, tile_aux, mode);
+      kGemmTiles[(mr - 1) * NV + nv - 1](c + r0 * ldc + v0 * W, ldc, a + r0 * a_rs, a_rs, a_ks, b_group, ldb,
+                                         kdim, tile_aux, mode);
     }
   }
 }
