@@ -328,7 +328,8 @@ void merge_states(const MergeArgs& a) {
                         static_cast<const float*>(a.lse_a.data),
                         static_cast<const float*>(a.lse_b.data),
                         nullptr,
-                        a.stream};
+                        a.stream,
+                        dev.index};
   if (a.lse) {
     core::check_tensor(*a.lse, "lse", {b, h, s}, {DType::f32}, dev);
     require(a.lse->is_contiguous(), "lse", "must be contiguous");

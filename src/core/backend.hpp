@@ -82,7 +82,13 @@ struct MergeProblem {
   const float* lse_b;
   float* lse;  // may be null
   void* stream;
+  int device;  // out_a's device index (every tensor of the call is on it)
 };
+
+/// The kernel arguments of `mp` (both GPU backends launch merge_states with them).
+inline MergeParams merge_params(const MergeProblem& mp) {
+  return {mp.batch, mp.seqlen, mp.heads, mp.d, mp.type, mp.a, mp.b, mp.out, mp.lse_a, mp.lse_b, mp.lse};
+}
 
 /// A backend runs validated problems. Each method may assume the core checked every shape, dtype,
 /// stride and (for host memory) every index value; device-resident indices must still be guarded.

@@ -80,6 +80,18 @@ struct AttnProblem {
   int device;
 };
 
+/// Kernel arguments of merge_states (CUDA merge_states.cu, CDNA merge_states.hpp): two partial attention
+/// states (b, s, h, d) of ElemType `type` with fp32 (b, h, s) LSEs, merged into `out` (which may alias a or
+/// b) and optionally `lse` (which may alias lse_a or lse_b); core::MergeProblem without the stream.
+struct MergeParams {
+  long long batch, seqlen, heads, d;
+  int type;
+  Operand a, b, out;
+  const float* lse_a;
+  const float* lse_b;
+  float* lse;
+};
+
 /// Kernel arguments of the KV-cache append (CUDA kvcache_append.cu, CDNA kvcache_append.hpp): the
 /// append part of core::KvCacheProblem in plain fields. `attn` addresses the cache (k/v operands,
 /// leftpad, kv_batch_idx, block table) and q; new tokens go to absolute cache slots cache_seqlens[b] + t

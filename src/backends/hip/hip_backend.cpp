@@ -14,6 +14,7 @@
 #include "hip/attn_bwd_config.hpp"
 #include "hip/attn_fwd_config.hpp"
 #include "hip/kvcache_append_config.hpp"
+#include "hip/merge_states_config.hpp"
 
 namespace flashport::amd {
 namespace {
@@ -38,7 +39,8 @@ enum class Site : unsigned {
   bwd_main,
   bwd_convert,
   kv_append,
-  rotate_q
+  rotate_q,
+  merge_states
 };
 
 /// cached_kernel's key of `site` for `p` at head-dim bucket `bucket` (< 512): what selects the code
@@ -199,8 +201,20 @@ class HipBackend final : public core::Backend {
     q_rot.free();
   }
 
-  void merge_states(const core::MergeProblem&) const override {
-    throw Error("out_a", "hip backend: merge_states is not supported on AMD yet");
+  /// One wave per merged row (merge_states.hpp), on the call's stream.
+  void merge_states(const core::MergeProblem& mp) const override {
+    const long long rows = mp.batch * mp.heads * mp.seqlen;
+    if (rows == 0) return;
+    const int device = mp.device;
+    if (device < 0 || device >= device_count())
+      throw Error("out", "hip backend: device hip:" + std::to_string(device) + " is not visible");
+    if (const std::string& why = arch_of(device).reason; !why.empty())
+      throw Error("out", "hip backend: " + why);
+    MergeParams prm = core::merge_params(mp);
+    const auto object = [&] { return arch_of(device).code_object + "/merge_states.co"; };
+    const Launch l{{blocks_of(rows, kMergeWaves), 1, 1}, (unsigned)kMergeThreads, &prm};
+    launch(device, cached_kernel(device, (unsigned)Site::merge_states << 24, object, "merge_states"), l,
+           mp.stream);
   }
 };
 

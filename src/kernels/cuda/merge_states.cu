@@ -1,6 +1,6 @@
 // merge_states: combines two partial attention states over disjoint key sets by their LSE.
+#include "core/problem.h"
 #include "cuda/common/common.cuh"
-#include "cuda/merge_params.cuh"
 
 using namespace flashport;
 using namespace flashport::cuda;

@@ -4,7 +4,7 @@
 
 namespace {
 void trampoline(const void* p) {
-  ::merge_states(*static_cast<const flashport::cuda::MergeParams*>(p));
+  ::merge_states(*static_cast<const flashport::MergeParams*>(p));
 }
 const flashport::emu::Registrar reg("merge_states|", trampoline);
 }  // namespace

@@ -20,6 +20,7 @@
 #include "hip/hip_model_backward.hpp"
 #include "hip/hip_model_forward.hpp"
 #include "hip/kvcache_append.hpp"
+#include "hip/merge_states.hpp"
 
 namespace {
 
@@ -270,6 +271,14 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
       wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::append(prm); });
     else
       wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::rotate_q(prm); });
+  } else if (fn->name == "merge_states") {
+    const amd::MergeParams& prm = *static_cast<const amd::MergeParams*>(params[0]);
+    const long long rows = prm.batch * prm.heads * prm.seqlen;
+    if (bx != (unsigned)amd::kMergeThreads ||
+        gx != (unsigned)((rows + amd::kMergeWaves - 1) / amd::kMergeWaves) || gy != 1 || gz != 1 ||
+        fn->lds != 0)
+      return fail(hipErrorInvalidConfiguration, "merge_states block/grid");
+    wave::model::launch({gx, 1, 1}, amd::kMergeThreads, 0, [&](unsigned char*) { amd::merge::run(prm); });
   } else if (fn->name.rfind("attn_bwd", 0) == 0) {
     const amd::BwdParams& prm = *static_cast<const amd::BwdParams*>(params[0]);
     const AttnProblem& p = prm.p;

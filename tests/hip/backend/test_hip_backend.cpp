@@ -382,5 +382,42 @@ TEST(HipBackend, KvCacheSplits) {
   EXPECT_EQ(kvcase_matches_cpu(p), 3);
 }
 
+/// merge_states on hip:0 against the CPU merge, equal to the bit (both merge in fp64 by the same steps;
+/// the model computes exp and log with the host's libm): every element type, d 130 (a wave's lanes
+/// take three passes, the last partial), LSEs of -inf in one state or both, out_a a head slice of a
+/// wider tensor (strided), a poisoned output; then out and lse in place over out_a and lse_a.
+TEST(HipBackend, MergeStatesMatchesCpu) {
+  const int64_t b = 2, s = 9, h = 3, d = 130;
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    HostTensor wide = randn(dt, {b, s, h + 1, d}), out_b = randn(dt, {b, s, h, d});
+    HostTensor lse_a = randn(DType::f32, {b, h, s}, 3.0), lse_b = randn(DType::f32, {b, h, s}, 3.0);
+    for (int64_t r = 0; r < lse_a.numel(); r += 5) lse_a.set(r, -INFINITY);
+    for (int64_t r = 0; r < lse_b.numel(); r += 3) lse_b.set(r, -INFINITY);  // rows % 15 == 0: both
+    TensorView a_view = wide.view();
+    a_view.shape[2] = h;  // heads 0..h-1 of h + 1: row stride (h + 1) * d
+    HostTensor cpu_out(dt, {b, s, h, d}), cpu_lse(DType::f32, {b, h, s});
+    merge_states(MergeArgs{a_view, lse_a, out_b, lse_b, cpu_out, cpu_lse.view(), nullptr});
+
+    HostTensor hip_wide = wide, hip_b = out_b, hip_la = lse_a, hip_lb = lse_b;
+    HostTensor out(dt, {b, s, h, d}), lse(DType::f32, {b, h, s});
+    poison(out);
+    poison(lse);
+    for (HostTensor* t : {&hip_wide, &hip_b, &hip_la, &hip_lb, &out, &lse}) on(*t, kHip0);
+    TensorView hip_a = hip_wide.view();
+    hip_a.shape[2] = h;
+    const int before = launches("merge_states");
+    merge_states(MergeArgs{hip_a, hip_la, hip_b, hip_lb, out, lse.view(), nullptr});
+    EXPECT_EQ(launches("merge_states"), before + 1) << "one merge_states launch on the fake runtime";
+    EXPECT_EQ(max_abs_diff(out, cpu_out), 0.0) << "out";
+    EXPECT_EQ(max_abs_diff(lse, cpu_lse), 0.0) << "lse";
+
+    // In place: out over out_b (contiguous), lse over lse_a.
+    merge_states(MergeArgs{hip_a, hip_la, hip_b, hip_lb, hip_b, hip_la.view(), nullptr});
+    EXPECT_EQ(max_abs_diff(hip_b, cpu_out), 0.0) << "out in place";
+    EXPECT_EQ(max_abs_diff(hip_la, cpu_lse), 0.0) << "lse in place";
+  }
+}
+
 }  // namespace
 }  // namespace flashport::test

@@ -16,7 +16,6 @@
 #include "jit/jit.hpp"
 #include "kernels/cuda/attn_fwd_params.cuh"
 #include "kernels/cuda/kvcache_params.cuh"
-#include "kernels/cuda/merge_params.cuh"
 
 namespace flashport::cuda {
 namespace {
@@ -196,8 +195,7 @@ void launch_forward_kvcache(const core::KvCacheProblem& kp) {
 
 void launch_merge_states(const core::MergeProblem& mp) {
   const int device = device_of(mp.out.ptr, "out");
-  MergeParams prm{mp.batch, mp.seqlen, mp.heads, mp.d,     mp.type, mp.a,
-                  mp.b,     mp.out,    mp.lse_a, mp.lse_b, mp.lse};
+  MergeParams prm = core::merge_params(mp);
   launch_aux(merge_states_spec, device, mp.batch * mp.heads * mp.seqlen, mp.stream, &prm);
 }
 
