@@ -99,6 +99,8 @@ foreach(arch IN LISTS FLASHPORT_HIP_ARCHS)
   hip_code_object(${arch} split_combine split_combine.hip ENV FP_HIP_NO_MFMA=1)
   # merge_states (merge_states.hip): one code object for every element type and head dim; no MFMA.
   hip_code_object(${arch} merge_states merge_states.hip ENV FP_HIP_NO_MFMA=1)
+  # The index check (index_check.hip): one code object; no MFMA.
+  hip_code_object(${arch} index_check index_check.hip ENV FP_HIP_NO_MFMA=1)
   # The KV-cache update (kv_append, rotate_q): one code object for both dtypes; no MFMA, and no fused
   # multiply-add (its rotary must round like the CPU backend's).
   hip_code_object(${arch} kvcache_append kvcache_append.hip ENV FP_HIP_NO_MFMA=1 FP_HIP_NO_FMA=1)

@@ -52,6 +52,15 @@ struct FaultRecord {
   int claim;
 };
 
+/// Kernel arguments of the index checks (CUDA index_check.cu, CDNA index_check.hpp): the call's problem
+/// (only its index tensors and bounds are read), where to report (the device's FaultRecord, host memory
+/// the GPU writes through), and which call it is (IndexCallKind: seqused_k vs cache_seqlens rules).
+struct IndexCheckParams {
+  AttnProblem p;
+  FaultRecord* record;
+  int call;
+};
+
 /// Tokens sequence b's keys span in the cache or page pool (left pad included): what the block table
 /// must cover.
 FP_HD long long cache_tokens(const AttnProblem& p, long long b) {

@@ -10,6 +10,7 @@
 
 #include "backends/hip/arch.hpp"
 #include "backends/hip/hip_runtime.hpp"
+#include "backends/hip/index_check.hpp"
 #include "flashport/tensor.hpp"
 #include "hip/attn_bwd_config.hpp"
 #include "hip/attn_fwd_config.hpp"
@@ -40,7 +41,8 @@ enum class Site : unsigned {
   bwd_convert,
   kv_append,
   rotate_q,
-  merge_states
+  merge_states,
+  index_check
 };
 
 /// cached_kernel's key of `site` for `p` at head-dim bucket `bucket` (< 512): what selects the code
@@ -62,6 +64,12 @@ const ArchChoice& arch_of(int device) {
   auto it = choices.find(device);
   if (it == choices.end()) it = choices.emplace(device, amd_arch_choice(device_arch_name(device))).first;
   return it->second;
+}
+
+/// The index check of `device` (index_check.cpp launches it).
+KernelHandle index_check_kernel(int device) {
+  const auto object = [&] { return arch_of(device).code_object + "/index_check.co"; };
+  return cached_kernel(device, (unsigned)Site::index_check << 24, object, "index_check");
 }
 
 unsigned blocks_of(long long rows, long long per_block) {
@@ -109,7 +117,13 @@ class HipBackend final : public core::Backend {
     return arch_of(p.device).reason;
   }
 
-  void forward(const AttnProblem& p, Impl) const override { run_forward(p, 0); }
+  // Each call first reports what the device found wrong with an earlier call's index tensors, then
+  // queues the check of its own ahead of its kernels (index_check.hpp), as the CUDA backend does.
+  void forward(const AttnProblem& p, Impl) const override {
+    raise_device_fault(p.device);
+    check_indices_async(p, kCallForward, index_check_kernel);
+    run_forward(p, 0);
+  }
 
   /// The forward with `num_splits` (0: the heuristic, 1: off, n: n splits; fwd_num_splits decides):
   /// attn_fwd, or attn_fwd_split into fp32 workspaces from the stream-ordered pool and split_combine
@@ -146,6 +160,8 @@ class HipBackend final : public core::Backend {
   /// attn_bwd_dot_do_o (D, dQ accumulator zeroed), attn_bwd (dK, dV; dQ accumulated), then
   /// attn_bwd_convert_dq, on one stream, with the fp32 workspaces from the stream-ordered pool.
   void backward(const AttnProblem& p, Impl) const override {
+    raise_device_fault(p.device);
+    check_indices_async(p, kCallBackward, index_check_kernel);
     if (p.batch == 0 || p.hq == 0) return;
     const int bucket = bwd_head_dim_bucket(p.d, p.dv);
     const int slices = bwd_num_slices(p, bucket, kDeterministicSlices);
@@ -180,6 +196,8 @@ class HipBackend final : public core::Backend {
   void forward_kvcache(const core::KvCacheProblem& kp, Impl) const override {
     const AttnProblem& a = kp.attn;
     core::refuse_fp8_cache_update(kp, "hip", "AMD");
+    raise_device_fault(a.device);
+    check_indices_async(a, kCallKvCache, index_check_kernel);
     KvAppendParams prm = core::append_params(kp);
     const auto object = [&] { return arch_of(a.device).code_object + "/kvcache_append.co"; };
     if (kp.k_new.ptr && kp.s_new > 0 && a.batch > 0) {
@@ -201,11 +219,14 @@ class HipBackend final : public core::Backend {
     q_rot.free();
   }
 
+  void check_device(int device) const override { synchronize_and_raise(device); }
+
   /// One wave per merged row (merge_states.hpp), on the call's stream.
   void merge_states(const core::MergeProblem& mp) const override {
     const long long rows = mp.batch * mp.heads * mp.seqlen;
     if (rows == 0) return;
     const int device = mp.device;
+    raise_device_fault(device);
     if (device < 0 || device >= device_count())
       throw Error("out", "hip backend: device hip:" + std::to_string(device) + " is not visible");
     if (const std::string& why = arch_of(device).reason; !why.empty())

@@ -33,6 +33,9 @@ struct Runtime {
   decltype(&::hipGetErrorString) error_string = nullptr;
   hipError_t (*malloc_async)(void**, size_t, hipStream_t) = nullptr;  // C entry (C++ adds a template)
   decltype(&::hipFreeAsync) free_async = nullptr;
+  hipError_t (*host_malloc)(void**, size_t, unsigned int) = nullptr;  // C entry (C++ adds a template)
+  hipError_t (*host_device_pointer)(void**, void*, unsigned int) = nullptr;
+  decltype(&::hipDeviceSynchronize) synchronize = nullptr;
   int devices = 0;
   std::string unavailable;
 };
@@ -69,6 +72,9 @@ Runtime load_runtime() {
   resolve(handle, r.error_string, "hipGetErrorString", missing);
   resolve(handle, r.malloc_async, "hipMallocAsync", missing);
   resolve(handle, r.free_async, "hipFreeAsync", missing);
+  resolve(handle, r.host_malloc, "hipHostMalloc", missing);
+  resolve(handle, r.host_device_pointer, "hipHostGetDevicePointer", missing);
+  resolve(handle, r.synchronize, "hipDeviceSynchronize", missing);
   if (!missing.empty()) {
     r.unavailable = path + " lacks " + missing;
     return r;
@@ -208,6 +214,25 @@ void* alloc_async(int device, size_t bytes, void* stream) {
 void free_async(int device, void* ptr, void* stream) {
   DeviceScope scope(device);
   check(runtime().free_async(ptr, static_cast<hipStream_t>(stream)), "hipFreeAsync");
+}
+
+const MappedMemory& fault_memory(int device, size_t bytes) {
+  static std::mutex mu;
+  static std::map<int, MappedMemory> blocks;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = blocks.find(device);
+  if (it != blocks.end()) return it->second;
+  DeviceScope scope(device);
+  MappedMemory m{nullptr, nullptr};
+  check(runtime().host_malloc(&m.host, bytes, hipHostMallocMapped | hipHostMallocCoherent), "hipHostMalloc");
+  std::memset(m.host, 0, bytes);
+  check(runtime().host_device_pointer(&m.device, m.host, 0), "hipHostGetDevicePointer");
+  return blocks.emplace(device, m).first->second;
+}
+
+void device_synchronize(int device) {
+  DeviceScope scope(device);
+  check(runtime().synchronize(), "hipDeviceSynchronize");
 }
 
 void launch(int device, KernelHandle k, const Launch& l, void* stream) {

@@ -73,6 +73,18 @@ class AsyncScratch : public core::StreamScratch<FreeOnStream> {
       : StreamScratch(alloc_async(device, bytes, stream), FreeOnStream{device, stream}) {}
 };
 
+/// The device's index-fault record (core/index_rules.h's FaultRecord): `bytes` of host memory the GPU
+/// writes through (hipHostMalloc, mapped and coherent), zeroed, allocated on the device's first call and
+/// kept for the process; `host` and `device` address the same bytes. Thread safe.
+struct MappedMemory {
+  void* host;
+  void* device;
+};
+const MappedMemory& fault_memory(int device, size_t bytes);
+
+/// Waits for all work queued on `device` (hipDeviceSynchronize).
+void device_synchronize(int device);
+
 /// Queues `launch` of `k` on `stream` (a hipStream_t; null is the default stream) with `device`
 /// current; no synchronisation. Throws flashport::Error with HIP's message on failure.
 void launch(int device, KernelHandle k, const Launch& launch, void* stream);

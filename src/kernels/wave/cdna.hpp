@@ -32,6 +32,9 @@ FP_DEV unsigned block_z() {
 FP_DEV unsigned grid_x() {
   return gridDim.x;
 }
+FP_DEV unsigned grid_y() {
+  return gridDim.y;
+}
 
 FP_DEV void block_sync() {
   __syncthreads();
@@ -63,6 +66,13 @@ FP_DEV u16 f16_bits(float x) {
 /// instruction is exact), a compare-and-swap loop otherwise.
 FP_DEV void atomic_add_f32(float* addr, float v) {
   atomicAdd(addr, v);
+}
+
+FP_DEV bool claim_flag(int* addr) {
+  return atomicCAS(addr, 0, 1) == 0;
+}
+FP_DEV void fence_system() {
+  __threadfence_system();
 }
 
 namespace cdna {

@@ -69,6 +69,9 @@ FP_DEV unsigned block_z() {
 FP_DEV unsigned grid_x() {
   return model::grid_dim().x;
 }
+FP_DEV unsigned grid_y() {
+  return model::grid_dim().y;
+}
 FP_DEV void block_sync() {
   model::block_sync();
 }
@@ -112,6 +115,13 @@ FP_DEV u16 f16_bits(float x) {
 FP_DEV void atomic_add_f32(float* addr, float v) {
   *addr += v;
 }
+/// Lanes switch only at barriers and collectives, so a plain test-and-set is atomic here.
+FP_DEV bool claim_flag(int* addr) {
+  if (*addr != 0) return false;
+  *addr = 1;
+  return true;
+}
+FP_DEV void fence_system() {}
 
 /// One 16x16x16 MFMA over the wave: lane l's D registers are the mfma_layout.hpp elements of
 /// A B + C, with A and B gathered from the lanes that hold them. 16-bit products are exact in fp32;

@@ -5,7 +5,7 @@
 //   FP_DEV                       qualifier of device functions
 //   kWaveSize                    lanes per wave (64 on CDNA)
 //   thread_id(), lane_id(), wave_id()   this lane in its 1-D block; wave_id is wave-uniform
-//   block_x(), block_y(), block_z(), grid_x()   the block's position and the grid's x extent
+//   block_x(), block_y(), block_z(), grid_x(), grid_y()   the block's position and the grid's x / y extents
 //   block_sync()                 every lane of the block reaches this point before any passes it; LDS
 //                                writes before it are visible after it (s_barrier + LDS wait)
 //   shfl_xor(v, mask, width)     v of lane (lane ^ mask) within the caller's width-aligned segment
@@ -19,6 +19,10 @@
 //   atomic_add_f32(addr, v)      *addr += v on global fp32 memory as one atomic update (lanes and
 //                                blocks may add to the same address; the order of the adds is not
 //                                defined, so the sum's rounding is not either)
+//   claim_flag(addr)             atomically sets the global int *addr from 0 to 1; true for the one
+//                                lane (of all blocks) that did it (HIP atomicCAS)
+//   fence_system()               this lane's global writes before it are visible to the host before
+//                                any after it (HIP __threadfence_system)
 // LDS is plain memory reached through a `unsigned char* lds` the kernel entry passes in (a static
 // __shared__ array on the GPU, a byte array in the model), so kernels address it like any buffer.
 //

@@ -19,6 +19,7 @@
 
 #include "hip/hip_model_backward.hpp"
 #include "hip/hip_model_forward.hpp"
+#include "hip/index_check.hpp"
 #include "hip/kvcache_append.hpp"
 #include "hip/merge_states.hpp"
 
@@ -186,6 +187,24 @@ hipError_t hipFreeAsync(void* ptr, hipStream_t) {
   return hipSuccess;
 }
 
+/// Mapped host memory is host memory: the device address is the host one.
+hipError_t hipHostMalloc(void** ptr, size_t bytes, unsigned int flags) {
+  if (!(flags & hipHostMallocMapped))
+    return fail(hipErrorInvalidValue, "hipHostMalloc without hipHostMallocMapped");
+  *ptr = std::malloc(bytes);
+  if (!*ptr) return fail(hipErrorOutOfMemory, "hipHostMalloc");
+  std::memset(*ptr, 0xff, bytes);  // the backend must clear it
+  return hipSuccess;
+}
+hipError_t hipHostGetDevicePointer(void** device, void* host, unsigned int) {
+  *device = host;
+  return hipSuccess;
+}
+/// Launches run to completion on the model, so nothing is ever pending.
+hipError_t hipDeviceSynchronize() {
+  return hipSuccess;
+}
+
 hipError_t hipModuleLoadData(hipModule_t* module, const void* image) {
   const auto* bytes = static_cast<const unsigned char*>(image);
   const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(bytes);
@@ -271,6 +290,13 @@ hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned gx, unsigned gy, unsi
       wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::append(prm); });
     else
       wave::model::launch({gx, 1, 1}, amd::kKvThreads, 0, [&](unsigned char*) { amd::kv::rotate_q(prm); });
+  } else if (fn->name == "index_check") {
+    const amd::IndexCheckParams& prm = *static_cast<const amd::IndexCheckParams*>(params[0]);
+    if (bx != (unsigned)amd::kIndexThreads ||
+        gx != (unsigned)((prm.p.batch + amd::kIndexWaves - 1) / amd::kIndexWaves) || gy == 0 || gz != 1 ||
+        fn->lds != 0)
+      return fail(hipErrorInvalidConfiguration, "index_check block/grid");
+    wave::model::launch({gx, gy, 1}, amd::kIndexThreads, 0, [&](unsigned char*) { amd::index::run(prm); });
   } else if (fn->name == "merge_states") {
     const amd::MergeParams& prm = *static_cast<const amd::MergeParams*>(params[0]);
     const long long rows = prm.batch * prm.heads * prm.seqlen;

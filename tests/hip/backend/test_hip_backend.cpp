@@ -382,6 +382,73 @@ TEST(HipBackend, KvCacheSplits) {
   EXPECT_EQ(kvcase_matches_cpu(p), 3);
 }
 
+/// flashport::check_device(hip:0) raises the fault index_check recorded, naming `args` (any of them) and
+/// saying where it was found, exactly once.
+void expect_hip_fault(std::initializer_list<std::string> args, const std::string& fragment) {
+  try {
+    check_device(kHip0);
+    ADD_FAILURE() << "no device fault recorded for " << *args.begin();
+  } catch (const Error& e) {
+    EXPECT_NE(std::find(args.begin(), args.end(), e.argument()), args.end()) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("found on hip:0"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_device(kHip0)) << "a fault is raised once";
+}
+
+/// Index tensors in device memory are not read on the host outside checked mode: index_check runs the
+/// rules of core/index_rules.h on the device ahead of the call's kernels (which clamp every index) and
+/// the next call, or check_device, raises the named error. Valid indices record nothing; a decreasing
+/// cu_seqlens_q (which also makes the next sequence too long), a block-table entry past the pool beyond the
+/// first 256-column chunk (two of them in one chunk: the lowest column is named) and a negative cache_seqlens
+/// each are named; a pending fault stops the next call before it runs, and the call after that runs.
+TEST(HipBackend, DeviceIndexChecksNameTheBadTensor) {
+  const int checks = launches("index_check");
+  Case c = varlen(dense(DType::bf16, 1, 1, 1, 2, 2, 64), {17, 9, 30}, {20, 9, 40});
+  fastcheck::Inputs in = fastcheck::make_inputs(c);
+  run_hip(c, in);
+  EXPECT_EQ(launches("index_check"), checks + 1) << "device-resident cu_seqlens are checked";
+  EXPECT_NO_THROW(check_device(kHip0)) << "valid indices";
+
+  in.cu_q.i32()[2] = 10;  // 17 then 10: decreasing, and the next sequence 46 > max_seqlen_q long
+  run_hip(c, in);
+  expect_hip_fault({"cu_seqlens_q", "max_seqlen_q"}, "");  // whichever wave claimed the record first
+
+  Case p = paged(dense(DType::f16, 1, 3, 1, 2, 2, 64), 1, {400});
+  fastcheck::Inputs pin = fastcheck::make_inputs(p);
+  const int64_t pages = pin.k.tv.shape[0];
+  // Chunk 1 (columns 256..511): the lowest bad column (319) on lane 63, 63 more bad ones (320..382) on
+  // lanes 0..62, so a wave that let any bad lane report would name another column 63 times in 64.
+  for (int col = 320; col <= 382; ++col) pin.block_table.i32()[col] = (int32_t)pages + 5;
+  pin.block_table.i32()[319] = -1;
+  run_hip(p, pin);
+  expect_hip_fault({"block_table"}, "entry [0, 319] = -1");
+
+  {  // a decode step over a cache whose second sequence claims -3 tokens
+    HostTensor q = randn(DType::bf16, {2, 1, 4, 64}), out(DType::bf16, {2, 1, 4, 64});
+    HostTensor k_cache = randn(DType::bf16, {2, 40, 2, 64}), v_cache = randn(DType::bf16, {2, 40, 2, 64});
+    HostTensor seqlens = int_tensor({7, -3});
+    for (HostTensor* t : {&q, &out, &k_cache, &v_cache, &seqlens}) on(*t, kHip0);
+    KvCacheArgs a;
+    a.q = q, a.k_cache = k_cache, a.v_cache = v_cache, a.out = out, a.cache_seqlens = seqlens.view();
+    forward_kvcache(a);
+    expect_hip_fault({"cache_seqlens"}, "entry 1 = -3 must be >= 0");
+  }
+
+  run_hip(c, in);  // the bad cu_seqlens_q again: recorded, raised by the next call instead of it running
+  const int forwards = forward_launches();
+  try {
+    run_hip(p, fastcheck::make_inputs(p));
+    ADD_FAILURE() << "a call ran past a pending device fault";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.argument() == "cu_seqlens_q" || e.argument() == "max_seqlen_q") << e.what();
+    EXPECT_NE(std::string(e.what()).find("found on hip:0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(forward_launches(), forwards) << "the call that raised did not launch";
+  EXPECT_NO_THROW(run_hip(p, fastcheck::make_inputs(p)));
+  EXPECT_NO_THROW(check_device(kHip0));
+}
+
 /// merge_states on hip:0 against the CPU merge, equal to the bit (both merge in fp64 by the same steps;
 /// the model computes exp and log with the host's libm): every element type, d 130 (a wave's lanes
 /// take three passes, the last partial), LSEs of -inf in one state or both, out_a a head slice of a
