@@ -92,6 +92,29 @@ struct MergeParams {
   float* lse;
 };
 
+/// Row `row` of merge_states, in the LSEs' order ((b * heads + h) * seqlen + s): its states' fp64 weights
+/// (sem::lse_weight against their max: a state of LSE -inf weighs 0 and is never read, so its unwritten
+/// output cannot leak NaN), the merged LSE (-inf when both weigh 0; out is then 0), and the offsets of
+/// its channel 0 in a, b and out. The CPU, CUDA and CDNA merges all take it; out = (w_a a + w_b b) / w_sum.
+struct MergeRow {
+  double w_a, w_b, w_sum;
+  float lse;
+  long long a_off, b_off, o_off;
+};
+FP_HD MergeRow merge_row(const MergeParams& mp, long long row) {
+  const long long s = row % mp.seqlen, h = (row / mp.seqlen) % mp.heads, b = row / (mp.seqlen * mp.heads);
+  const double lse_a = mp.lse_a[row], lse_b = mp.lse_b[row];
+  const double m = lse_a > lse_b ? lse_a : lse_b;
+  MergeRow r;
+  r.w_a = sem::lse_weight(lse_a, m), r.w_b = sem::lse_weight(lse_b, m);
+  r.w_sum = r.w_a + r.w_b;
+  r.lse = r.w_sum > 0.0 ? (float)(m + ::log(r.w_sum)) : sem::kNegInf;
+  r.a_off = b * mp.a.batch_stride + s * mp.a.row_stride + h * mp.a.head_stride;
+  r.b_off = b * mp.b.batch_stride + s * mp.b.row_stride + h * mp.b.head_stride;
+  r.o_off = b * mp.out.batch_stride + s * mp.out.row_stride + h * mp.out.head_stride;
+  return r;
+}
+
 /// Kernel arguments of the KV-cache append (CUDA kvcache_append.cu, CDNA kvcache_append.hpp): the
 /// append part of core::KvCacheProblem in plain fields. `attn` addresses the cache (k/v operands,
 /// leftpad, kv_batch_idx, block table) and q; new tokens go to absolute cache slots cache_seqlens[b] + t

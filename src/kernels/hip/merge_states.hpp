@@ -1,7 +1,7 @@
 // The CDNA merge of two partial attention states by their log-sum-exp (SPEC "merge_states"), written
 // over the wave layer: kernels/cuda/merge_states.cu's structure (one wave per row, lanes over channels)
-// and rule (fp64 weights sem::lse_weight, a state of weight 0 never read, both LSEs read before the
-// merged one is written since out / lse may alias the inputs). Memory-bound; the element type (f64, f32,
+// and core/problem.h's merge_row (fp64 weights and LSE; both LSEs read before the merged one is written,
+// since out / lse may alias the inputs). Memory-bound; the element type (f64, f32,
 // f16, bf16) is read at run time, so one code object per arch serves every call (merge_states.hip).
 #pragma once
 
@@ -39,25 +39,17 @@ FP_DEV void store_f64(void* base, int type, i64 off, double x) {
 FP_DEV void run(const MergeParams& mp) {
   const i64 row = (i64)block_x() * kMergeWaves + wave_id();
   if (row >= mp.batch * mp.heads * mp.seqlen) return;
-  const i64 s = row % mp.seqlen, h = (row / mp.seqlen) % mp.heads, b = row / (mp.seqlen * mp.heads);
-  const double lse_a = mp.lse_a[row], lse_b = mp.lse_b[row];
-  const double m = lse_a > lse_b ? lse_a : lse_b;
-  const double w_a = sem::lse_weight(lse_a, m), w_b = sem::lse_weight(lse_b, m);
-  const double w_sum = w_a + w_b;
-  const i64 a_off = b * mp.a.batch_stride + s * mp.a.row_stride + h * mp.a.head_stride;
-  const i64 b_off = b * mp.b.batch_stride + s * mp.b.row_stride + h * mp.b.head_stride;
-  const i64 o_off = b * mp.out.batch_stride + s * mp.out.row_stride + h * mp.out.head_stride;
+  const MergeRow r = merge_row(mp, row);  // reads both LSEs: lane 0 may overwrite them below
   for (i64 c = lane_id(); c < mp.d; c += kWaveSize) {
     double merged = 0.0;
-    if (w_a > 0.0) merged += w_a * load_f64(mp.a.ptr, mp.type, a_off + c);
-    if (w_b > 0.0) merged += w_b * load_f64(mp.b.ptr, mp.type, b_off + c);
-    store_f64(mp.out.ptr, mp.type, o_off + c, w_sum > 0.0 ? merged / w_sum : 0.0);
+    if (r.w_a > 0.0) merged += r.w_a * load_f64(mp.a.ptr, mp.type, r.a_off + c);
+    if (r.w_b > 0.0) merged += r.w_b * load_f64(mp.b.ptr, mp.type, r.b_off + c);
+    store_f64(mp.out.ptr, mp.type, r.o_off + c, r.w_sum > 0.0 ? merged / r.w_sum : 0.0);
   }
   // Lane 0 may overwrite lse_a / lse_b (aliases): every lane of the wave has read them once all reach
   // this collective (the GPU runs the wave in lockstep anyway; the model's lanes switch only here).
   (void)wave_all(true);
-  // fp64 log (the global one: wave::log is fp32), as the CPU and CUDA merges take it.
-  if (mp.lse && lane_id() == 0) mp.lse[row] = w_sum > 0.0 ? (float)(m + ::log(w_sum)) : sem::kNegInf;
+  if (mp.lse && lane_id() == 0) mp.lse[row] = r.lse;
 }
 
 }  // namespace merge
