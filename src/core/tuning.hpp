@@ -56,9 +56,9 @@ struct Tuning {
   Knob<std::string> cuda_backward{"FLASHPORT_CUDA_BACKWARD"};  // same
   Knob<std::vector<HopperTileSetting>> hopper_tile{"FLASHPORT_HOPPER_TILE"};
   Knob<int> hopper_persistent{"FLASHPORT_HOPPER_PERSISTENT", -1};  // 0, 1, 2; -1: the launch rule
-  // 1: e4m3 calls the Hopper fp8 forward takes run there; 0 (unset): on the portable fp8 variant. Opt-in
-  // until its GPU suite has passed (first run 2026-12-05: docs/HOPPER_NOTES.md; hopper::declines).
-  Knob<bool> hopper_fp8{"FLASHPORT_HOPPER_FP8"};
+  // 1 (unset): e4m3 calls the Hopper fp8 forward takes run there; 0: on the portable fp8 variant (6-15x
+  // slower on an H100, 2026-12-06: docs/HOPPER_NOTES.md; hopper::declines).
+  Knob<bool> hopper_fp8{"FLASHPORT_HOPPER_FP8", true};
   Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
   Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset

@@ -59,7 +59,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_TRUE(t.hopper_tile.get().empty());
     EXPECT_EQ(t.hopper_persistent.get(), -1);  // unset: the Hopper launch rule decides
     EXPECT_FALSE(t.autotune.get());
-    EXPECT_FALSE(t.hopper_fp8.get());  // unset: e4m3 stays on the portable kernel
+    EXPECT_TRUE(t.hopper_fp8.get());  // unset: e4m3 runs on the Hopper fp8 forward where it can
     EXPECT_EQ(t.bwd_tile.get().warps, 0);
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);

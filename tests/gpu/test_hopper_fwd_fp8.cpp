@@ -72,8 +72,8 @@ TEST(HopperFwdFp8, SmallSupport) {
   EXPECT_TRUE(declines([&](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 8; }));  // rows 8 bytes apart from 16-aligned
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.row_stride += 16; }));
-  // Opt-in until the kernel has run on a GPU: automatic dispatch leaves e4m3 on the portable kernel
-  // (before asking how many SMs the device has) unless FLASHPORT_HOPPER_FP8=1.
+  // FLASHPORT_HOPPER_FP8=0: automatic dispatch leaves e4m3 on the portable kernel (before asking how many
+  // SMs the device has), saying why.
   if (!core::tuning().hopper_fp8.get()) {
     const char* why = hopper::declines(p, 90);
     ASSERT_NE(why, nullptr);

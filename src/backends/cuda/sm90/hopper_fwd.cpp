@@ -519,7 +519,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
 
 const char* declines(const AttnProblem& p, int) {
   if (p.in_type == kE4M3 && !core::tuning().hopper_fp8.get())
-    return "the Hopper fp8 kernel is opt-in (FLASHPORT_HOPPER_FP8=1) until its GPU suite has passed";
+    return "FLASHPORT_HOPPER_FP8=0 keeps e4m3 on the portable kernel";
   const long long tiles = p.batch * p.hq * ((p.sq + kBlockM - 1) / kBlockM);
   if (tiles * 2 >= jit::device_sm_count(p.device)) return nullptr;
   return "too few 128-row query tiles to fill the GPU (the portable kernel splits the keys)";

@@ -21,7 +21,7 @@ std::string unsupported(const AttnProblem& p, int arch);
 
 /// The forward family's heuristic (family.hpp): null when `p` fills the GPU with 128-row query tiles (two
 /// per SM), else why the portable kernel, which splits the keys of decode-like calls, should run it. e4m3
-/// calls go portable unless FLASHPORT_HOPPER_FP8=1 (until the fp8 kernel's GPU suite has passed:
+/// calls go portable when FLASHPORT_HOPPER_FP8=0 (default 1 since its GPU suite passed:
 /// docs/HOPPER_NOTES.md).
 const char* declines(const AttnProblem& p, int arch);
 
