@@ -10,6 +10,7 @@
 #include "core/index_fault.hpp"
 #include "core/tuning.hpp"
 #include "flashport/attention.hpp"
+#include "hip/attn_fwd_config.hpp"  // kMaxGridYZ
 #include "hip/index_check_config.hpp"
 
 namespace flashport::amd {
@@ -24,9 +25,6 @@ FaultRecord* record_if_any(int device) {
   if (device < 0 || device >= kTrackedDevices) return nullptr;
   return g_records[device].load(std::memory_order_acquire);
 }
-
-/// Grid y's limit on AMD (hipModuleLaunchKernel: 65535 blocks per y / z).
-constexpr long long kMaxGridY = 65535;
 
 }  // namespace
 
@@ -49,7 +47,8 @@ void check_indices_async(const AttnProblem& p, IndexCallKind call, KernelHandle 
   long long chunks = 1;
   if (p.block_table && p.page_size > 0) {
     const long long columns = (p.sk + p.page_size - 1) / p.page_size;
-    chunks = std::clamp<long long>((columns + kIndexColumnsPerWave - 1) / kIndexColumnsPerWave, 1, kMaxGridY);
+    chunks =
+        std::clamp<long long>((columns + kIndexColumnsPerWave - 1) / kIndexColumnsPerWave, 1, kMaxGridYZ);
   }
   const unsigned blocks = (unsigned)((p.batch + kIndexWaves - 1) / kIndexWaves);
   launch(p.device, kernel(p.device), Launch{{blocks, (unsigned)chunks, 1}, (unsigned)kIndexThreads, &prm},
