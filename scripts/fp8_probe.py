@@ -2,7 +2,8 @@
 
 For each (batch x seqlen = 16k tokens, heads x d = 2048) shape, bf16 inputs are quantised to e4m3 with unit
 descales; the call is flashport.flash_attn_func through torch. Prints the call's median (triton do_bench),
-the GPU time of each of its kernels (torch.profiler, 20 calls), and the bf16 call for reference.
+the GPU time of each of its kernels (torch.profiler, 20 calls), the bf16 call for reference, and a clone of
+the e4m3 V (the bytes the V^T pass reads and writes) as its copy-rate bar.
 Usage: python3 scripts/fp8_probe.py [--dims 128,256] [--seqs 1024,4096,16384]
 """
 import argparse
@@ -43,8 +44,11 @@ def main():
                 flops = 4 * b * h * s * s * d / (2 if causal else 1)
                 t8, t16 = do_bench(f8, warmup=25, rep=100, return_mode="median"), do_bench(f16, warmup=25, rep=100, return_mode="median")
                 parts = ", ".join(f"{k} {v:.1f} us" for k, v in kernel_times(f8).items())
+                # The V^T pass reads and writes V once: a clone of v8 (same bytes) is its copy-rate reference.
+                t_copy = do_bench(lambda: v8.clone(), warmup=25, rep=100, return_mode="median")
                 print(f"d {d} s {s} causal {int(causal)}: fp8 {t8 * 1e3:.1f} us ({flops / t8 / 1e9:.0f} TFLOPS), "
-                      f"bf16 {t16 * 1e3:.1f} us ({flops / t16 / 1e9:.0f}); fp8 kernels: {parts}", flush=True)
+                      f"bf16 {t16 * 1e3:.1f} us ({flops / t16 / 1e9:.0f}); v8.clone {t_copy * 1e3:.1f} us; "
+                      f"fp8 kernels: {parts}", flush=True)
 
 
 if __name__ == "__main__":

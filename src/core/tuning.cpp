@@ -178,6 +178,9 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.hopper_bwd_pipe = small_int(env, "FLASHPORT_HOPPER_BWD_PIPE", 0, 3, -1);
   const Knob<std::string> block_m = word(env, "FLASHPORT_HOPPER_BWD_BLOCK_M", {"64", "128"});
   t.hopper_bwd_block_m = {block_m.name, block_m.value.empty() ? 0 : std::stoi(block_m.value), block_m.error};
+  const Knob<std::string> fp8_block_m = word(env, "FLASHPORT_HOPPER_FP8_BLOCK_M", {"128", "192"});
+  t.hopper_fp8_block_m = {fp8_block_m.name, fp8_block_m.value.empty() ? 0 : std::stoi(fp8_block_m.value),
+                          fp8_block_m.error};
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);

@@ -143,6 +143,12 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"32", "0", "-1", "128 "})
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_BLOCK_M", bad}}).hopper_bwd_block_m,
                     "FLASHPORT_HOPPER_BWD_BLOCK_M", bad);
+  for (int v : {128, 192})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_FP8_BLOCK_M", std::to_string(v)}}).hopper_fp8_block_m.get(), v);
+  EXPECT_EQ(parse({}).hopper_fp8_block_m.get(), 0);
+  for (const char* bad : {"64", "0", "256", "192x"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_BLOCK_M", bad}}).hopper_fp8_block_m,
+                    "FLASHPORT_HOPPER_FP8_BLOCK_M", bad);
   for (const char* bad : {"3", "-1", "x", "1 ", "+1"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_PERSISTENT", bad}}).hopper_persistent,
                     "FLASHPORT_HOPPER_PERSISTENT", bad);

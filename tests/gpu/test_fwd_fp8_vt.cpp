@@ -14,12 +14,13 @@ namespace {
 
 namespace hopper = cuda::hopper;
 
-void expect_vt_layout(const Case& c) {
-  SCOPED_TRACE(c.describe());
+/// `v_shift`: V starts that many bytes past a 16-byte boundary (not a multiple of 16: the pass's byte loads).
+void expect_vt_layout(const Case& c, size_t v_shift = 0) {
+  SCOPED_TRACE(c.describe() + " v_shift " + std::to_string(v_shift));
   const fp8check::Inputs in = fp8check::make(c);
   DeviceCopies dev;
   fastcheck::Inputs d;
-  d.q = dev.shell(in.fp8.q), d.k = dev.shell(in.fp8.k), d.v = dev.shell(in.fp8.v);
+  d.q = dev.shell(in.fp8.q), d.k = dev.shell(in.fp8.k), d.v = dev.shell(in.fp8.v, v_shift);
   d.cu_q = dev.shell(in.fp8.cu_q), d.cu_k = dev.shell(in.fp8.cu_k), d.used_k = dev.shell(in.fp8.used_k);
   fastcheck::Forward f = fp8check::outputs(c, DType::bf16);
   DeviceTensor d_out = DeviceTensor::from(f.out);
@@ -69,6 +70,9 @@ TEST(GpuFp8VTranspose, DenseAndVarlenRegions) {
   expect_vt_layout(dense(DType::e4m3, 1, 1, 77, 2, 1, 64));
   expect_vt_layout(dense(DType::e4m3, 1, 1, 129, 2, 2, 256));
   expect_vt_layout(varlen(dense(DType::e4m3, 1, 1, 1, 2, 1, 128), {1, 1, 1, 1, 1}, {0, 130, 7, 300, 0}));
+  expect_vt_layout(dense(DType::e4m3, 2, 1, 300, 4, 2, 128), 1);
+  expect_vt_layout(dense(DType::e4m3, 1, 1, 200, 2, 1, 64), 4);
+  expect_vt_layout(varlen(dense(DType::e4m3, 1, 1, 1, 2, 1, 256), {1, 1, 1}, {5, 0, 260}), 8);
 }
 
 }  // namespace

@@ -102,6 +102,12 @@ TEST(HopperFwdFp8, ManyBlocksPersistent) {
   // CTAs loop over blocks (causal: in causal_tile's order), Q released after each block's last Q K^T.
   expect_hopper_fp8(dense(DType::e4m3, 4, 1100, 1100, 8, 2, 128), DType::bf16);
   expect_hopper_fp8(with(dense(DType::e4m3, 4, 1100, 1100, 8, 2, 64), kCausal), DType::f16);
+  // d 64 with more than 1k keys runs 192-row blocks (three consumers, fp8_tile): persistent with a partial
+  // last block and GQA 4:1, then one CTA per block (a window).
+  expect_hopper_fp8(dense(DType::e4m3, 2, 1000, 1500, 4, 1, 64), DType::bf16);
+  Case w = dense(DType::e4m3, 1, 700, 1300, 2, 2, 64);
+  w.wl = 300, w.wr = 0;
+  expect_hopper_fp8(w, DType::f16);
 }
 
 TEST(HopperFwdFp8, SmallVarlen) {

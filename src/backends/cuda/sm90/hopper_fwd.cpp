@@ -299,10 +299,23 @@ void run(Launch& l, void* stream) {
 
 // --- FP8 (e4m3 q, k, v; bf16 / fp16 out) -------------------------------------------------------------
 
-/// The FP8 kernel writing ElemType `out_type` at head dim d (fp8_tile_for's tile); `persistent` 1: one CTA
-/// per SM looping over query blocks (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's).
-jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent) {
-  const Tile t = fp8_tile_for(d);
+/// The FP8 kernel's tile for `p`: fp8_tile_for's, at d 64 with more than kTallKeys keys 192 query rows
+/// (three consumer warpgroups), as the 16-bit rule: the exponentials limit d 64 more in fp8, whose GEMMs
+/// take half the time. FLASHPORT_HOPPER_FP8_BLOCK_M picks 128 or 192 at d 64 for A/B timing.
+Tile fp8_tile(const AttnProblem& p) {
+  Tile t = fp8_tile_for((int)p.d);
+  if (p.d != 64) return t;
+  const int forced = core::tuning().hopper_fp8_block_m.get();
+  t.block_m = forced ? forced : p.sk > kTallKeys ? kBlockMTall : kBlockM;
+  return t;
+}
+
+/// The FP8 kernel writing ElemType `out_type` at head dim d (fp8_tile_for's tile, `block_m` query rows);
+/// `persistent` 1: one CTA per SM looping over query blocks (FP_PERSISTENT=1; with no O staging, Q is
+/// released early as mode 2's).
+jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m) {
+  Tile t = fp8_tile_for(d);
+  t.block_m = block_m;
   jit::KernelSpec spec;
   spec.source = kSource;
   spec.entry = kEntry;
@@ -333,12 +346,12 @@ TmaDesc fp8_vt_map(const AttnProblem& p, unsigned char* vt, long long keys) {
 /// V^T into stream-ordered scratch, then the FP8 forward over it; the scratch is freed behind both.
 void launch_fp8(const AttnProblem& p, int device) {
   const int d = (int)p.d;
-  const Tile tile = fp8_tile_for(d);
+  const Tile tile = fp8_tile(p);
   Launch l = launch_base(p, tile, false);
   // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1.
   const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
   const int persistent = blocks < (1LL << 30) && persistent_for(p) ? 1 : 0;
-  l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent);
+  l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m);
   place_grid(l, p, tile, persistent != 0, device);
   const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
   const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
@@ -512,8 +525,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.o.row_stride % 8 != 0 || p.o.head_stride % 8 != 0 || p.o.batch_stride % 8 != 0)
     return "the Hopper kernel needs out strides in multiples of 8 elements";
   std::string error;
-  plan_maps(p, p.in_type == kE4M3 ? fp8_tile_for((int)p.d) : shape_for((int)p.d).tile,
-            error);  // tile-free errors
+  plan_maps(p, p.in_type == kE4M3 ? fp8_tile(p) : shape_for((int)p.d).tile, error);  // tile-free errors
   return error;
 }
 
@@ -578,7 +590,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
           specs.push_back(make_spec(elem_type, d, {kDropoutTile, 0, persistent, kDropoutTransform}));
     for (int d : kFp8HeadDims)  // e4m3 in, this dtype out; persistent where the launch rule takes it
       for (int persistent : {0, 1})
-        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent));
+        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM));
+    for (int persistent : {0, 1})  // d 64's long-key tile (fp8_tile)
+      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall));
   }
   return specs;
 }

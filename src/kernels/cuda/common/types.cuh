@@ -25,6 +25,11 @@ FP_DEV float u32_as_float(u32 u) {
   return __uint_as_float(u);
 }
 
+/// PTX prmt: byte n of the result is byte (nibble n of `sel`) of the pair a (bytes 0-3), b (bytes 4-7).
+FP_DEV u32 byte_perm(u32 a, u32 b, u32 sel) {
+  return __byte_perm(a, b, sel);
+}
+
 /// fp16 (IEEE binary16). `kElemType` equals flashport::kF16.
 struct f16 {
   static constexpr int kElemType = 2;

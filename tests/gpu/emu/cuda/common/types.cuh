@@ -15,6 +15,13 @@ using u32 = unsigned int;
 using u64 = unsigned long long;
 using i64 = long long;
 
+inline u32 byte_perm(u32 a, u32 b, u32 sel) {
+  const u64 pair = (u64)b << 32 | a;
+  u32 r = 0;
+  for (int n = 0; n < 4; ++n) r |= (u32)(pair >> (8 * ((sel >> (4 * n)) & 7)) & 0xffu) << (8 * n);
+  return r;
+}
+
 struct Float2 {
   float x, y;
 };
