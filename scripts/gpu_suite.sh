@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3,decode,ab,bwdab,trainprof,sweep
+# memory,fuzz,huge,fa3,decode,ab,bwdab,trainprof,sweep,fp8probe
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -288,6 +288,18 @@ if has decode; then
     FLASHPORT_DECODE=$mode python3 bench/gpu_decode_bench.py --quick --out "$OUT/decode_mode$mode.jsonl" 2>&1 | grep -E "^\[" || status=1
   done
   python3 bench/gpu_decode_bench.py --perf-md --out "$OUT/decode.jsonl" 2>&1 | tee "$OUT/decode.log" | grep -E "^\[" || status=1
+fi
+if has fp8probe; then
+  # The fp8 forward's time split (scripts/fp8_probe.py: the V^T pass against the attention kernel and a
+  # copy of V) once per FP8PROBE_BLOCK_M value (FLASHPORT_HOPPER_FP8_BLOCK_M; "rule": unset), FP8PROBE_ARGS
+  # its --dims / --seqs.
+  step "fp8 forward: V^T pass and kernel per block_m"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  for bm in ${FP8PROBE_BLOCK_M:-rule}; do
+    echo "--- FLASHPORT_HOPPER_FP8_BLOCK_M=$bm"
+    (if [[ $bm != rule ]]; then export FLASHPORT_HOPPER_FP8_BLOCK_M=$bm; fi
+     python3 scripts/fp8_probe.py ${FP8PROBE_ARGS:-} 2>&1 | tee -a "$OUT/fp8_probe.log") || status=1
+  done
 fi
 if has bench; then
   step "benchmark"
