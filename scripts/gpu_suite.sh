@@ -291,13 +291,13 @@ if has decode; then
 fi
 if has fp8probe; then
   # The fp8 forward's time split (scripts/fp8_probe.py: the V^T pass against the attention kernel and a
-  # copy of V) once per FP8PROBE_BLOCK_M value (FLASHPORT_HOPPER_FP8_BLOCK_M; "rule": unset), FP8PROBE_ARGS
-  # its --dims / --seqs.
-  step "fp8 forward: V^T pass and kernel per block_m"
+  # copy of V) once per FP8PROBE_ENV entry (space-separated; an entry is "rule", nothing set, or
+  # comma-separated NAME=VALUE settings, e.g. FLASHPORT_HOPPER_FP8_STAGES=3), FP8PROBE_ARGS its --dims / --seqs.
+  step "fp8 forward: V^T pass and kernel per setting"
   python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
-  for bm in ${FP8PROBE_BLOCK_M:-rule}; do
-    echo "--- FLASHPORT_HOPPER_FP8_BLOCK_M=$bm"
-    (if [[ $bm != rule ]]; then export FLASHPORT_HOPPER_FP8_BLOCK_M=$bm; fi
+  for setting in ${FP8PROBE_ENV:-rule}; do
+    echo "--- $setting"
+    (if [[ $setting != rule ]]; then IFS=, read -ra kv <<<"$setting"; export "${kv[@]}"; fi
      python3 scripts/fp8_probe.py ${FP8PROBE_ARGS:-} 2>&1 | tee -a "$OUT/fp8_probe.log") || status=1
   done
 fi

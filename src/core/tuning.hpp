@@ -62,6 +62,8 @@ struct Tuning {
   // Query rows per block of the Hopper fp8 forward at d 64: 128 or 192 (three consumer warpgroups); 0
   // (unset): the launch rule's (hopper_fwd.cpp, fp8_tile)
   Knob<int> hopper_fp8_block_m{"FLASHPORT_HOPPER_FP8_BLOCK_M", 0};
+  // K/V stages of the Hopper fp8 forward's ring: 2..4; 0 (unset): the launch rule's (fp8_tile)
+  Knob<int> hopper_fp8_stages{"FLASHPORT_HOPPER_FP8_STAGES", 0};
   Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
   Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset

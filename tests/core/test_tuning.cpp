@@ -146,6 +146,12 @@ TEST(Tuning, SmallIntegers) {
   for (int v : {128, 192})
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_FP8_BLOCK_M", std::to_string(v)}}).hopper_fp8_block_m.get(), v);
   EXPECT_EQ(parse({}).hopper_fp8_block_m.get(), 0);
+  for (int v : {2, 3, 4})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_FP8_STAGES", std::to_string(v)}}).hopper_fp8_stages.get(), v);
+  EXPECT_EQ(parse({}).hopper_fp8_stages.get(), 0);
+  for (const char* bad : {"1", "5", "0", "three"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_STAGES", bad}}).hopper_fp8_stages,
+                    "FLASHPORT_HOPPER_FP8_STAGES", bad);
   for (const char* bad : {"64", "0", "256", "192x"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_BLOCK_M", bad}}).hopper_fp8_block_m,
                     "FLASHPORT_HOPPER_FP8_BLOCK_M", bad);

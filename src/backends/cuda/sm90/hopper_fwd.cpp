@@ -301,21 +301,22 @@ void run(Launch& l, void* stream) {
 
 /// The FP8 kernel's tile for `p`: fp8_tile_for's, at d 64 with more than kTallKeys keys 192 query rows
 /// (three consumer warpgroups), as the 16-bit rule: the exponentials limit d 64 more in fp8, whose GEMMs
-/// take half the time. FLASHPORT_HOPPER_FP8_BLOCK_M picks 128 or 192 at d 64 for A/B timing.
+/// take half the time (H200, 2026-12-06: +15-28% at 2k-4k, docs/HOPPER_NOTES.md).
+/// FLASHPORT_HOPPER_FP8_BLOCK_M (d 64) and FLASHPORT_HOPPER_FP8_STAGES override it for A/B timing.
 Tile fp8_tile(const AttnProblem& p) {
   Tile t = fp8_tile_for((int)p.d);
+  if (const int stages = core::tuning().hopper_fp8_stages.get()) t.stages = stages;
   if (p.d != 64) return t;
   const int forced = core::tuning().hopper_fp8_block_m.get();
   t.block_m = forced ? forced : p.sk > kTallKeys ? kBlockMTall : kBlockM;
   return t;
 }
 
-/// The FP8 kernel writing ElemType `out_type` at head dim d (fp8_tile_for's tile, `block_m` query rows);
-/// `persistent` 1: one CTA per SM looping over query blocks (FP_PERSISTENT=1; with no O staging, Q is
-/// released early as mode 2's).
-jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m) {
-  Tile t = fp8_tile_for(d);
-  t.block_m = block_m;
+/// The FP8 kernel writing ElemType `out_type` at head dim d with `block_m` query rows and `stages` K/V
+/// stages (block_n fp8_tile_for's); `persistent` 1: one CTA per SM looping over query blocks
+/// (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's).
+jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, int stages) {
+  const Tile t{block_m, fp8_tile_for(d).block_n, stages};
   jit::KernelSpec spec;
   spec.source = kSource;
   spec.entry = kEntry;
@@ -351,7 +352,13 @@ void launch_fp8(const AttnProblem& p, int device) {
   // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1.
   const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
   const int persistent = blocks < (1LL << 30) && persistent_for(p) ? 1 : 0;
-  l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m);
+  if (l.smem > kSmemLimit)
+    throw Error("FLASHPORT_HOPPER_FP8_STAGES", std::to_string(tile.stages) + " stages need " +
+                                                   std::to_string(l.smem) + " bytes of shared memory at d " +
+                                                   std::to_string(d) + ", over the " +
+                                                   std::to_string(kSmemLimit) + " a block may use");
+  l.kernel =
+      &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m, tile.stages);
   place_grid(l, p, tile, persistent != 0, device);
   const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
   const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
@@ -590,9 +597,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
           specs.push_back(make_spec(elem_type, d, {kDropoutTile, 0, persistent, kDropoutTransform}));
     for (int d : kFp8HeadDims)  // e4m3 in, this dtype out; persistent where the launch rule takes it
       for (int persistent : {0, 1})
-        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM));
+        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM, 2));
     for (int persistent : {0, 1})  // d 64's long-key tile (fp8_tile)
-      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall));
+      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall, 2));
   }
   return specs;
 }
