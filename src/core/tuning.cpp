@@ -182,6 +182,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.hopper_fp8_block_m = {fp8_block_m.name, fp8_block_m.value.empty() ? 0 : std::stoi(fp8_block_m.value),
                           fp8_block_m.error};
   t.hopper_fp8_stages = small_int(env, "FLASHPORT_HOPPER_FP8_STAGES", 2, 4, 0);
+  t.hopper_fp8_exp_emu = small_int(env, "FLASHPORT_HOPPER_FP8_EXP_EMU", 0, 8, -1);
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);

@@ -64,6 +64,9 @@ struct Tuning {
   Knob<int> hopper_fp8_block_m{"FLASHPORT_HOPPER_FP8_BLOCK_M", 0};
   // K/V stages of the Hopper fp8 forward's ring: 2..4; 0 (unset): the launch rule's (fp8_tile)
   Knob<int> hopper_fp8_stages{"FLASHPORT_HOPPER_FP8_STAGES", 0};
+  // Eighths of the fp8 forward's exponentials computed on the FMA pipe (FP_EXP_EMU): 0..8; -1 (unset): the
+  // launch rule's
+  Knob<int> hopper_fp8_exp_emu{"FLASHPORT_HOPPER_FP8_EXP_EMU", -1};
   Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
   Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset

@@ -152,6 +152,11 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"1", "5", "0", "three"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_STAGES", bad}}).hopper_fp8_stages,
                     "FLASHPORT_HOPPER_FP8_STAGES", bad);
+  EXPECT_EQ(parse({{"FLASHPORT_HOPPER_FP8_EXP_EMU", "3"}}).hopper_fp8_exp_emu.get(), 3);
+  EXPECT_EQ(parse({}).hopper_fp8_exp_emu.get(), -1);
+  for (const char* bad : {"9", "-1", "half"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_EXP_EMU", bad}}).hopper_fp8_exp_emu,
+                    "FLASHPORT_HOPPER_FP8_EXP_EMU", bad);
   for (const char* bad : {"64", "0", "256", "192x"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_BLOCK_M", bad}}).hopper_fp8_block_m,
                     "FLASHPORT_HOPPER_FP8_BLOCK_M", bad);

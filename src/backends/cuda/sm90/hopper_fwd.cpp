@@ -312,10 +312,16 @@ Tile fp8_tile(const AttnProblem& p) {
   return t;
 }
 
+/// Eighths of the FP8 kernel's exponentials on the FMA pipe: FLASHPORT_HOPPER_FP8_EXP_EMU's, else 0.
+int fp8_exp_emu() {
+  const int forced = core::tuning().hopper_fp8_exp_emu.get();
+  return forced >= 0 ? forced : 0;
+}
+
 /// The FP8 kernel writing ElemType `out_type` at head dim d with `block_m` query rows and `stages` K/V
 /// stages (block_n fp8_tile_for's); `persistent` 1: one CTA per SM looping over query blocks
 /// (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's).
-jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, int stages) {
+jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, int stages, int exp_emu) {
   const Tile t{block_m, fp8_tile_for(d).block_n, stages};
   jit::KernelSpec spec;
   spec.source = kSource;
@@ -329,6 +335,7 @@ jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, 
                   {"FP_BLOCK_N", std::to_string(t.block_n)},
                   {"FP_STAGES", std::to_string(t.stages)}};
   if (persistent) spec.defines.push_back({"FP_PERSISTENT", "1"});
+  if (exp_emu > 0) spec.defines.push_back({"FP_EXP_EMU", std::to_string(exp_emu)});
   return spec;
 }
 
@@ -357,8 +364,8 @@ void launch_fp8(const AttnProblem& p, int device) {
                                                    std::to_string(l.smem) + " bytes of shared memory at d " +
                                                    std::to_string(d) + ", over the " +
                                                    std::to_string(kSmemLimit) + " a block may use");
-  l.kernel =
-      &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m, tile.stages);
+  l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m,
+                            tile.stages, fp8_exp_emu());
   place_grid(l, p, tile, persistent != 0, device);
   const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
   const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
@@ -597,9 +604,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
           specs.push_back(make_spec(elem_type, d, {kDropoutTile, 0, persistent, kDropoutTransform}));
     for (int d : kFp8HeadDims)  // e4m3 in, this dtype out; persistent where the launch rule takes it
       for (int persistent : {0, 1})
-        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM, 2));
+        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM, 2, 0));
     for (int persistent : {0, 1})  // d 64's long-key tile (fp8_tile)
-      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall, 2));
+      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall, 2, 0));
   }
   return specs;
 }
