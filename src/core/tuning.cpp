@@ -87,8 +87,9 @@ Knob<BwdTileSetting> bwd_tile(const EnvLookup& env) {
   return k;
 }
 
-Knob<std::vector<HopperTileSetting>> hopper_tile(const EnvLookup& env) {
-  Knob<std::vector<HopperTileSetting>> k{"FLASHPORT_HOPPER_TILE"};
+/// FLASHPORT_HOPPER_TILE or FLASHPORT_HOPPER_FP8_TILE (`name`): comma-separated tile entries.
+Knob<std::vector<HopperTileSetting>> hopper_tile(const EnvLookup& env, const char* name) {
+  Knob<std::vector<HopperTileSetting>> k{name};
   const std::string text = text_of(env, k.name);
   if (text.empty()) return k;
   std::vector<int> v;
@@ -165,7 +166,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   Tuning t;
   t.cuda_forward = word(env, "FLASHPORT_CUDA_FORWARD", {"portable", "hopper"}, {"auto"});
   t.cuda_backward = word(env, "FLASHPORT_CUDA_BACKWARD", {"portable", "hopper"}, {"auto"});
-  t.hopper_tile = hopper_tile(env);
+  t.hopper_tile = hopper_tile(env, "FLASHPORT_HOPPER_TILE");
   t.hopper_persistent = small_int(env, "FLASHPORT_HOPPER_PERSISTENT", 0, 2, -1);
   t.hopper_fp8 = flag(env, "FLASHPORT_HOPPER_FP8", true);
   t.autotune = flag(env, "FLASHPORT_AUTOTUNE");
@@ -178,11 +179,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.hopper_bwd_pipe = small_int(env, "FLASHPORT_HOPPER_BWD_PIPE", 0, 3, -1);
   const Knob<std::string> block_m = word(env, "FLASHPORT_HOPPER_BWD_BLOCK_M", {"64", "128"});
   t.hopper_bwd_block_m = {block_m.name, block_m.value.empty() ? 0 : std::stoi(block_m.value), block_m.error};
-  const Knob<std::string> fp8_block_m = word(env, "FLASHPORT_HOPPER_FP8_BLOCK_M", {"128", "192"});
-  t.hopper_fp8_block_m = {fp8_block_m.name, fp8_block_m.value.empty() ? 0 : std::stoi(fp8_block_m.value),
-                          fp8_block_m.error};
-  t.hopper_fp8_stages = small_int(env, "FLASHPORT_HOPPER_FP8_STAGES", 2, 4, 0);
-  t.hopper_fp8_exp_emu = small_int(env, "FLASHPORT_HOPPER_FP8_EXP_EMU", 0, 8, -1);
+  t.hopper_fp8_tile = hopper_tile(env, "FLASHPORT_HOPPER_FP8_TILE");
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);

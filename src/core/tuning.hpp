@@ -59,14 +59,8 @@ struct Tuning {
   // 1 (unset): e4m3 calls the Hopper fp8 forward takes run there; 0: on the portable fp8 variant (6-15x
   // slower on an H100, 2026-12-06: docs/HOPPER_NOTES.md; hopper::declines).
   Knob<bool> hopper_fp8{"FLASHPORT_HOPPER_FP8", true};
-  // Query rows per block of the Hopper fp8 forward at d 64: 128 or 192 (three consumer warpgroups); 0
-  // (unset): the launch rule's (hopper_fwd.cpp, fp8_tile)
-  Knob<int> hopper_fp8_block_m{"FLASHPORT_HOPPER_FP8_BLOCK_M", 0};
-  // K/V stages of the Hopper fp8 forward's ring: 2..4; 0 (unset): the launch rule's (fp8_tile)
-  Knob<int> hopper_fp8_stages{"FLASHPORT_HOPPER_FP8_STAGES", 0};
-  // Eighths of the fp8 forward's exponentials computed on the FMA pipe (FP_EXP_EMU): 0..8; -1 (unset): the
-  // launch rule's
-  Knob<int> hopper_fp8_exp_emu{"FLASHPORT_HOPPER_FP8_EXP_EMU", -1};
+  // The Hopper fp8 forward's tile per head dim, FLASHPORT_HOPPER_TILE's format (hopper_fwd.cpp, fp8_tile)
+  Knob<std::vector<HopperTileSetting>> hopper_fp8_tile{"FLASHPORT_HOPPER_FP8_TILE"};
   Knob<bool> autotune{"FLASHPORT_AUTOTUNE"};
   Knob<BwdTileSetting> bwd_tile{"FLASHPORT_BWD_TILE"};
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset

@@ -143,23 +143,15 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"32", "0", "-1", "128 "})
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_BLOCK_M", bad}}).hopper_bwd_block_m,
                     "FLASHPORT_HOPPER_BWD_BLOCK_M", bad);
-  for (int v : {128, 192})
-    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_FP8_BLOCK_M", std::to_string(v)}}).hopper_fp8_block_m.get(), v);
-  EXPECT_EQ(parse({}).hopper_fp8_block_m.get(), 0);
-  for (int v : {2, 3, 4})
-    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_FP8_STAGES", std::to_string(v)}}).hopper_fp8_stages.get(), v);
-  EXPECT_EQ(parse({}).hopper_fp8_stages.get(), 0);
-  for (const char* bad : {"1", "5", "0", "three"})
-    expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_STAGES", bad}}).hopper_fp8_stages,
-                    "FLASHPORT_HOPPER_FP8_STAGES", bad);
-  EXPECT_EQ(parse({{"FLASHPORT_HOPPER_FP8_EXP_EMU", "3"}}).hopper_fp8_exp_emu.get(), 3);
-  EXPECT_EQ(parse({}).hopper_fp8_exp_emu.get(), -1);
-  for (const char* bad : {"9", "-1", "half"})
-    expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_EXP_EMU", bad}}).hopper_fp8_exp_emu,
-                    "FLASHPORT_HOPPER_FP8_EXP_EMU", bad);
-  for (const char* bad : {"64", "0", "256", "192x"})
-    expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_BLOCK_M", bad}}).hopper_fp8_block_m,
-                    "FLASHPORT_HOPPER_FP8_BLOCK_M", bad);
+  {
+    const auto fp8 = parse({{"FLASHPORT_HOPPER_FP8_TILE", "64:256:2,128:128:3:1"}}).hopper_fp8_tile.get();
+    ASSERT_EQ(fp8.size(), 2u);
+    EXPECT_EQ(fp8[0].block_n, 256);
+    EXPECT_EQ(fp8[1].stages, 3);
+    EXPECT_EQ(fp8[1].exp_emu, 1);
+    expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_TILE", "64:256"}}).hopper_fp8_tile,
+                    "FLASHPORT_HOPPER_FP8_TILE", "64:256");
+  }
   for (const char* bad : {"3", "-1", "x", "1 ", "+1"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_PERSISTENT", bad}}).hopper_persistent,
                     "FLASHPORT_HOPPER_PERSISTENT", bad);

@@ -299,30 +299,39 @@ void run(Launch& l, void* stream) {
 
 // --- FP8 (e4m3 q, k, v; bf16 / fp16 out) -------------------------------------------------------------
 
-/// The FP8 kernel's tile for `p`: fp8_tile_for's, at d 64 with more than kTallKeys keys 192 query rows
-/// (three consumer warpgroups), as the 16-bit rule: the exponentials limit d 64 more in fp8, whose GEMMs
-/// take half the time (H200, 2026-12-06: +15-28% at 2k-4k, docs/HOPPER_NOTES.md).
-/// FLASHPORT_HOPPER_FP8_BLOCK_M (d 64) and FLASHPORT_HOPPER_FP8_STAGES override it for A/B timing.
-Tile fp8_tile(const AttnProblem& p) {
-  Tile t = fp8_tile_for((int)p.d);
-  if (const int stages = core::tuning().hopper_fp8_stages.get()) t.stages = stages;
-  if (p.d != 64) return t;
-  const int forced = core::tuning().hopper_fp8_block_m.get();
-  t.block_m = forced ? forced : p.sk > kTallKeys ? kBlockMTall : kBlockM;
-  return t;
+/// The FP8 kernel's launch shape for `p`: fp8_tile_for's tile, at d 64 with more than kTallKeys keys 192
+/// query rows (three consumer warpgroups), as the 16-bit rule: the exponentials limit d 64 more in fp8,
+/// whose GEMMs take half the time (H200, 2026-12-06: +15-28% at 2k-4k, docs/HOPPER_NOTES.md).
+/// FLASHPORT_HOPPER_FP8_TILE ("d:block_n:stages[:exp_emu[:block_m]]", block_m 0 or absent: the rule's)
+/// replaces it per head dim for A/B timing: block_n 128 or 256 (whole 128-key V^T boxes), 2..4 stages
+/// within shared memory, exp_emu 0..8; an entry outside those is an Error naming the variable.
+Shape fp8_shape(const AttnProblem& p) {
+  const int d = (int)p.d;
+  Shape s{fp8_tile_for(d), 0};
+  if (d == 64 && p.sk > kTallKeys) s.tile.block_m = kBlockMTall;
+  for (const core::HopperTileSetting& e : core::tuning().hopper_fp8_tile.get()) {
+    if (e.d != d) continue;
+    const Tile t{e.block_m ? e.block_m : s.tile.block_m, e.block_n, e.stages};
+    if ((t.block_n != 128 && t.block_n != 256) || t.stages < 2 || t.stages > 4 || e.exp_emu < 0 ||
+        e.exp_emu > 8 || !block_m_fits(d, {t.block_m, 128, t.stages}) ||
+        (t.block_m == kBlockMTall && t.block_n > 128) || smem_bytes(d, t, false, 1) > kSmemLimit)
+      throw Error(
+          "FLASHPORT_HOPPER_FP8_TILE",
+          "entry " + std::to_string(e.d) + ":" + std::to_string(e.block_n) + ":" + std::to_string(e.stages) +
+              ":" + std::to_string(e.exp_emu) + ":" + std::to_string(t.block_m) +
+              " breaks the fp8 kernel's limits (block_n 128 or 256, 2..4 stages within shared memory, "
+              "exp_emu 0..8, block_m 128, or 192 at d 64 with block_n 128)");
+    s = {t, e.exp_emu};
+  }
+  return s;
 }
 
-/// Eighths of the FP8 kernel's exponentials on the FMA pipe: FLASHPORT_HOPPER_FP8_EXP_EMU's, else 0.
-int fp8_exp_emu() {
-  const int forced = core::tuning().hopper_fp8_exp_emu.get();
-  return forced >= 0 ? forced : 0;
-}
-
-/// The FP8 kernel writing ElemType `out_type` at head dim d with `block_m` query rows and `stages` K/V
-/// stages (block_n fp8_tile_for's); `persistent` 1: one CTA per SM looping over query blocks
-/// (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's).
-jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, int stages, int exp_emu) {
-  const Tile t{block_m, fp8_tile_for(d).block_n, stages};
+/// The FP8 kernel writing ElemType `out_type` at head dim d with a block_m x block_n tile of `stages` K/V
+/// stages and `exp_emu` eighths of the exponentials on the FMA pipe; `persistent` 1: one CTA per SM looping
+/// over query blocks (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's).
+jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, int block_n, int stages,
+                              int exp_emu) {
+  const Tile t{block_m, block_n, stages};
   jit::KernelSpec spec;
   spec.source = kSource;
   spec.entry = kEntry;
@@ -354,18 +363,14 @@ TmaDesc fp8_vt_map(const AttnProblem& p, unsigned char* vt, long long keys) {
 /// V^T into stream-ordered scratch, then the FP8 forward over it; the scratch is freed behind both.
 void launch_fp8(const AttnProblem& p, int device) {
   const int d = (int)p.d;
-  const Tile tile = fp8_tile(p);
+  const Shape shape = fp8_shape(p);
+  const Tile tile = shape.tile;
   Launch l = launch_base(p, tile, false);
   // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1.
   const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
   const int persistent = blocks < (1LL << 30) && persistent_for(p) ? 1 : 0;
-  if (l.smem > kSmemLimit)
-    throw Error("FLASHPORT_HOPPER_FP8_STAGES", std::to_string(tile.stages) + " stages need " +
-                                                   std::to_string(l.smem) + " bytes of shared memory at d " +
-                                                   std::to_string(d) + ", over the " +
-                                                   std::to_string(kSmemLimit) + " a block may use");
   l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m,
-                            tile.stages, fp8_exp_emu());
+                            tile.block_n, tile.stages, shape.exp_emu);
   place_grid(l, p, tile, persistent != 0, device);
   const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
   const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
@@ -539,7 +544,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.o.row_stride % 8 != 0 || p.o.head_stride % 8 != 0 || p.o.batch_stride % 8 != 0)
     return "the Hopper kernel needs out strides in multiples of 8 elements";
   std::string error;
-  plan_maps(p, p.in_type == kE4M3 ? fp8_tile(p) : shape_for((int)p.d).tile, error);  // tile-free errors
+  plan_maps(p, p.in_type == kE4M3 ? fp8_shape(p).tile : shape_for((int)p.d).tile, error);  // tile-free errors
   return error;
 }
 
@@ -604,9 +609,10 @@ std::vector<jit::KernelSpec> variants(int arch) {
           specs.push_back(make_spec(elem_type, d, {kDropoutTile, 0, persistent, kDropoutTransform}));
     for (int d : kFp8HeadDims)  // e4m3 in, this dtype out; persistent where the launch rule takes it
       for (int persistent : {0, 1})
-        if (!persistent || d <= 128) specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM, 2, 0));
+        if (!persistent || d <= 128)
+          specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM, 128, 2, 0));
     for (int persistent : {0, 1})  // d 64's long-key tile (fp8_tile)
-      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall, 2, 0));
+      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall, 128, 2, 0));
   }
   return specs;
 }
