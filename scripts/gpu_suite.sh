@@ -292,7 +292,7 @@ fi
 if has fp8probe; then
   # The fp8 forward's time split (scripts/fp8_probe.py: the V^T pass against the attention kernel and a
   # copy of V) once per FP8PROBE_ENV entry (space-separated; an entry is "rule", nothing set, or
-  # comma-separated NAME=VALUE settings, e.g. FLASHPORT_HOPPER_FP8_TILE=64:256:2), FP8PROBE_ARGS its --dims / --seqs.
+  # comma-separated NAME=VALUE settings, e.g. FLASHPORT_HOPPER_FP8_TILE=64:128:3), FP8PROBE_ARGS its --dims / --seqs.
   step "fp8 forward: V^T pass and kernel per setting"
   python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
   for setting in ${FP8PROBE_ENV:-rule}; do

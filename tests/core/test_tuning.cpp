@@ -144,9 +144,9 @@ TEST(Tuning, SmallIntegers) {
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_BLOCK_M", bad}}).hopper_bwd_block_m,
                     "FLASHPORT_HOPPER_BWD_BLOCK_M", bad);
   {
-    const auto fp8 = parse({{"FLASHPORT_HOPPER_FP8_TILE", "64:256:2,128:128:3:1"}}).hopper_fp8_tile.get();
+    const auto fp8 = parse({{"FLASHPORT_HOPPER_FP8_TILE", "64:128:3,128:128:3:1"}}).hopper_fp8_tile.get();
     ASSERT_EQ(fp8.size(), 2u);
-    EXPECT_EQ(fp8[0].block_n, 256);
+    EXPECT_EQ(fp8[0].stages, 3);
     EXPECT_EQ(fp8[1].stages, 3);
     EXPECT_EQ(fp8[1].exp_emu, 1);
     expect_rejected(parse({{"FLASHPORT_HOPPER_FP8_TILE", "64:256"}}).hopper_fp8_tile,

@@ -303,8 +303,8 @@ void run(Launch& l, void* stream) {
 /// query rows (three consumer warpgroups), as the 16-bit rule: the exponentials limit d 64 more in fp8,
 /// whose GEMMs take half the time (H200, 2026-12-06: +15-28% at 2k-4k, docs/HOPPER_NOTES.md).
 /// FLASHPORT_HOPPER_FP8_TILE ("d:block_n:stages[:exp_emu[:block_m]]", block_m 0 or absent: the rule's)
-/// replaces it per head dim for A/B timing: block_n 128 or 256 (whole 128-key V^T boxes), 2..4 stages
-/// within shared memory, exp_emu 0..8; an entry outside those is an Error naming the variable.
+/// replaces it per head dim for A/B timing: block_n 128 (one 128-key V^T box; softmax_sm90.cuh), 2..4
+/// stages within shared memory, exp_emu 0..8; an entry outside those is an Error naming the variable.
 Shape fp8_shape(const AttnProblem& p) {
   const int d = (int)p.d;
   Shape s{fp8_tile_for(d), 0};
@@ -312,15 +312,14 @@ Shape fp8_shape(const AttnProblem& p) {
   for (const core::HopperTileSetting& e : core::tuning().hopper_fp8_tile.get()) {
     if (e.d != d) continue;
     const Tile t{e.block_m ? e.block_m : s.tile.block_m, e.block_n, e.stages};
-    if ((t.block_n != 128 && t.block_n != 256) || t.stages < 2 || t.stages > 4 || e.exp_emu < 0 ||
-        e.exp_emu > 8 || !block_m_fits(d, {t.block_m, 128, t.stages}) ||
-        (t.block_m == kBlockMTall && t.block_n > 128) || smem_bytes(d, t, false, 1) > kSmemLimit)
-      throw Error(
-          "FLASHPORT_HOPPER_FP8_TILE",
-          "entry " + std::to_string(e.d) + ":" + std::to_string(e.block_n) + ":" + std::to_string(e.stages) +
-              ":" + std::to_string(e.exp_emu) + ":" + std::to_string(t.block_m) +
-              " breaks the fp8 kernel's limits (block_n 128 or 256, 2..4 stages within shared memory, "
-              "exp_emu 0..8, block_m 128, or 192 at d 64 with block_n 128)");
+    if (t.block_n != 128 || t.stages < 2 || t.stages > 4 || e.exp_emu < 0 || e.exp_emu > 8 ||
+        !block_m_fits(d, t) || smem_bytes(d, t, false, 1) > kSmemLimit)
+      throw Error("FLASHPORT_HOPPER_FP8_TILE",
+                  "entry " + std::to_string(e.d) + ":" + std::to_string(e.block_n) + ":" +
+                      std::to_string(e.stages) + ":" + std::to_string(e.exp_emu) + ":" +
+                      std::to_string(t.block_m) +
+                      " breaks the fp8 kernel's limits (block_n 128, 2..4 stages within shared memory, "
+                      "exp_emu 0..8, block_m 128, or 192 at d 64)");
     s = {t, e.exp_emu};
   }
   return s;
