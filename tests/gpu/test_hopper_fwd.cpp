@@ -1,7 +1,8 @@
 // The Hopper (sm_90a) forward called directly (hopper::forward on an AttnProblem built from device
 // tensors) against the CPU oracle by SPEC's accuracy rule: every supported head dim, seqlen 1,
 // 113 x 203, multi-tile pipelines, causal / window / softcap / ALiBi / dropout, GQA 4 and 7, varlen with
-// empty sequences, seqused_k, strided layouts, the LSE, and every output element written exactly once.
+// empty sequences, seqused_k, paged K/V, strided layouts, the LSE, and every output element written exactly
+// once.
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -79,7 +80,19 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.softcap = 5.0f; }));
   EXPECT_TRUE(
       declines([&](AttnProblem& x) { x.dropout_p = 0.1f, x.alibi = static_cast<const float*>(aligned); }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.block_table = reinterpret_cast<const int*>(16); }));
+  // Paged K/V (k's batches are the pool's pages): pages of a multiple of 8 tokens that divide the 128-key
+  // tile or are a multiple of it; cache_leftpad and cache_batch_idx stay on the portable kernel.
+  const auto paged = [aligned](long long page) {
+    return [aligned, page](AttnProblem& x) {
+      x.block_table = static_cast<const int*>(aligned), x.block_table_stride = 3, x.page_size = page;
+      x.kv_rows = 40, x.k.batch_stride = page * x.hk * x.d, x.v = x.k;
+    };
+  };
+  for (long long page : {8, 16, 64, 128, 256, 1024}) EXPECT_FALSE(declines(paged(page))) << "page " << page;
+  for (long long page : {1, 4, 12, 24, 48, 200}) EXPECT_TRUE(declines(paged(page))) << "page " << page;
+  EXPECT_TRUE(
+      declines([&](AttnProblem& x) { paged(16)(x), x.leftpad_k = static_cast<const int*>(aligned); }));
+  EXPECT_TRUE(declines([&](AttnProblem& x) { x.kv_batch_idx = static_cast<const int*>(aligned); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 4; }));  // rows not 16-byte aligned
   EXPECT_TRUE(declines([](AttnProblem& x) { x.o.ptr = static_cast<char*>(x.o.ptr) + 8; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.k.batch_stride = 0; }));  // broadcast batch
@@ -87,8 +100,9 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   for (const auto& spec : hopper::variants(90)) EXPECT_TRUE(hopper::is_main_kernel(spec)) << spec.key();
   // 2 dtypes x (5 head dims + 4 persistent + 3 persistent with O apart + 9 alternatives + the launch
   // rule's d 64 persistent shapes, 128 and 192 rows + 2 transforms x the rule's 9 shapes + dropout's 4
-  // + e4m3 at d 64, 128 and 256 writing this dtype, and persistent at d 64 and 128)
-  EXPECT_EQ(hopper::variants(90).size(), 100u);
+  // + e4m3 at d 64, 128 and 256 writing this dtype, persistent at d 64 and 128, and d 64's 192-row tile
+  // on both grids)
+  EXPECT_EQ(hopper::variants(90).size(), 104u);
   EXPECT_TRUE(hopper::variants(80).empty());
 }
 
@@ -241,6 +255,25 @@ TEST(HopperFwd, SmallDenseSequsedK) {
   c.used_k = {260, 0, 131};
   expect_hopper_accurate(c);
   expect_hopper_accurate(with(c, kCausal));
+}
+
+TEST(HopperFwd, SmallPagedKv) {
+  FP_SKIP_WITHOUT_SM90();
+  // A prefill chunk against a paged cache (shuffled pages, the last one partly used, an empty sequence):
+  // pages shorter than the key tile (one box per page: d 192's 112-key tile takes 7 of 16 tokens), as long
+  // as it, and longer; causal bottom-right, GQA, every supported head dim.
+  int n = 0;
+  for (int64_t d : {64, 96, 128, 192, 256}) {
+    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_hopper_accurate(paged(with(dense(dt, 3, 100, 1, 4, 2, d), kCausal), 16, {300, 517, 0}));
+    // d 192: pages of its tile's 112 tokens (256 is no multiple of 112: the portable kernel's).
+    expect_hopper_accurate(paged(dense(dt, 2, 77, 1, 4, 1, d), d == 192 ? 112 : 256, {600, 129}));
+  }
+  expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 300, 1, 4, 4, 128), kCausal), 128, {1000, 300}));
+  expect_hopper_accurate(paged(dense(DType::bf16, 1, 64, 1, 2, 1, 64), 8, {203}));
+  Case w = paged(dense(DType::f16, 2, 129, 1, 2, 2, 128), 64, {400, 140});
+  w.wl = 100, w.wr = 0;
+  expect_hopper_accurate(w);
 }
 
 TEST(HopperFwd, SmallStridedLayouts) {

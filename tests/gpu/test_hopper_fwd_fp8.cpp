@@ -72,6 +72,17 @@ TEST(HopperFwdFp8, SmallSupport) {
   EXPECT_TRUE(declines([&](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 8; }));  // rows 8 bytes apart from 16-aligned
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.row_stride += 16; }));
+  // Paged: K by the page table, V through the V^T pass; a paged varlen cache (whose V^T regions follow
+  // cu_seqlens_k, not the pool) stays on the portable kernel.
+  const auto paged = [aligned](AttnProblem& x) {
+    x.block_table = static_cast<const int*>(aligned), x.block_table_stride = 3, x.page_size = 128;
+    x.kv_rows = 40, x.k.batch_stride = 128 * x.hk * x.d, x.v = x.k;
+  };
+  EXPECT_FALSE(declines(paged));
+  EXPECT_TRUE(declines([&](AttnProblem& x) {
+    paged(x);
+    x.cu_seqlens_q = x.cu_seqlens_k = static_cast<const int*>(aligned), x.total_q = 200;
+  }));
   // FLASHPORT_HOPPER_FP8=0: automatic dispatch leaves e4m3 on the portable kernel (before asking how many
   // SMs the device has), saying why.
   if (!core::tuning().hopper_fp8.get()) {
@@ -108,6 +119,16 @@ TEST(HopperFwdFp8, ManyBlocksPersistent) {
   Case w = dense(DType::e4m3, 1, 700, 1300, 2, 2, 64);
   w.wl = 300, w.wr = 0;
   expect_hopper_fp8(w, DType::f16);
+}
+
+TEST(HopperFwdFp8, SmallPagedKv) {
+  FP_SKIP_WITHOUT_SM90();
+  // K through the page table's boxes (load_kv_tile), V through the V^T pass's k_offset: pages shorter and
+  // longer than the 128-key tile, the last partly used, causal, GQA.
+  expect_hopper_fp8(paged(with(dense(DType::e4m3, 2, 100, 1, 4, 2, 128), kCausal), 16, {300, 517}),
+                    DType::bf16);
+  expect_hopper_fp8(paged(dense(DType::e4m3, 2, 77, 1, 2, 1, 64), 256, {600, 129}), DType::f16);
+  expect_hopper_fp8(paged(dense(DType::e4m3, 1, 40, 1, 2, 2, 256), 32, {203}), DType::bf16);
 }
 
 TEST(HopperFwdFp8, SmallVarlen) {

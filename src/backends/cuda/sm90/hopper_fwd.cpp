@@ -170,7 +170,7 @@ int persistent_for(const AttnProblem& p) {
   const int d = (int)p.d;
   if (d == 256) return 0;
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
-  const bool dense = !p.cu_seqlens_q && !p.seqused_k;
+  const bool dense = !p.cu_seqlens_q && !p.seqused_k && !p.block_table;  // paged: one CTA per block
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
   const bool causal_blocks = dense && p.window_left < 0 && p.window_right == 0;
   return (equal_blocks || causal_blocks) && (d == 128 || d == 64) ? 2 : 0;
@@ -203,6 +203,17 @@ struct Plans {
   MapPlan q, k, v;
 };
 
+/// The K/V maps' rows, batches and box rows for a tile of `tile`.block_n keys.
+struct KvRows {
+  long long rows, batches;
+  int box;
+};
+KvRows kv_rows(const AttnProblem& p, const Tile& tile) {
+  if (p.block_table) return {p.page_size, p.kv_rows, (int)std::min<long long>(p.page_size, tile.block_n)};
+  if (p.cu_seqlens_k) return {p.total_k, 1, tile.block_n};
+  return {p.sk, p.batch, tile.block_n};
+}
+
 /// Tensor-map plans of q, k, v for `p` (varlen: one batch of total rows; coordinates start at
 /// cu_seqlens[b]) whose K/V boxes are `tile`.block_n rows: the tile of the kernel that loads them.
 /// Sets `error` on the first failure (which does not depend on the tile).
@@ -211,13 +222,15 @@ struct Plans {
 Plans plan_maps(const AttnProblem& p, const Tile& tile, std::string& error) {
   const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
   const long long q_rows = varlen_q ? p.total_q : p.sq;
-  const long long k_rows = varlen_k ? p.total_k : p.sk;
   const bool fp8 = p.in_type == kE4M3;
   const int bytes = fp8 ? 1 : 2;
+  // K/V rows and batches: dense (sk, batch), varlen (total_k, 1), or a paged pool (page_size tokens, kv_rows
+  // pages) whose boxes are a page's rows when pages are shorter than the tile (load_kv_tile).
+  const KvRows kv = kv_rows(p, tile);
   Plans plans;
   plans.q = plan_map("q", p.q, p.d, p.hq, q_rows, varlen_q ? 1 : p.batch, tile.block_m, bytes);
-  plans.k = plan_map("k", p.k, p.d, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n, bytes);
-  if (!fp8) plans.v = plan_map("v", p.v, p.dv, p.hk, k_rows, varlen_k ? 1 : p.batch, tile.block_n);
+  plans.k = plan_map("k", p.k, p.d, p.hk, kv.rows, kv.batches, kv.box, bytes);
+  if (!fp8) plans.v = plan_map("v", p.v, p.dv, p.hk, kv.rows, kv.batches, kv.box);
   for (const MapPlan* m : {&plans.q, &plans.k, &plans.v}) {
     if (error.empty() && !m->error.empty()) error = m->error;
   }
@@ -245,7 +258,7 @@ Launch launch_base(const AttnProblem& p, const Tile& tile, bool separate) {
   std::string error;
   const Plans plans = plan_maps(p, tile, error);  // boxes of this tile: the kernel's TMA loads assume them
   const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
-  const long long k_rows = p.cu_seqlens_k ? p.total_k : p.sk;
+  const long long k_rows = kv_rows(p, tile).rows;
   l.prm.p = p;
   l.prm.dims_q = plans.q.pos;
   l.prm.dims_k = plans.k.pos;
@@ -487,7 +500,8 @@ Shape tuned_shape(const AttnProblem& p, int device) {
 Shape chosen_shape(const AttnProblem& p, int device) {
   const int d = (int)p.d;
   if (shape_from_env(d)) return shape_for(d);
-  if (!autotune::enabled()) return rule_shape(p);
+  if (!autotune::enabled() || p.block_table)
+    return rule_shape(p);   // paged: the key tile unsupported() checked
   static std::mutex mutex;  // held while tuning, too: concurrent timings would disturb each other
   static std::map<std::pair<int, std::string>, Shape> resolved;
   std::lock_guard lock(mutex);
@@ -504,6 +518,14 @@ Shape chosen_shape(const AttnProblem& p, int device) {
     it = resolved.emplace(slot, shape).first;
   }
   return it->second;
+}
+
+/// The key tile a paged problem launches with (chosen_shape and prepare take no autotuned shape for it):
+/// the dropout tile's, the fp8 shape's, FLASHPORT_HOPPER_TILE's or the launch rule's.
+long long paged_block_n(const AttnProblem& p) {
+  if (p.in_type == kE4M3) return fp8_shape(p).tile.block_n;
+  if (transform_for(p) == kDropoutTransform) return kDropoutTile.block_n;
+  return (shape_from_env((int)p.d) ? shape_for((int)p.d) : rule_shape(p)).tile.block_n;
 }
 
 }  // namespace
@@ -531,8 +553,16 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.dropout_p > 0.0f && (p.softcap > 0.0f || p.alibi != nullptr))
     return "dropout with softcap or ALiBi runs on the portable kernel";
   if (p.dropout_p > 0.0f && p.d > 128) return "dropout above head dim 128 runs on the portable kernel";
-  if (p.block_table) return "paged K/V runs on the portable kernel";
-  if (p.leftpad_k || p.kv_batch_idx) return "kv-cache layouts run on the portable kernel";
+  if (p.leftpad_k || p.kv_batch_idx) return "cache_leftpad and cache_batch_idx run on the portable kernel";
+  if (p.block_table) {
+    if (p.in_type == kE4M3 && p.cu_seqlens_k)
+      return "fp8 over a paged varlen cache runs on the portable kernel";
+    const long long block_n = paged_block_n(p);
+    if (p.page_size % 8 != 0 || (p.page_size % block_n != 0 && block_n % p.page_size != 0))
+      return "the Hopper kernel takes pages of a multiple of 8 tokens that divide, or are a multiple of, "
+             "its " +
+             std::to_string(block_n) + "-key tile (others run on the portable kernel)";
+  }
   if (p.s_dmask) return "s_dmask is produced by the CPU reference only";
   if (!(p.scale > 0.0f)) return "the Hopper kernel needs a positive softmax scale";
   if (p.hq > limits(arch).max_grid_yz || p.batch > limits(arch).max_grid_yz)

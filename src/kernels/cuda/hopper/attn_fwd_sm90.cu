@@ -126,6 +126,50 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
                          blk.q_row, blk.q_batch);
 }
 
+/// Page-table entries a paged tile load reads before issuing their boxes: the producer thread runs on
+/// kProducerRegs registers, so a tile of many small pages is read in batches of this many round trips.
+constexpr int kPageBatch = 4;
+
+/// Key tile n of K (or of 16-bit V) into the kChunks chunks at shared address `dst`, one box per chunk at
+/// the tile's rows. A paged cache (block_table: its map's rows are a page's tokens, its batches the pool's
+/// pages) takes one box per page the tile spans: the tile lies in one page when pages hold a multiple of
+/// BLOCK_N tokens, else BLOCK_N / page_size boxes of a page each (rows a multiple of 8, the swizzle atom:
+/// hopper::unsupported), their table entries read kPageBatch at a time. Pages past the sequence's keys
+/// load page -1: TMA zero fill, whose bytes still count on the barrier. Paged problems run one CTA per
+/// block (hopper_fwd.cpp, persistent_for): persistent builds leave the paged path out (its live values
+/// made their 24-register producer spill).
+FP_DEV void load_kv_tile(const AttnProblem& p, u32 dst, const TmaDesc& tma, const TmaDims& dims, u32 bar,
+                         const Block& blk, int n) {
+  if (kPersistent || p.block_table == nullptr) {
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch)
+      sm90::tma_load_chunk(dst + ch * kKVChunkBytes, tma, dims, bar, kChunkCols * ch, blk.hk,
+                           blk.k_row + n * kBlockN, blk.k_batch);
+    return;
+  }
+  const int page_size = (int)p.page_size;  // the host keeps paged tiles within int
+  const int box = page_size < kBlockN ? page_size : kBlockN;
+  const int* table = p.block_table + (i64)blk.b * p.block_table_stride;
+  const int token0 = n * kBlockN;
+  for (int r0 = 0; r0 < kBlockN; r0 += kPageBatch * box) {
+    int page[kPageBatch];
+#pragma unroll
+    for (int i = 0; i < kPageBatch; ++i) {
+      const int token = token0 + r0 + i * box;
+      page[i] = r0 + i * box < kBlockN && token < blk.sk ? table[token / page_size] : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < kPageBatch; ++i) {
+      const int r = r0 + i * box;
+      if (r >= kBlockN) break;
+#pragma unroll
+      for (int ch = 0; ch < kChunks; ++ch)
+        sm90::tma_load_chunk(dst + ch * kKVChunkBytes + r * kRowBytes, tma, dims, bar, kChunkCols * ch,
+                             blk.hk, (token0 + r) % page_size, page[i]);
+    }
+  }
+}
+
 /// V of key tile n into `stage`: 16-bit, kChunks boxes of the V map like K; FP8, kVChunks boxes of 128 keys
 /// x HEAD_DIM rows of the V^T map (slots, head dim, kv head, slab: fp8_v_transpose's layout, the sequence's
 /// keys from `vt_start`, its fp8_vt_start slot).
@@ -137,10 +181,7 @@ FP_DEV void load_v(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
       sm90::tma_load_4d(smem_addr(&s.v[stage][ch][0][0]), tma_v, v_full,
                         vt_start + n * kBlockN + kChunkCols * ch, 0, (int)blk.hk, blk.k_batch);
   } else {
-#pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch)
-      sm90::tma_load_chunk(smem_addr(&s.v[stage][ch][0][0]), tma_v, prm.dims_v, v_full, kChunkCols * ch,
-                           (int)blk.hk, blk.k_row + n * kBlockN, blk.k_batch);
+    load_kv_tile(prm.p, smem_addr(&s.v[stage][0][0][0]), tma_v, prm.dims_v, v_full, blk, n);
   }
 }
 
@@ -156,14 +197,10 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
   u32 phase = ring.phase;
   const int vt_start = kFp8 ? (int)fp8_vt_start(prm.p, blk.b) : 0;  // read once per block
   for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
-    const int row = blk.k_row + n * kBlockN;
     const u32 k_full = bar_addr(s.bar_k_full[stage]), v_full = bar_addr(s.bar_v_full[stage]);
     sm90::mbar_wait(bar_addr(s.bar_k_empty[stage]), phase ^ 1);
     sm90::mbar_arrive_expect_tx(k_full, kKVTileBytes);
-#pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch)
-      sm90::tma_load_chunk(smem_addr(&s.k[stage][ch][0][0]), tma_k, prm.dims_k, k_full, kChunkCols * ch,
-                           (int)blk.hk, row, blk.k_batch);
+    load_kv_tile(prm.p, smem_addr(&s.k[stage][0][0][0]), tma_k, prm.dims_k, k_full, blk, n);
     if (kPersistent && n == blk.n_max - 1) load_q(prm, s, blk, tma_q, q_count);
     sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
     sm90::mbar_arrive_expect_tx(v_full, kVTileBytes);

@@ -1,0 +1,56 @@
+"""Chunked prefill against a paged KV cache (issue #14): a chunk of queries attends, causal, over a cache of
+`context` tokens, dense or in pages of 16 / 64 / 256 tokens (shuffled), through flashport.flash_attn_with_kvcache
+with cache_seqlens. Prints TFLOPS (SPEC's causal FLOP model over the visible keys) per layout, so the paged
+rows read against the dense one in the same process. Run once per FLASHPORT_CUDA_FORWARD setting to compare
+the Hopper kernel with the portable one.
+Usage: python3 scripts/paged_prefill_probe.py [--chunks 2048,8192] [--context 32768] [--dims 128]
+"""
+import argparse
+
+import torch
+from triton.testing import do_bench
+
+import flashport
+
+
+def visible_pairs(chunk, context):
+    """Query-key pairs a bottom-right causal chunk of `chunk` queries sees over `context` keys."""
+    return sum(context - chunk + i + 1 for i in range(chunk))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunks", default="2048,8192")
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--dims", default="128")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--pages", default="0,16,64,256", help="0: the dense cache")
+    args = ap.parse_args()
+    b, ctx = args.batch, args.context
+    for d in (int(x) for x in args.dims.split(",")):
+        hq, hk = 2048 // d, 2048 // d // 4
+        for chunk in (int(x) for x in args.chunks.split(",")):
+            q = torch.randn(b, chunk, hq, d, device="cuda", dtype=torch.bfloat16)
+            seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+            flops = 4 * b * hq * d * visible_pairs(chunk, ctx)
+            for page in (int(x) for x in args.pages.split(",")):
+                if page == 0:
+                    k = torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16)
+                    v = torch.randn_like(k)
+                    call = lambda: flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=True)
+                else:
+                    per_seq = ctx // page
+                    k = torch.randn(b * per_seq, page, hk, d, device="cuda", dtype=torch.bfloat16)
+                    v = torch.randn_like(k)
+                    table = torch.randperm(b * per_seq, device="cuda", dtype=torch.int32).view(b, per_seq)
+                    call = lambda: flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table,
+                                                                     causal=True)
+                ms = do_bench(call, warmup=10, rep=50, return_mode="median")
+                name = "dense" if page == 0 else f"paged{page}"
+                print(f"d {d} chunk {chunk} context {ctx} {name}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.0f} TFLOPS",
+                      flush=True)
+                del k, v
+
+
+if __name__ == "__main__":
+    main()
