@@ -90,7 +90,15 @@ class CudaBackend final : public core::Backend {
     core::refuse_fp8_cache_update(kp, "cuda", "CUDA");
     raise_device_fault(kp.attn.device);
     check_indices_async(kp.attn, kCallKvCache);
-    launch_forward_kvcache(kp);
+    // The attention over the updated cache takes the kernel family a plain forward would (a prefill chunk
+    // against a paged or dense cache runs the Hopper kernel where it applies; decode-sized calls, which it
+    // declines, the portable split-KV kernel), unless num_splits > 1 asks for the split-KV kernel.
+    launch_forward_kvcache(kp, [&kp](const AttnProblem& a) {
+      const int arch = jit::device_arch(a.device);
+      const ForwardFamily& family = choose(forward_families(), a, arch, core::tuning().cuda_forward.get());
+      if (kp.num_splits <= 1 && &family != &forward_families().back()) return family.launch(a, arch);
+      launch_forward(a, kp.num_splits);
+    });
   }
   void merge_states(const core::MergeProblem& mp) const override {
     if (mp.out.ptr) raise_device_fault(jit::pointer_device(mp.out.ptr));

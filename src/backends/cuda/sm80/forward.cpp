@@ -170,14 +170,15 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   ws.free();
 }
 
-void launch_forward_kvcache(const core::KvCacheProblem& kp) {
+void launch_forward_kvcache(const core::KvCacheProblem& kp,
+                            const std::function<void(const AttnProblem&)>& attend) {
   const AttnProblem& a = kp.attn;
   const int device = a.device;
   KvAppendParams prm = core::append_params(kp);
   if (kp.k_new.ptr && kp.s_new > 0)
     launch_aux(kv_append_spec, device, a.batch * kp.s_new * a.hk, a.stream, &prm);
   if (kp.rotary_dim <= 0 || !kp.cache_seqlens) {
-    launch_forward(a, kp.num_splits);
+    attend(a);
     return;
   }
   // q rotated at its cache positions into a dense (b, sq, hq, d) scratch that the attention reads.
@@ -189,7 +190,7 @@ void launch_forward_kvcache(const core::KvCacheProblem& kp) {
   launch_aux(rotate_q_spec, device, q_rows, a.stream, &prm);
   AttnProblem rotated = a;
   rotated.q = {q_rot.bytes(), a.sq * a.hq * a.d, a.hq * a.d, a.d};
-  launch_forward(rotated, kp.num_splits);
+  attend(rotated);
   q_rot.free();
 }
 

@@ -2,6 +2,7 @@
 // merge.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -21,8 +22,10 @@ std::vector<jit::KernelSpec> forward_variants(int arch);
 bool is_main_forward_kernel(const jit::KernelSpec& spec);
 
 /// Appends k_new/v_new into the cache (rotary on k), rotates q into stream-ordered scratch when
-/// rotary is on, then attends over the updated cache.
-void launch_forward_kvcache(const core::KvCacheProblem& kp);
+/// rotary is on, then attends over the updated cache through `attend` (the backend's kernel choice; the
+/// scratch q lives until it returns).
+void launch_forward_kvcache(const core::KvCacheProblem& kp,
+                            const std::function<void(const AttnProblem&)>& attend);
 
 /// merge_states on the GPU that owns mp.out.ptr.
 void launch_merge_states(const core::MergeProblem& mp);
