@@ -1,5 +1,5 @@
 // merge_states: combines two partial attention states over disjoint key sets by their LSE.
-#include "core/problem.h"
+#include "core/merge.h"
 #include "cuda/common/common.cuh"
 
 using namespace flashport;
@@ -19,12 +19,7 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   if (row >= mp.batch * mp.heads * mp.seqlen) return;
   const int lane = lane_id();
   const MergeRow r = merge_row(mp, row);  // reads both LSEs: lane 0 may overwrite them below
-  for (i64 c = lane; c < mp.d; c += 32) {
-    double merged = 0.0;
-    if (r.w_a > 0.0) merged += r.w_a * load_as_f64(mp.a.ptr, mp.type, r.a_off + c);
-    if (r.w_b > 0.0) merged += r.w_b * load_as_f64(mp.b.ptr, mp.type, r.b_off + c);
-    store_as_f64(mp.out.ptr, mp.type, r.o_off + c, r.w_sum > 0.0 ? merged / r.w_sum : 0.0);
-  }
+  merge_channels(mp, r, lane, 32);
   __syncwarp();
   if (mp.lse && lane == 0) mp.lse[row] = r.lse;
 }

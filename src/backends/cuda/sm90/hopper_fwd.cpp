@@ -220,7 +220,7 @@ KvRows kv_rows(const AttnProblem& p, const Tile& tile) {
 /// FP8 (e4m3): one-byte q and k; no v plan (the kernel reads fp8_v_transpose's V^T, whose map is
 /// fp8_vt_map's).
 Plans plan_maps(const AttnProblem& p, const Tile& tile, std::string& error) {
-  const bool varlen_q = p.cu_seqlens_q != nullptr, varlen_k = p.cu_seqlens_k != nullptr;
+  const bool varlen_q = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen_q ? p.total_q : p.sq;
   const bool fp8 = p.in_type == kE4M3;
   const int bytes = fp8 ? 1 : 2;

@@ -127,15 +127,4 @@ FP_DEV float load_as(const void* base, int type, i64 off) {
   return 0.0f;
 }
 
-/// Double-precision variants of load_as / store_as (merge_states keeps f64 tensors exact).
-FP_DEV double load_as_f64(const void* base, int type, i64 off) {
-  return type == 0 ? static_cast<const double*>(base)[off] : (double)load_as(base, type, off);
-}
-FP_DEV void store_as_f64(void* base, int type, i64 off, double x) {
-  if (type == 0)
-    static_cast<double*>(base)[off] = x;
-  else
-    store_as(base, type, off, (float)x);
-}
-
 }  // namespace flashport::cuda

@@ -71,14 +71,5 @@ inline float load_as(const void* base, int type, i64 off) {
   if (type == 3) return bf16::to_float(static_cast<const u16*>(base)[off]);
   return 0.0f;
 }
-inline double load_as_f64(const void* base, int type, i64 off) {
-  return type == 0 ? static_cast<const double*>(base)[off] : (double)load_as(base, type, off);
-}
-inline void store_as_f64(void* base, int type, i64 off, double x) {
-  if (type == 0)
-    static_cast<double*>(base)[off] = x;
-  else
-    store_as(base, type, off, (float)x);
-}
 
 }  // namespace flashport::cuda
