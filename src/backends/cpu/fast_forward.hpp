@@ -43,27 +43,34 @@ inline void column_max(const float* s, int nk, const float* m, float* m_new) {
   }
 }
 
-/// Widens keys [j0, j1) of kv head hk of sequence b to fp32 rows (through the block table when paged),
-/// zero-padded to whole vectors: key j0 + n at k + n * k_ld and v + n * v_ld.
-inline void pack_kv_rows(const AttnProblem& p, long long b, long long hk, long long j0, long long j1,
-                         float* k, long long k_ld, float* v, long long v_ld) {
-  const int d = (int)p.d, dv = (int)p.dv, d_pad = (int)pad_to(d, W), dv_pad = (int)pad_to(dv, W);
-  for (long long j = j0; j < j1; ++j) {
+/// Widens K's keys [j0, j1) of kv head hk of sequence b to fp32 rows (through the block table when paged),
+/// zero-padded to whole vectors: key j0 + n at k + n * k_ld.
+inline void pack_k_rows(const AttnProblem& p, long long b, long long hk, long long j0, long long j1, float* k,
+                        long long k_ld) {
+  const int d = (int)p.d, d_pad = (int)pad_to(d, W);
+  for (long long j = j0; j < j1; ++j)
     load_row(p.k.ptr, p.in_type, k_offset(p, p.k, b, j, hk), d, d_pad, 1.0f, k + (j - j0) * k_ld);
-    load_row(p.v.ptr, p.in_type, k_offset(p, p.v, b, j, hk), dv, dv_pad, 1.0f, v + (j - j0) * v_ld);
-  }
 }
 
-/// Widens keys [j0, j1) of kv head hk of sequence b as pack_kv_rows does, but V into column panels for
-/// P V's B operand: channel c of key j at v + (c / kPanelW) * v_panel + (j - j0) * kPanelW + c % kPanelW,
-/// zero-padded to pad_to(dv, kPanelW) channels. A micro-tile then reads its keys' V as one contiguous
-/// block instead of rows 4 * v_ld bytes apart (AVX2 P V in the forward's context 83 -> 91 GFLOPS,
-/// AVX-512 125 -> 134, single-thread micro-benchmark at d 128 over 2-4k keys).
+/// pack_k_rows, and V's rows the same way at v + n * v_ld.
+inline void pack_kv_rows(const AttnProblem& p, long long b, long long hk, long long j0, long long j1,
+                         float* k, long long k_ld, float* v, long long v_ld) {
+  pack_k_rows(p, b, hk, j0, j1, k, k_ld);
+  const int dv = (int)p.dv, dv_pad = (int)pad_to(dv, W);
+  for (long long j = j0; j < j1; ++j)
+    load_row(p.v.ptr, p.in_type, k_offset(p, p.v, b, j, hk), dv, dv_pad, 1.0f, v + (j - j0) * v_ld);
+}
+
+/// pack_k_rows, and V into column panels for P V's B operand: channel c of key j at
+/// v + (c / kPanelW) * v_panel + (j - j0) * kPanelW + c % kPanelW, zero-padded to pad_to(dv, kPanelW)
+/// channels. A micro-tile then reads its keys' V as one contiguous block instead of rows 4 * v_ld bytes
+/// apart (AVX2 P V in the forward's context 83 -> 91 GFLOPS, AVX-512 125 -> 134, single-thread
+/// micro-benchmark at d 128 over 2-4k keys).
 inline void pack_kv_panels(const AttnProblem& p, long long b, long long hk, long long j0, long long j1,
                            float* k, long long k_ld, float* v, long long v_panel) {
-  const int d = (int)p.d, dv = (int)p.dv, d_pad = (int)pad_to(d, W);
+  pack_k_rows(p, b, hk, j0, j1, k, k_ld);
+  const int dv = (int)p.dv;
   for (long long j = j0; j < j1; ++j) {
-    load_row(p.k.ptr, p.in_type, k_offset(p, p.k, b, j, hk), d, d_pad, 1.0f, k + (j - j0) * k_ld);
     const long long v_row = k_offset(p, p.v, b, j, hk);
     for (int c0 = 0; c0 < dv; c0 += kPanelW) {
       load_row(p.v.ptr, p.in_type, v_row + c0, std::min(kPanelW, dv - c0), kPanelW, 1.0f,
