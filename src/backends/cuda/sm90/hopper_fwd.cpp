@@ -558,7 +558,8 @@ std::string unsupported(const AttnProblem& p, int arch) {
     if (p.in_type == kE4M3 && p.cu_seqlens_k)
       return "fp8 over a paged varlen cache runs on the portable kernel";
     const long long block_n = paged_block_n(p);
-    if (p.page_size % 8 != 0 || (p.page_size % block_n != 0 && block_n % p.page_size != 0))
+    if (p.page_size % 8 != 0 || p.page_size > (1LL << 30) ||  // the kernel counts a page's tokens in int
+        (p.page_size % block_n != 0 && block_n % p.page_size != 0))
       return "the Hopper kernel takes pages of a multiple of 8 tokens that divide, or are a multiple of, "
              "its " +
              std::to_string(block_n) + "-key tile (others run on the portable kernel)";
