@@ -1,8 +1,11 @@
 // Messages of device-reported index faults; the rules themselves are in index_rules.h.
 #include "core/index_fault.hpp"
 
+#include <algorithm>
 #include <atomic>
 
+#include "core/tuning.hpp"
+#include "flashport/attention.hpp"
 #include "flashport/error.hpp"
 
 namespace flashport::core {
@@ -78,6 +81,18 @@ void raise_recorded_fault(FaultRecord* record, const std::string& device_label) 
   const FaultText t = describe_fault(f, call);
   throw Error(t.argument, t.message + " (found on " + device_label + " by an earlier " + call_name(call) +
                               " call, whose results are unreliable; this call did not run)");
+}
+
+bool wants_device_check(const AttnProblem& p) {
+  const bool indices =
+      p.cu_seqlens_q || p.cu_seqlens_k || p.seqused_k || p.leftpad_k || p.kv_batch_idx || p.block_table;
+  return p.batch > 0 && indices && !flashport::checked_mode() && tuning().device_checks.get();
+}
+
+long long index_check_chunks(const AttnProblem& p, long long columns_per_group, long long max_grid_y) {
+  if (!p.block_table || p.page_size <= 0) return 1;
+  const long long columns = (p.sk + p.page_size - 1) / p.page_size;
+  return std::clamp<long long>((columns + columns_per_group - 1) / columns_per_group, 1, max_grid_y);
 }
 
 }  // namespace flashport::core
