@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3,decode,ab,bwdab,trainprof,sweep,fp8probe
+# memory,fuzz,huge,fa3,decode,ab,bwdab,trainprof,sweep,fp8probe,pagedprefill
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -299,6 +299,17 @@ if has fp8probe; then
     echo "--- $setting"
     (if [[ $setting != rule ]]; then IFS=, read -ra kv <<<"$setting"; export "${kv[@]}"; fi
      python3 scripts/fp8_probe.py ${FP8PROBE_ARGS:-} 2>&1 | tee -a "$OUT/fp8_probe.log") || status=1
+  done
+fi
+if has pagedprefill; then
+  # Chunked prefill over a paged cache against the dense one (scripts/paged_prefill_probe.py), on the default
+  # kernels and then with FLASHPORT_CUDA_FORWARD=portable (the path before the Hopper kernel took pages).
+  step "paged prefill: Hopper against portable"
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  for family in default portable; do
+    echo "--- $family"
+    (if [[ $family != default ]]; then export FLASHPORT_CUDA_FORWARD=$family; fi
+     python3 scripts/paged_prefill_probe.py ${PAGED_ARGS:-} 2>&1 | tee -a "$OUT/paged_prefill.log") || status=1
   done
 fi
 if has bench; then
