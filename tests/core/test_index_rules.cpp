@@ -12,6 +12,7 @@
 
 #include "common/test_util.hpp"
 #include "core/index_fault.hpp"
+#include "flashport/attention.hpp"
 
 namespace flashport::test {
 namespace {
@@ -284,6 +285,55 @@ TEST(IndexRules, RecordedFaultRaisesOnceWithItsName) {
     EXPECT_NE(t.argument, "device fault record") << "kind " << kind << " has no message";
     EXPECT_FALSE(t.message.empty());
   }
+}
+
+TEST(IndexRules, DeviceFaultRecordsAndTheCheckLaunch) {
+  // What both GPU launchers share: a device's record is polled only once published, the label names the
+  // backend and device, devices outside the table have none.
+  core::DeviceFaultRecords records;
+  FaultRecord record{};
+  EXPECT_EQ(records.get(2), nullptr);
+  records.raise(2, "hip");  // nothing published: nothing to raise
+  records.publish(2, &record);
+  records.publish(-1, &record), records.publish(1 << 20, &record);  // ignored
+  EXPECT_EQ(records.get(2), &record);
+  EXPECT_EQ(records.get(-1), nullptr);
+  EXPECT_EQ(records.get(1 << 20), nullptr);
+  records.raise(2, "hip");  // published but clean
+  record.call = kCallForward, record.batch = 1, record.entry = 5, record.value = 99, record.bound = 40;
+  record.kind = kFaultBlockTable;
+  try {
+    records.raise(2, "hip");
+    ADD_FAILURE() << "no Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "block_table");
+    EXPECT_NE(std::string(e.what()).find("hip:2"), std::string::npos) << e.what();
+  }
+
+  // The check runs only for calls with index tensors and sequences, outside checked mode; its grid y covers
+  // the block table's columns a sequence can use, in groups, clamped to the grid limit.
+  const bool was_checked = flashport::checked_mode();
+  flashport::set_checked_mode(false);
+  AttnProblem p{};
+  p.batch = 3, p.sk = 1000;
+  EXPECT_FALSE(core::wants_device_check(p));
+  const int ids[1] = {0};
+  p.seqused_k = ids;
+  EXPECT_TRUE(core::wants_device_check(p));
+  flashport::set_checked_mode(true);  // the host reads the indices itself
+  EXPECT_FALSE(core::wants_device_check(p));
+  flashport::set_checked_mode(was_checked);
+  p.batch = 0;
+  EXPECT_FALSE(core::wants_device_check(p));
+  p.batch = 3;
+  EXPECT_EQ(core::index_check_chunks(p, 256, 65535), 1) << "no block table";
+  p.block_table = ids, p.page_size = 1;  // 1000 columns
+  EXPECT_EQ(core::index_check_chunks(p, 256, 65535), 4);
+  EXPECT_EQ(core::index_check_chunks(p, 256, 3), 3);
+  p.page_size = 16;  // 63 columns
+  EXPECT_EQ(core::index_check_chunks(p, 256, 65535), 1);
+  p.sk = 0;
+  EXPECT_EQ(core::index_check_chunks(p, 256, 65535), 1);
 }
 
 }  // namespace

@@ -271,6 +271,8 @@ TEST(HopperFwd, SmallPagedKv) {
   }
   expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 300, 1, 4, 4, 128), kCausal), 128, {1000, 300}));
   expect_hopper_accurate(paged(dense(DType::bf16, 1, 64, 1, 2, 1, 64), 8, {203}));
+  // d 64 above 1k keys: the launch rule's 192-row tile (three consumers) over pages.
+  expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 200, 1, 4, 2, 64), kCausal), 16, {1500, 1100}));
   Case w = paged(dense(DType::f16, 2, 129, 1, 2, 2, 128), 64, {400, 140});
   w.wl = 100, w.wr = 0;
   expect_hopper_accurate(w);
