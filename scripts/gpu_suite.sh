@@ -44,6 +44,8 @@ export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}
 export PYTHONUNBUFFERED=1
 status=0
 step() { echo; echo "=== $1 ($(date +%T))"; }
+# The Python package for the steps that import it, built once (the python step installs it too).
+need_package() { python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1; }
 
 if has fa3; then
   if [[ -d /tmp/fa3 && ! -f /tmp/fa3_failed ]]; then
@@ -153,7 +155,7 @@ if has fuzz; then
   # In the background when the sanitizer runs too: the fuzzer is CPU-bound (the fp64 oracle), the
   # sanitizer GPU- and single-thread-bound.
   step "differential fuzzing of the CUDA kernels against the CPU oracle (${FUZZ_SECONDS:-120} s)"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   python3 tests/fuzz/gpu_diff_fuzz.py --seconds "${FUZZ_SECONDS:-120}" --workers "${FUZZ_WORKERS:-14}" \
     >"$OUT/gpu_fuzz.log" 2>&1 &
   fuzz_pid=$!
@@ -210,7 +212,7 @@ if has overhead; then
   step "per-call overhead: C++ host time, then through Python vs SDPA"
   if has fa3 && fa3_ready; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   build-gpu/bench/host_overhead_bench 2>&1 | tee "$OUT/host_overhead.log"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   python3 bench/overhead_bench.py --perf-md --out "$OUT/overhead.jsonl" 2>&1 | tee "$OUT/overhead.log" || status=1
   if [[ -d .base ]]; then
     # Its own inductor cache: the caches key on the traced graph, which calls flashport::fwd in both
@@ -223,7 +225,7 @@ if has overhead; then
 fi
 if has ab && [[ -d .base ]]; then
   step "kernel before/after: the portable forward and decode of this tree and of .base/, alternating rounds"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   wait "$ab_pid" || { tail -20 "$OUT/pip_base.log"; status=1; }
   for round in ${AB_ROUNDS:-1 2}; do
     PYTHONPATH=/tmp/flashport-base FLASHPORT_CUDA_FORWARD=portable \
@@ -236,7 +238,7 @@ if has bwdab; then
   # The backward under each value of one knob, one process per value, values alternating over rounds
   # (scripts/ab_bwd.py): BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS (e.g. --dims 64 --seqlens 2048); or several
   # A/Bs in a row: BWDAB="knob|values|args;knob|values|args" (a knob arg:NAME passes --NAME VALUE).
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   # FA3 (the fa3 step's build, or one started before this script) for `--knob arg:impl --values flashport,fa3`.
   if [[ "${BWDAB:-}" == *arg:impl* ]] && fa3_ready; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   IFS=';' read -ra bwdab_runs <<<"${BWDAB:-${BWDAB_KNOB:-FLASHPORT_HOPPER_BWD_DQ}|${BWDAB_VALUES:-0,1}|${BWDAB_ARGS:-}}"
@@ -258,7 +260,7 @@ if has trainprof; then
   # Where a training step's time goes per attention backend (scripts/profile_train.py): wall time of
   # the forward, forward + backward and whole step in interleaved rounds, then GPU kernels and host ops.
   step "training step profile per attention backend"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   for shape in ${TRAINPROF_SHAPES:-8x1024}; do
     python3 scripts/profile_train.py --batch "${shape%x*}" --seq "${shape#*x}" ${TRAINPROF_ARGS:---parts --kernels --ops} \
       2>&1 | tee "$OUT/trainprof_$shape.log" || status=1
@@ -268,7 +270,7 @@ if has sweep; then
   # The Hopper forward under each launch setting at training shapes (scripts/sweep_hopper_fwd.py), to
   # re-derive the d 64 rule: SWEEP_SHAPES "b,s,h,d[:causal]" entries, SWEEP_SETTINGS its --settings.
   step "Hopper forward launch settings at training shapes"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   for shape in ${SWEEP_SHAPES:-8,1024,12,64:causal 4,2048,16,64 8,2048,16,64:causal 2,4096,12,64:causal 2,4096,12,64}; do
     python3 scripts/sweep_hopper_fwd.py --shape "${shape%%:*}" $([[ $shape == *:causal ]] && echo --causal) \
       ${SWEEP_SETTINGS:+--settings "$SWEEP_SETTINGS"} 2>&1 | tee -a "$OUT/sweep.log" || status=1
@@ -281,7 +283,7 @@ if has memory; then
 fi
 if has decode; then
   step "decode: quick pass per FLASHPORT_DECODE shape, then the grid"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   if [[ -f /tmp/fa3_done ]]; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   for mode in ${DECODE_MODES:-0 1 2 4}; do
     echo "--- FLASHPORT_DECODE=$mode"
@@ -294,7 +296,7 @@ if has fp8probe; then
   # copy of V) once per FP8PROBE_ENV entry (space-separated; an entry is "rule", nothing set, or
   # comma-separated NAME=VALUE settings, e.g. FLASHPORT_HOPPER_FP8_TILE=64:128:3), FP8PROBE_ARGS its --dims / --seqs.
   step "fp8 forward: V^T pass and kernel per setting"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   for setting in ${FP8PROBE_ENV:-rule}; do
     echo "--- $setting"
     (if [[ $setting != rule ]]; then IFS=, read -ra kv <<<"$setting"; export "${kv[@]}"; fi
@@ -305,7 +307,7 @@ if has pagedprefill; then
   # Chunked prefill over a paged cache against the dense one (scripts/paged_prefill_probe.py), on the default
   # kernels and then with FLASHPORT_CUDA_FORWARD=portable (the path before the Hopper kernel took pages).
   step "paged prefill: Hopper against portable"
-  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+  need_package
   for family in default portable; do
     echo "--- $family"
     (if [[ $family != default ]]; then export FLASHPORT_CUDA_FORWARD=$family; fi
@@ -319,7 +321,7 @@ fi
 if has fa3; then
   step "FA3 same-run peer: flashport vs FA3 vs cuDNN vs FA2"
   if fa3_ready; then
-    python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+    need_package
     if [[ -n "${FA3_MODES:-}" ]]; then  # the repo's grid script with FA3 as a peer (fp8_fwd: e4m3 forwards)
       PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH} python3 bench/gpu_bench.py --peers cudnn,fa3 --modes "$FA3_MODES" --dims "${FA3_DIMS:-64,128,256}" \
         --seqlens "${FA3_SEQS:-512,1024,2048,4096,8192,16384}" --out "$OUT/bench_fa3.jsonl" 2>&1 |

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/cases.hpp"
+#include "common/device_fault.hpp"
 
 namespace flashport::test::gpu {
 
@@ -332,16 +333,7 @@ inline void expect_device_fault(std::initializer_list<std::string> args, const s
   // The emulator does not run index_check.cu (its atomics and ballots are not emulated; emu_runtime
   // turns device checks off), so nothing is recorded there: the in-bounds part of these tests still runs.
   if (kEmulated) return;
-  const Device gpu{DeviceType::cuda, 0};
-  try {
-    check_device(gpu);
-    ADD_FAILURE() << "no device fault recorded for " << *args.begin();
-  } catch (const Error& e) {
-    EXPECT_NE(std::find(args.begin(), args.end(), e.argument()), args.end()) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("found on cuda:0"), std::string::npos) << e.what();
-  }
-  EXPECT_NO_THROW(check_device(gpu)) << "a fault is raised once";
+  expect_recorded_fault(Device{DeviceType::cuda, 0}, "cuda", args, fragment);
 }
 
 inline GpuResult run_gpu(const Case& c, const FwdInputs& in) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/cases.hpp"
+#include "common/device_fault.hpp"
 #include "common/kvcache_case.hpp"
 #include "cpu/test_fast_util.hpp"
 #include "flashport/attention.hpp"
@@ -385,15 +386,7 @@ TEST(HipBackend, KvCacheSplits) {
 /// flashport::check_device(hip:0) raises the fault index_check recorded, naming `args` (any of them) and
 /// saying where it was found, exactly once.
 void expect_hip_fault(std::initializer_list<std::string> args, const std::string& fragment) {
-  try {
-    check_device(kHip0);
-    ADD_FAILURE() << "no device fault recorded for " << *args.begin();
-  } catch (const Error& e) {
-    EXPECT_NE(std::find(args.begin(), args.end(), e.argument()), args.end()) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("found on hip:0"), std::string::npos) << e.what();
-  }
-  EXPECT_NO_THROW(check_device(kHip0)) << "a fault is raised once";
+  expect_recorded_fault(kHip0, "hip", args, fragment);
 }
 
 /// Index tensors in device memory are not read on the host outside checked mode: index_check runs the

@@ -520,12 +520,12 @@ Shape chosen_shape(const AttnProblem& p, int device) {
   return it->second;
 }
 
-/// The key tile a paged problem launches with (chosen_shape and prepare take no autotuned shape for it):
-/// the dropout tile's, the fp8 shape's, FLASHPORT_HOPPER_TILE's or the launch rule's.
+/// The key tile a paged problem launches with: the fp8 shape's, the dropout tile's (prepare's override), or
+/// chosen_shape's, which never autotunes a paged problem (so `p.device` is not touched).
 long long paged_block_n(const AttnProblem& p) {
   if (p.in_type == kE4M3) return fp8_shape(p).tile.block_n;
   if (transform_for(p) == kDropoutTransform) return kDropoutTile.block_n;
-  return (shape_from_env((int)p.d) ? shape_for((int)p.d) : rule_shape(p)).tile.block_n;
+  return chosen_shape(p, p.device).tile.block_n;
 }
 
 }  // namespace
