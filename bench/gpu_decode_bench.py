@@ -67,6 +67,10 @@ def main():
     ap.add_argument("--out", default="bench_gpu_decode.jsonl")
     ap.add_argument("--perf-md", action="store_true", help="rewrite the decode section of docs/PERF.md + PNG")
     ap.add_argument("--quick", action="store_true", help="a few cells only (smoke test)")
+    ap.add_argument("--cells", metavar="BxCTX,...", help="only these batch x context cells (e.g. 1x8192,128x1024)")
+    ap.add_argument("--layouts", help=f"comma-separated subset of {','.join(LAYOUTS)}")
+    ap.add_argument("--heads", help="comma-separated q/kv head pairs, e.g. 32/8")
+    ap.add_argument("--no-peers", action="store_true", help="flashport only (A/B of its own settings)")
     ap.add_argument("--replot", metavar="JSONL", help="only redraw docs/perf_decode.png from an earlier --out file")
     args = ap.parse_args()
     if args.replot:
@@ -77,7 +81,12 @@ def main():
     _, copy_gbs = ceilings()
     print(f"device {dev}; copy ceiling {copy_gbs:.0f} GB/s", flush=True)
     batches, contexts = ([1, 32], [8192]) if args.quick else (BATCHES, CONTEXTS)
-    cells = [(hq, hk, b, ctx, layout) for hq, hk in HEADS for layout in LAYOUTS for b in batches for ctx in contexts
+    shapes = [(b, ctx) for b in batches for ctx in contexts]
+    if args.cells:
+        shapes = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
+    layouts = args.layouts.split(",") if args.layouts else LAYOUTS
+    heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")] if args.heads else HEADS
+    cells = [(hq, hk, b, ctx, layout) for hq, hk in heads for layout in layouts for b, ctx in shapes
              if b * ctx <= MAX_TOKENS]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
@@ -112,7 +121,7 @@ def main():
         ms = time_ms(ours)
         peers = {}
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
-            if layout != "dense":
+            if layout != "dense" or args.no_peers:
                 peers[name] = None
                 continue
             views = [tuple(t.transpose(1, 2) for t in s[:3]) for s in sets]
@@ -128,7 +137,7 @@ def main():
             except Exception as e:  # a peer that cannot run this shape is reported missing
                 print(f"  peer {name} unavailable: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
                 peers[name] = None
-        if fa3 is not None:  # checked against flashport's output on the first set, then timed
+        if fa3 is not None and not args.no_peers:  # checked against flashport's output on the first set, then timed
             def fa3_call():
                 q, k, v, table = sets[turn[0] % n_sets]
                 turn[0] += 1

@@ -2,7 +2,7 @@
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
 # STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
-# memory,fuzz,huge,fa3,decode,ab,bwdab,trainprof,sweep,fp8probe,pagedprefill
+# memory,fuzz,huge,fa3,decode,decodemodes,ab,bwdab,trainprof,sweep,fp8probe,pagedprefill
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
 # before/after in one run); `train` runs examples/train_gpt.py per attention backend; `memory` the
@@ -10,8 +10,8 @@
 # GPU fuzzer (FUZZ_SECONDS, FUZZ_WORKERS; beside the sanitizer when both run); `huge` the
 # more-than-2^31-elements test. `decode` times the decode grid (gpu_decode_bench.py --perf-md; FA3 as a peer
 # when /tmp/fa3 holds an FA3_DECODE=1 build) after a quick pass per FLASHPORT_DECODE shape (DECODE_MODES,
-# default 0 1 2 4: row-split kernel, default, two stages, eight warps). `ab` times the portable forward
-# and decode kernels of this tree and of .base/ (carried: a pre-change tree) in alternating rounds.
+# default 0 1 2 4: row-split kernel, default, two stages, four warps; README lists the shapes). `ab` times
+# the portable forward and decode kernels of this tree and of .base/ (carried: a pre-change tree) in alternating rounds.
 # GPU_FILTER narrows the gpu step to gtest filters, run group by group in the order given (space-separated;
 # default: the whole ctest label). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
@@ -45,7 +45,16 @@ export PYTHONUNBUFFERED=1
 status=0
 step() { echo; echo "=== $1 ($(date +%T))"; }
 # The Python package for the steps that import it, built once (the python step installs it too).
-need_package() { python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1; }
+# PIP_EARLY=1 starts that install at once, beside the build; need_package then waits for it.
+pip_pid=
+if [[ -n "${PIP_EARLY:-}" ]]; then
+  python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 &
+  pip_pid=$!
+fi
+need_package() {
+  if [[ -n "$pip_pid" ]]; then wait "$pip_pid"; pip_pid=; fi
+  python3 -c 'import flashport' 2>/dev/null || python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1
+}
 
 if has fa3; then
   if [[ -d /tmp/fa3 && ! -f /tmp/fa3_failed ]]; then
@@ -129,6 +138,18 @@ if has portable; then
   # 64 queries per step at d 64 with bulk dQ (the table takes 128; deterministic mode and dropout 64).
   rerun gpu_hopper_bwd_m64.log 'HopperBwd.Small*' FLASHPORT_HOPPER_BWD_BLOCK_M=64
 fi
+if has decodemodes; then
+  # The decode variant's other shapes (DECODE_TEST_MODES, FLASHPORT_DECODE values: several CTAs per SM,
+  # bulk row copies) over the decode-shaped tests, small pages, bad table entries and splits included.
+  step "gpu decode tests under each FLASHPORT_DECODE shape"
+  decode_tests='GpuForwardSmall.*:GpuForward.DecodeShapesUseSplitKv:GpuForwardPaged.*:GpuKvCache*:GpuForwardFp8.SplitKvDecode'
+  for mode in ${DECODE_TEST_MODES:-6 7 8 9}; do
+    echo "--- FLASHPORT_DECODE=$mode"
+    FLASHPORT_DECODE=$mode build-gpu/tests/flashport_tests_gpu --gtest_filter="$decode_tests" \
+      >"$OUT/gpu_decode_mode$mode.log" 2>&1 || status=1
+    grep -E "PASSED|FAILED|Failure" "$OUT/gpu_decode_mode$mode.log" | head -20
+  done
+fi
 return $status
 }
 gpu_pid=
@@ -141,7 +162,11 @@ fi
 py_pid=
 if has python; then
   step "python suite on the GPU${PY_BACKGROUND:+ (in the background)}"
-  python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; status=1; }
+  if [[ -n "${PIP_EARLY:-}" ]]; then
+    need_package || { tail -20 "$OUT/pip.log"; status=1; }
+  else
+    python3 -m pip install -q --no-build-isolation --no-deps . >"$OUT/pip.log" 2>&1 || { tail -20 "$OUT/pip.log"; status=1; }
+  fi
   if [[ -n "${PY_BACKGROUND:-}" ]]; then  # beside the fuzzer and the sanitizer: a few cores of its own
     OMP_NUM_THREADS=2 python3 -m pytest -q -x tests/python >"$OUT/pytest.log" 2>&1 &
     py_pid=$!
@@ -285,11 +310,18 @@ if has decode; then
   step "decode: quick pass per FLASHPORT_DECODE shape, then the grid"
   need_package
   if [[ -f /tmp/fa3_done ]]; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
-  for mode in ${DECODE_MODES:-0 1 2 4}; do
-    echo "--- FLASHPORT_DECODE=$mode"
-    FLASHPORT_DECODE=$mode python3 bench/gpu_decode_bench.py --quick --out "$OUT/decode_mode$mode.jsonl" 2>&1 | grep -E "^\[" || status=1
+  # DECODE_QUICK_ARGS picks the cells of the per-shape pass (default --quick), DECODE_ROUNDS repeats it
+  # (modes alternating, so drift hits them alike); DECODE_GRID=0 skips the full grid.
+  for round in $(seq "${DECODE_ROUNDS:-1}"); do
+    for mode in ${DECODE_MODES:-0 1 2 4}; do
+      echo "--- FLASHPORT_DECODE=$mode (round $round)"
+      FLASHPORT_DECODE=$mode python3 bench/gpu_decode_bench.py ${DECODE_QUICK_ARGS:---quick} \
+        --out "$OUT/decode_mode${mode}_r$round.jsonl" 2>&1 | grep -E "^\[" || status=1
+    done
   done
-  python3 bench/gpu_decode_bench.py --perf-md --out "$OUT/decode.jsonl" 2>&1 | tee "$OUT/decode.log" | grep -E "^\[" || status=1
+  if [[ ${DECODE_GRID:-1} != 0 ]]; then
+    python3 bench/gpu_decode_bench.py --perf-md --out "$OUT/decode.jsonl" 2>&1 | tee "$OUT/decode.log" | grep -E "^\[" || status=1
+  fi
 fi
 if has fp8probe; then
   # The fp8 forward's time split (scripts/fp8_probe.py: the V^T pass against the attention kernel and a

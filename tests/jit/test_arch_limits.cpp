@@ -44,7 +44,7 @@ TEST(ArchLimits, PortableTilesFit) {
 TEST(ArchLimits, DecodeShapesFitAndCountTheirCtasPerSm) {
   for (int arch : kArchs)
     for (int bucket : kHeadDimBuckets)
-      for (int mode = 0; mode <= 5; ++mode) {
+      for (int mode = 0; mode <= 9; ++mode) {
         const FwdTile t = decode_tile(arch, bucket, mode);
         const std::string where =
             "sm_" + std::to_string(arch) + " d" + std::to_string(bucket) + " mode " + std::to_string(mode);
@@ -52,8 +52,12 @@ TEST(ArchLimits, DecodeShapesFitAndCountTheirCtasPerSm) {
         EXPECT_LE(fwd_smem_bytes(t, bucket), limits(arch).smem_per_block) << where;
         const int ctas = decode_ctas_per_sm(arch, t, bucket);
         EXPECT_GE(ctas, 1) << where;
-        EXPECT_LE(ctas * fwd_smem_bytes(t, bucket), limits(arch).smem_per_block) << where;
+        // An SM holds the opt-in limit + 1 KB, of which every resident CTA reserves 1 KB.
+        EXPECT_LE(ctas * (fwd_smem_bytes(t, bucket) + 1024), limits(arch).smem_per_block + 1024) << where;
         EXPECT_LE(ctas * 32 * t.warps * 128, 65536) << where << ": at least 128 registers per thread";
+        EXPECT_GE(ctas, t.min_blocks) << where << ": the CTAs per SM it is compiled for are resident";
+        EXPECT_TRUE(!t.bulk || (arch >= 90 && t.block_n == 16))
+            << where << ": bulk rows need sm_90, 16-key tiles";
       }
   // The default on sm_90: twelve warps up to d 128 (one CTA per SM, by registers at d <= 96), two past it.
   for (int bucket : {32, 64, 96, 128}) {
@@ -64,6 +68,15 @@ TEST(ArchLimits, DecodeShapesFitAndCountTheirCtasPerSm) {
   EXPECT_EQ(decode_tile(90, 256).warps, 2);
   EXPECT_EQ(decode_tile(90, 128, 4).warps, 4);
   EXPECT_EQ(decode_ctas_per_sm(90, decode_tile(90, 64, 4), 64), 2);  // four warps: 255 registers allow two
+  // The twelve warps per SM as two CTAs of six (mode 6) or three of four (7), with bulk rows (8, 9) on sm_90.
+  EXPECT_EQ(decode_tile(90, 128, 6).warps, 6);
+  EXPECT_EQ(decode_ctas_per_sm(90, decode_tile(90, 128, 6), 128), 2);
+  EXPECT_EQ(decode_ctas_per_sm(90, decode_tile(90, 128, 7), 128), 3);
+  EXPECT_TRUE(decode_tile(90, 128, 8).bulk && decode_tile(90, 128, 9).bulk);
+  EXPECT_EQ(decode_tile(90, 128, 8).warps, 12);
+  EXPECT_FALSE(decode_tile(80, 128, 8).bulk);
+  EXPECT_EQ(fwd_smem_bytes(decode_tile(90, 128, 8), 128),
+            fwd_smem_bytes(decode_tile(90, 128), 128) + 8 * 2 * 12 * 2);
 }
 
 TEST(ArchLimits, Sm120GetsSmallForwardTiles) {

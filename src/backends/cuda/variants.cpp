@@ -27,6 +27,8 @@ jit::KernelSpec forward_spec_for(int arch, int elem_type, int bucket, const FwdT
   // Only the fp8 variant carries the flag: the 2-byte variants keep their exact spec (and SASS).
   if (fp8) spec.defines.push_back({"FP_FP8", "1"});
   if (t.decode) spec.defines.push_back({"FP_DECODE", "1"});
+  if (t.min_blocks > 1) spec.defines.push_back({"FP_MIN_BLOCKS", std::to_string(t.min_blocks)});
+  if (t.bulk) spec.defines.push_back({"FP_BULK", "1"});
   return spec;
 }
 

@@ -93,7 +93,8 @@ using namespace flashport::cuda::fwd;
 
 /// Grid: x = query blocks (reversed, so the costliest causal blocks start first), y = query heads (kv
 /// heads when packing GQA), z = batch * num_splits. Block: kThreads. Dynamic smem: kSmemBytes.
-extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_constant__ FwdParams prm) {
+extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
+    attn_fwd(const __grid_constant__ FwdParams prm) {
   const AttnProblem& p = prm.p;
   u16* s_q = dynamic_smem<u16>();                 // (kBlockM, kPitch)
   u16* s_k = s_q + kSmemQ;                        // kKvRings x kStages x (kBlockN, kPitch)
@@ -216,7 +217,62 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
           ring + (k % kStages) * kSmemKV, t.ptr, ncols, vec, [&](int r) { return shfl_i64(my_off, r); }, dec,
           lane);
     };
+#if FP_BULK
+    // Bulk rows where the copy is affine (the same tiles load_tile_affine takes): this warp's barriers
+    // are K's then V's per stage, after the rings. Lane r copies K row r of a tile, lane 16 + r V row r.
+    const bool bulk = affine;
+    const u32 bars = smem_addr(s_v + kKvRings * kStages * kSmemKV) + warp * 2 * kStages * 8;
+    const bool lane_v = lane >= 16;
+    const int lane_row = lane & 15;
+    const Operand& lane_op = lane_v ? p.v : p.k;
+    const i64 lane_base = lane_v ? v_base : k_base;
+    const int lane_cols = (int)(lane_v ? p.dv : p.d);
+    u16* const lane_ring = lane_v ? s_v_ring : s_k_ring;
+    auto zero_row = [&](u16* row, int c0, int c1) {  // columns [c0, c1), multiples of 8
+      for (int c = c0; c < c1; c += 8) st_shared_16(smem_addr(row + c), U32x4{0, 0, 0, 0});
+    };
+    if (bulk) {
+      if (lane == 0)
+        for (int i = 0; i < 2 * kStages; ++i) sm90::mbar_init(bars + 8 * i, 1);
+      // A bulk copy writes a row's d (or dv) columns; the rest must be exact zeros (Q's are), once.
+      for (int s = 0; s < kStages; ++s)
+        zero_row(lane_ring + s * kSmemKV + lane_row * kPitch, lane_cols, kHeadDim);
+      sm90::fence_barrier_init();
+      sm90::fence_proxy_async();  // the zeros, before any bulk copy into these buffers
+      __syncwarp();
+    }
+    // Tile k's rows into buffer k % kStages. The barrier is armed (its rows' bytes) before any of its
+    // copies is issued; rows past the keys (the last tile) or of a table entry outside the pool are
+    // zero-filled as load_tile_affine does, by the lane that would copy them.
+    auto load_pair_bulk = [&](int k) {
+      if (k >= my_tiles) return;
+      const int page = paged ? page_of(k) : -1, buf = k % kStages;
+      const i64 j0 = j0_of(k), left = blk.len_k - j0;
+      const i64 off0 = !paged ? kv_offset(lane_op, lane_base, j0) : page_row_offset(p, lane_op, page, j0, hk);
+      const int n_rows = off0 < 0 ? 0 : left < kBlockN ? (int)left : kBlockN;
+      const u32 bar = bars + ((lane_v ? kStages : 0) + buf) * 8;
+      u16* const row = lane_ring + buf * kSmemKV + lane_row * kPitch;
+      if (lane_row == 0) sm90::mbar_arrive_expect_tx(bar, (u32)(n_rows * lane_cols * 2));
+      __syncwarp();
+      if (lane_row < n_rows) {
+        sm90::bulk_load(smem_addr(row),
+                        static_cast<const u16*>(lane_op.ptr) + off0 + lane_row * lane_op.row_stride,
+                        (u32)(lane_cols * 2), bar);
+      } else {
+        zero_row(row, 0, lane_cols);
+        sm90::fence_proxy_async();  // before a later bulk copy into this row (a table entry out of the pool)
+      }
+    };
+    auto wait_bulk = [&](int k, bool v) {
+      sm90::mbar_wait(bars + ((v ? kStages : 0) + k % kStages) * 8, (k / kStages) & 1);
+    };
+#else
+    constexpr bool bulk = false;
+    auto load_pair_bulk = [](int) {};
+    auto wait_bulk = [](int, bool) {};
+#endif
     auto load_pair = [&](int k) {
+      if (bulk) return load_pair_bulk(k);
       const int page = kAffineCopy && affine && paged && k < my_tiles ? page_of(k) : -1;
       if (k < my_tiles) load_ring(s_k_ring, p.k, k_base, p.d, vec_k, k, page);
       cp_async_commit();
@@ -226,22 +282,31 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) attn_fwd(const __grid_
     load_q();
     cp_async_commit();
     for (int k = 0; k + 1 < kStages; ++k) load_pair(k);
-    cp_async_wait<2 * (kStages - 1)>();  // this thread's share of Q has landed,
-    __syncthreads();                     // and everyone's
+    if (bulk)
+      cp_async_wait_all();  // Q is the only cp.async group
+    else
+      cp_async_wait<2 * (kStages - 1)>();  // this thread's share of Q has landed,
+    __syncthreads();                       // and everyone's
     for (int k = 0; k < my_tiles; ++k) {
       const int buf = k % kStages;
       const i64 j0 = j0_of(k);
       // The next pair is issued before waiting for this one, so kStages pairs are in flight during
       // the wait (a streaming warp's bytes in flight are what its bandwidth is made of).
-      __syncwarp();                      // every lane is done with buffer (k - 1) % kStages (PV(k - 1)),
-      load_pair(k + kStages - 1);        // which takes pair k + kStages - 1
-      cp_async_wait<2 * kStages - 1>();  // K(k) has landed (after it: V(k), pairs k + 1 .. k + kStages - 1)
+      __syncwarp();                // every lane is done with buffer (k - 1) % kStages (PV(k - 1)),
+      load_pair(k + kStages - 1);  // which takes pair k + kStages - 1
+      if (bulk)
+        wait_bulk(k, false);
+      else
+        cp_async_wait<2 * kStages - 1>();  // K(k) has landed (after it: V(k), pairs k + 1 .. k + kStages - 1)
       __syncwarp();
       compute_qk(acc_s, q_lane, k_lane0 + buf * kSmemKV * 2, p.d);
       attn::transform_scores<Rows, kBlockN>(acc_s, p, ctx, j0, !sem::contains(unmasked, j0, j0 + kBlockN));
       attn::online_softmax<Rows>(acc_s, acc_o, st);
       if (!kFp8 && p.dropout_p > 0.0f) apply_dropout(acc_s, p, ctx, j0, b);
-      cp_async_wait<2 * kStages - 2>();  // V(k) has landed
+      if (bulk)
+        wait_bulk(k, true);
+      else
+        cp_async_wait<2 * kStages - 2>();  // V(k) has landed
       __syncwarp();
       compute_pv(acc_o, acc_s, v_lane0 + buf * kSmemKV * 2, p.dv);
     }

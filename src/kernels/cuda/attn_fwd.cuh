@@ -14,8 +14,17 @@
 #ifndef FP_DECODE
 #define FP_DECODE 0
 #endif
+#ifndef FP_MIN_BLOCKS
+#define FP_MIN_BLOCKS 1
+#endif
+#ifndef FP_BULK
+#define FP_BULK 0
+#endif
 #if FP_FP8
 #include "cuda/fp8_decode.cuh"
+#endif
+#if FP_BULK
+#include "cuda/hopper/sm90.cuh"
 #endif
 
 #if !defined(FP_DTYPE) || !defined(FP_HEADDIM) || !defined(FP_BLOCK_N) || !defined(FP_WARPS) || \
@@ -39,6 +48,11 @@ constexpr int kKvRings = kDecode ? kWarps : 1;  // K/V buffer sets: one per warp
 constexpr int kBlockN = FP_BLOCK_N;
 constexpr int kStages = FP_STAGES;  // 1: single K/V buffers, loads interleaved with compute (FA2)
 constexpr int kThreads = 32 * kWarps;
+constexpr int kMinBlocks = FP_MIN_BLOCKS;  // CTAs per SM the register cap leaves room for
+/// FP_BULK=1 (decode, sm_90+): a ring tile's 16 K rows and 16 V rows are one cp.async.bulk each (lane r
+/// copies K row r, lane 16 + r V row r) onto per-warp, per-stage mbarriers, where the 16-byte cp.async
+/// copies took kChunks / 2 instructions per lane and operand; the shared layout (kPitch rows) is the same.
+constexpr bool kBulk = FP_BULK;
 constexpr int kPitch = kHeadDim + 8;   // smem row pitch in elements: the 16-byte pad puts the 8 rows of
                                        // every ldmatrix 8x8 matrix in distinct bank groups
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
@@ -47,6 +61,7 @@ constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O per warp: O fragment is 
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32");
 static_assert(kBlockN % 16 == 0 && kStages >= 1 && kWarps >= 1, "bad tile");
 static_assert(!kDecode || kStages >= 2, "the decode variant's per-warp ring is double-buffered at least");
+static_assert(!kBulk || (kDecode && kBlockN == 16), "bulk copies: one K and one V row per lane");
 /// fp8 inputs (e4m3fn, e4m3fnuz or e5m2: p.in_type), dequantised to bf16 in load_tile (exact), so the
 /// mma path is the bf16 one; the output goes out in p.out_type (bf16, f16 or f32). No dropout: the host
 /// refuses fp8 with dropout, so the variant leaves the Philox code out.
@@ -66,11 +81,13 @@ FP_DEV TileDecode tile_decode(const AttnProblem&) {
 #endif
 
 // Shared memory (elements of 2 bytes): s_q (kBlockM, kPitch), then s_k and s_v, each kKvRings x kStages
-// buffers of (kBlockN, kPitch). Total (kBlockM + 2 kKvRings kStages kBlockN) * kPitch * 2 bytes; the
-// host computes the same figure in tiles.hpp (fwd_smem_bytes) and passes it as the dynamic size.
+// buffers of (kBlockN, kPitch); the bulk variant's mbarriers after them (8 bytes per warp, stage and
+// operand). Total (kBlockM + 2 kKvRings kStages kBlockN) * kPitch * 2 bytes (+ the barriers); the host
+// computes the same figure in tiles.hpp (fwd_smem_bytes) and passes it as the dynamic size.
 constexpr int kSmemQ = kBlockM * kPitch;
 constexpr int kSmemKV = kBlockN * kPitch;
-constexpr int kSmemBytes = (kSmemQ + 2 * kKvRings * kStages * kSmemKV) * 2;
+constexpr int kSmemBars = kBulk ? 8 * 2 * kWarps * kStages : 0;
+constexpr int kSmemBytes = (kSmemQ + 2 * kKvRings * kStages * kSmemKV) * 2 + kSmemBars;
 
 /// Copies rows [0, kRows) of a (rows, kHeadDim) tile into s_tile (pitch kPitch). `row_offset(r)` is
 /// the element offset of row r in `g_base`, negative for rows to zero-fill; columns >= ncols are

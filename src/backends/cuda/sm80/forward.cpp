@@ -64,7 +64,7 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
   // but one warp idle and stream K/V at a fraction of the copy rate.
-  const int decode_mode = core::tuning().decode_variant.get();  // 0 off, 1 default, 2..4 shapes
+  const int decode_mode = core::tuning().decode_variant.get();  // 0 off, 1 default, 2..9 shapes
   const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16 && decode_mode > 0;
   g.decode_mode = decode_mode >= 2 ? decode_mode : 0;
   g.tile = decode ? decode_tile(g.arch, g.bucket, g.decode_mode) : fwd_tile(g.arch, g.bucket);
@@ -110,11 +110,24 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   for (int bucket : kCoarseHeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
   // FLASHPORT_DECODE=4's four-warp shape (the default before) and 5's eight-warp one, where they differ
   // from the default (d <= 128): compiled by CI's variant check like the rest, so choosing one cannot meet
-  // a kernel that does not build.
-  for (int mode : {4, 5})
+  // a kernel that does not build. The timing shapes 6-9 (several CTAs per SM, bulk row copies): bf16 only,
+  // the 2-byte types sharing every line of them.
+  // A mode whose shape equals an earlier one's (bulk modes off sm_90) adds nothing.
+  const auto is_new = [&](int bucket, int mode) {
+    const FwdTile t = decode_tile(arch, bucket, mode);
+    for (int m : {0, 4, 5, 6, 7, 8}) {
+      if (m >= mode) break;
+      const FwdTile e = decode_tile(arch, bucket, m);
+      if (t.warps == e.warps && t.block_n == e.block_n && t.stages == e.stages &&
+          t.min_blocks == e.min_blocks && t.bulk == e.bulk)
+        return false;
+    }
+    return true;
+  };
+  for (int mode : {4, 5, 6, 7, 8, 9})
     for (int type : {kF16, kBF16})
       for (int bucket : kHeadDimBuckets)
-        if (decode_tile(arch, bucket, mode).warps != decode_tile(arch, bucket, 0).warps)
+        if ((mode <= 5 || type == kBF16) && is_new(bucket, mode))
           specs.push_back(decode_spec(arch, type, bucket, mode));
   for (jit::KernelSpec& spec : forward_f32_variants(arch)) specs.push_back(std::move(spec));
   return specs;

@@ -9,10 +9,14 @@ namespace flashport::cuda {
 /// One forward kernel shape. block_m = 16 * warps (each warp owns 16 query rows). stages = number of
 /// K and V shared-memory buffers (1: loads interleaved with compute in single buffers, as FA2).
 /// decode: the FP_DECODE variant (attn_fwd.cuh): block_m = 16 rows shared by all warps, each warp with
-/// its own `stages` K/V buffers of block_n keys.
+/// its own `stages` K/V buffers of block_n keys. min_blocks: the CTAs per SM the kernel is compiled for
+/// (its __launch_bounds__, so the register cap leaves room for them). bulk (decode, sm_90+): K/V rows
+/// copied by one cp.async.bulk per row onto per-warp mbarriers instead of 16-byte cp.async chunks.
 struct FwdTile {
   int block_m, block_n, warps, stages;
   bool decode = false;
+  int min_blocks = 1;
+  bool bulk = false;
 };
 
 /// The head-dim bucket a problem compiles for: max(d, dv) rounded up to a multiple of 32 (<= 256).
@@ -24,8 +28,10 @@ constexpr int head_dim_bucket(long long d, long long dv) {
 /// Shared memory of one forward CTA: Q (block_m rows) plus stages x (K, V) (block_n rows each), rows of
 /// (bucket + 8) 2-byte elements (the pad staggers ldmatrix rows across banks). Must equal kSmemBytes
 /// in src/kernels/cuda/attn_fwd.cuh.
+/// The bulk decode variant adds its mbarriers after the rings: one per (warp, stage, K or V).
 constexpr int fwd_smem_bytes(const FwdTile& t, int bucket) {
-  return (t.block_m + 2 * (t.decode ? t.warps : 1) * t.stages * t.block_n) * (bucket + 8) * 2;
+  return (t.block_m + 2 * (t.decode ? t.warps : 1) * t.stages * t.block_n) * (bucket + 8) * 2 +
+         (t.bulk ? 8 * 2 * t.warps * t.stages : 0);
 }
 
 /// Register budget: 8-warp CTAs, <= 255 registers per thread; ptxas (NVRTC, sm_80 and sm_90a) reports
@@ -54,13 +60,16 @@ constexpr FwdTile fwd_tile(int arch, int bucket) {
 }
 
 /// How many decode CTAs of `t` one SM holds at once, for the split heuristic's slot count: by shared memory
-/// and by registers, counting the most a thread may take under the kernel's __launch_bounds__(threads, 1)
-/// (65536 / threads rounded down to 8, at most 255; ptxas reports 120-168 at twelve warps, so one CTA).
+/// and by registers, counting the most a thread may take under the kernel's __launch_bounds__(threads,
+/// min_blocks) (65536 / (threads * min_blocks) rounded down to 8, at most 255; ptxas reports 120-168 at
+/// twelve warps, so one CTA).
 constexpr int decode_ctas_per_sm(int arch, const FwdTile& t, int bucket) {
   const int threads = 32 * t.warps;
-  const int reg_cap = (65536 / threads / 8 * 8) < 255 ? 65536 / threads / 8 * 8 : 255;
+  const int per_sm = 65536 / (threads * t.min_blocks);
+  const int reg_cap = (per_sm / 8 * 8) < 255 ? per_sm / 8 * 8 : 255;
+  // An SM's shared memory is the block opt-in limit plus 1 KB, and every resident block reserves 1 KB.
   const int by_regs = 65536 / (threads * reg_cap),
-            by_smem = limits(arch).smem_per_block / fwd_smem_bytes(t, bucket);
+            by_smem = (limits(arch).smem_per_block + 1024) / (fwd_smem_bytes(t, bucket) + 1024);
   const int n = by_regs < by_smem ? by_regs : by_smem;
   return n > 1 ? n : 1;
 }
@@ -74,13 +83,22 @@ constexpr int decode_ctas_per_sm(int arch, const FwdTile& t, int bucket) {
 /// 4: four warps (two past d 128) of 32-key tiles, the deepest of 3 and 2 stages that fits (the shape
 /// before, 213 KB at d 128); 5: eight warps of 16-key tiles. The twelve-warp kernel is capped at 168
 /// registers (384 threads), which d 128 reaches without spilling.
+/// The same twelve warps per SM as several CTAs, so one CTA's prologue and merge overlap another's
+/// streaming (short contexts at large batch run a few rounds per CTA): 6, two CTAs of six warps; 7, three
+/// of four. 8: the default shape with bulk row copies (sm_90+, `FwdTile::bulk`); 9: mode 6 with them.
 constexpr FwdTile decode_tile(int arch, int bucket, int mode = 0) {
   const auto fits = [&](const FwdTile& t) {
-    return fwd_smem_bytes(t, bucket) <= limits(arch).smem_per_block;
+    const int per_sm = limits(arch).smem_per_block + 1024;  // every resident CTA reserves 1 KB
+    return t.min_blocks * (fwd_smem_bytes(t, bucket) + 1024) <= per_sm;
   };
-  if (bucket <= 128 && (mode < 2 || mode == 5)) {
+  const bool bulk = (mode == 8 || mode == 9) && arch >= 90;
+  if (bucket <= 128 && (mode == 6 || mode == 7 || mode == 9)) {
+    const FwdTile t{16, 16, mode == 7 ? 4 : 6, 2, true, mode == 7 ? 3 : 2, bulk};
+    if (fits(t)) return t;
+  }
+  if (bucket <= 128 && (mode < 2 || mode >= 5)) {
     for (int warps : {mode == 5 ? 8 : 12, 8}) {
-      const FwdTile t{16, 16, warps, 2, true};
+      const FwdTile t{16, 16, warps, 2, true, 1, bulk};
       if (fits(t)) return t;
     }
   }

@@ -95,6 +95,15 @@ FP_DEV void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
+/// Bulk asynchronous copy (no tensor map; one thread issues): `bytes` (a multiple of 16) from global
+/// `g_src` to shared `s_dst`, both 16-byte aligned, completing `bytes` of mbarrier `bar`'s transaction.
+FP_DEV void bulk_load(u32 s_dst, const void* g_src, u32 bytes, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(s_dst),
+      "l"(g_src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
 /// Bulk asynchronous reduce-add (one thread issues): `bytes` (a multiple of 16) of fp32 at shared `s_src`
 /// added element-wise to global `g_dst` (16-byte aligned) in L2, tracked by the issuing thread's bulk
 /// groups. The shared source must have been published to the async proxy (fence_proxy_async by its
