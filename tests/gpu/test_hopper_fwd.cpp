@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backends/cuda/autotune.hpp"
+#include "backends/cuda/sm80/forward.hpp"
 #include "backends/cuda/sm90/hopper_fwd.hpp"
 #include "core/attn_validate.hpp"
 #include "gpu/gpu_test_util.hpp"
@@ -97,6 +98,17 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.o.ptr = static_cast<char*>(x.o.ptr) + 8; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.k.batch_stride = 0; }));  // broadcast batch
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.head_stride = x.sq * x.d, x.q.row_stride = x.d; }));
+  // Decode-sized calls (query rows, GQA heads packed in, <= 16) are the portable decode variant's, at any
+  // batch: one query token with 4 heads per kv head, or 16 queries of MHA; 17 rows are not.
+  AttnProblem decode = p;
+  decode.batch = 512, decode.sq = 1, decode.hq = 32, decode.hk = 8;
+  EXPECT_NE(hopper::declines(decode, 90), nullptr);
+  decode.sq = 4, decode.hq = decode.hk = 8;
+  EXPECT_NE(hopper::declines(decode, 90), nullptr);
+  decode.sq = 16;
+  EXPECT_NE(hopper::declines(decode, 90), nullptr);
+  decode.sq = 3, decode.hq = 48, decode.hk = 8;  // 18 rows per kv head
+  EXPECT_FALSE(cuda::decode_sized(decode));
   for (const auto& spec : hopper::variants(90)) EXPECT_TRUE(hopper::is_main_kernel(spec)) << spec.key();
   // 2 dtypes x (5 head dims + 4 persistent + 3 persistent with O apart + 9 alternatives + the launch
   // rule's d 64 persistent shapes, 128 and 192 rows + 2 transforms x the rule's 9 shapes + dropout's 4

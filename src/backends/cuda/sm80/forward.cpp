@@ -56,6 +56,15 @@ struct FwdGeometry {
   int decode_mode;  // FLASHPORT_DECODE's shape choice for the decode variant (decode_tile), 0: default
 };
 
+}  // namespace
+
+bool decode_sized(const AttnProblem& p) {
+  const long long group = gqa_group(p);
+  return (group > 1 ? p.sq * group : p.sq) <= 16;
+}
+
+namespace {
+
 FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   FwdGeometry g{};
   g.arch = jit::device_arch(device);
@@ -65,7 +74,7 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
   // but one warp idle and stream K/V at a fraction of the copy rate.
   const int decode_mode = core::tuning().decode_variant.get();  // 0 off, 1 default, 2..9 shapes
-  const bool decode = (group > 1 ? p.sq * group : p.sq) <= 16 && decode_mode > 0;
+  const bool decode = decode_sized(p) && decode_mode > 0;
   g.decode_mode = decode_mode >= 2 ? decode_mode : 0;
   g.tile = decode ? decode_tile(g.arch, g.bucket, g.decode_mode) : fwd_tile(g.arch, g.bucket);
   const long long bm = g.tile.block_m;

@@ -15,6 +15,12 @@ namespace flashport::cuda {
 /// (capped by the number of key tiles; ignored for varlen queries).
 void launch_forward(const AttnProblem& p, int num_splits = 0);
 
+/// True for decode-sized calls: query rows (the GQA group's heads packed in) fit one 16-row fragment. The
+/// portable kernel's decode variant takes them (its warps split the keys, split-KV fills the GPU), and the
+/// Hopper forward declines them: its 128-row tiles would hold a few rows each and one CTA per (batch, head)
+/// streams the cache at a third of the decode variant's rate (H100, 32/8 heads, d 128: 1.0-1.3 TB/s).
+bool decode_sized(const AttnProblem& p);
+
 /// Every portable forward attention kernel for `arch` (split-KV combine, kv-cache and merge kernels are
 /// variants.cpp's).
 std::vector<jit::KernelSpec> forward_variants(int arch);

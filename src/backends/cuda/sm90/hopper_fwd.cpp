@@ -15,6 +15,7 @@
 
 #include "backends/cuda/arch.hpp"
 #include "backends/cuda/autotune.hpp"
+#include "backends/cuda/sm80/forward.hpp"
 #include "backends/cuda/sm90/tma_map.hpp"
 #include "backends/cuda/variants.hpp"
 #include "core/tuning.hpp"
@@ -581,6 +582,8 @@ std::string unsupported(const AttnProblem& p, int arch) {
 const char* declines(const AttnProblem& p, int) {
   if (p.in_type == kE4M3 && !core::tuning().hopper_fp8.get())
     return "FLASHPORT_HOPPER_FP8=0 keeps e4m3 on the portable kernel";
+  if (decode_sized(p))
+    return "decode-sized rows (<= 16 per kv head): the portable decode variant splits the keys";
   const long long tiles = p.batch * p.hq * ((p.sq + kBlockM - 1) / kBlockM);
   if (tiles * 2 >= jit::device_sm_count(p.device)) return nullptr;
   return "too few 128-row query tiles to fill the GPU (the portable kernel splits the keys)";
