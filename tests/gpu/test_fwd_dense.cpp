@@ -86,6 +86,9 @@ TEST(GpuForward, DecodeShapesUseSplitKv) {
     expect_forward_accurate(with(dense(DType::f16, 2, 3, sk, 4, 2, 64), kAlibi));
   }
   expect_forward_accurate(with(dense(DType::bf16, 1, 2, 3000, 2, 2, 64), kDropout));  // dropout
+  // Grids of at least two CTAs per SM (an H100/H200's 132 SMs) take the two-CTA shape (FLASHPORT_DECODE 6).
+  expect_forward_accurate(dense(DType::bf16, 300, 1, 203, 4, 1, 128));
+  expect_forward_accurate(with(dense(DType::f16, 150, 2, 77, 8, 2, 64), kCausal));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "backends/cuda/sm80/forward.hpp"
 
 #include <algorithm>
+#include <span>
 #include <string>
 
 #include "backends/cuda/arch.hpp"
@@ -81,6 +82,17 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   g.pack_gqa = (int)gqa_pack(p, bm);  // see core/problem.h
   g.m_blocks = (p.sq * g.pack_gqa + bm - 1) / bm;
   g.heads = g.pack_gqa > 1 ? p.hk : p.hq;
+  // Unsplit grids that give every SM two six-warp CTAs at once take that shape (mode 6) over one
+  // twelve-warp CTA: a CTA's prologue and merge then overlap the other's streaming, which pays where each
+  // CTA runs only a few rounds. H100, 32/8 heads, d 128, GB/s (two rounds each): b 128 x 1k 2,576 against
+  // 2,481-2,494 dense, 2,514-2,519 against 2,374-2,378 paged16; b 128 x 8k 2,956 against 2,949-2,956;
+  // b 8 x 32k (split) 2,810-2,818 against 2,842-2,846, so split grids keep twelve warps.
+  if (decode && g.decode_mode == 0) {
+    const FwdTile pair = decode_tile(g.arch, g.bucket, 6);
+    const long long pair_slots =
+        (long long)jit::device_sm_count(device) * decode_ctas_per_sm(g.arch, pair, g.bucket);
+    if (pair.min_blocks > 1 && g.m_blocks * g.heads * p.batch >= pair_slots) g.tile = pair, g.decode_mode = 6;
+  }
   g.splits = 1;
   if (num_splits == 1 || p.cu_seqlens_q || p.sq <= 0 || p.sk <= 0) return g;
   const long long key_tiles = (p.sk + g.tile.block_n - 1) / g.tile.block_n;
@@ -117,9 +129,14 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   for (int type : {kF16, kBF16})
     for (int bucket : kHeadDimBuckets) specs.push_back(decode_spec(arch, type, bucket, 0));
   for (int bucket : kCoarseHeadDimBuckets) specs.push_back(decode_spec(arch, kE4M3, bucket, 0));
+  // The default's two-CTA shape (mode 6, fwd_geometry) where it exists, for every type it may meet.
+  for (int type : {kF16, kBF16, kE4M3})
+    for (int bucket : is_fp8_elem(type) ? std::span<const int>(kCoarseHeadDimBuckets)
+                                        : std::span<const int>(kHeadDimBuckets))
+      if (decode_tile(arch, bucket, 6).min_blocks > 1) specs.push_back(decode_spec(arch, type, bucket, 6));
   // FLASHPORT_DECODE=4's four-warp shape (the default before) and 5's eight-warp one, where they differ
   // from the default (d <= 128): compiled by CI's variant check like the rest, so choosing one cannot meet
-  // a kernel that does not build. The timing shapes 6-9 (several CTAs per SM, bulk row copies): bf16 only,
+  // a kernel that does not build. The timing shapes 7-9 (three CTAs per SM, bulk row copies): bf16 only,
   // the 2-byte types sharing every line of them.
   // A mode whose shape equals an earlier one's (bulk modes off sm_90) adds nothing.
   const auto is_new = [&](int bucket, int mode) {
@@ -133,7 +150,7 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
     }
     return true;
   };
-  for (int mode : {4, 5, 6, 7, 8, 9})
+  for (int mode : {4, 5, 7, 8, 9})
     for (int type : {kF16, kBF16})
       for (int bucket : kHeadDimBuckets)
         if ((mode <= 5 || type == kBF16) && is_new(bucket, mode))
