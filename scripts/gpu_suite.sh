@@ -336,13 +336,14 @@ if has fp8probe; then
   done
 fi
 if has pagedprefill; then
-  # Chunked prefill over a paged cache against the dense one (scripts/paged_prefill_probe.py), on the default
-  # kernels and then with FLASHPORT_CUDA_FORWARD=portable (the path before the Hopper kernel took pages).
-  step "paged prefill: Hopper against portable"
+  # Chunked prefill over a paged cache against the dense one (scripts/paged_prefill_probe.py), once per
+  # PAGED_SETTINGS entry (`default`, or VAR=VALUE set for that run): by default the default kernels and then
+  # FLASHPORT_CUDA_FORWARD=portable (the path before the Hopper kernel took pages).
+  step "paged prefill: one run per setting"
   need_package
-  for family in default portable; do
-    echo "--- $family"
-    (if [[ $family != default ]]; then export FLASHPORT_CUDA_FORWARD=$family; fi
+  for setting in ${PAGED_SETTINGS:-default FLASHPORT_CUDA_FORWARD=portable}; do
+    echo "--- $setting"
+    (if [[ $setting != default ]]; then export "${setting?}"; fi
      python3 scripts/paged_prefill_probe.py ${PAGED_ARGS:-} 2>&1 | tee -a "$OUT/paged_prefill.log") || status=1
   done
 fi
