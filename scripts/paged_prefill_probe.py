@@ -2,8 +2,9 @@
 `context` tokens, dense or in pages of 16 / 64 / 256 tokens (shuffled), through flashport.flash_attn_with_kvcache
 with cache_seqlens. Prints TFLOPS (SPEC's causal FLOP model over the visible keys) per layout, so the paged
 rows read against the dense one in the same process. Run once per FLASHPORT_CUDA_FORWARD setting to compare
-the Hopper kernel with the portable one.
-Usage: python3 scripts/paged_prefill_probe.py [--chunks 2048,8192] [--context 32768] [--dims 128]
+the Hopper kernel with the portable one. --fa3 times FA3's flash_attn_with_kvcache on the same inputs as well
+(flash_attn_interface on the path: ../shared/peers' FA3_DECODE=1 build has its paged d-128 kernels).
+Usage: python3 scripts/paged_prefill_probe.py [--chunks 2048,8192] [--context 32768] [--dims 128] [--fa3]
 """
 import argparse
 
@@ -25,7 +26,14 @@ def main():
     ap.add_argument("--dims", default="128")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--pages", default="0,16,64,256", help="0: the dense cache")
+    ap.add_argument("--fa3", action="store_true", help="also time FA3 (flash_attn_interface) where it imports")
     args = ap.parse_args()
+    fa3 = None
+    if args.fa3:
+        try:
+            import flash_attn_interface as fa3
+        except ImportError as e:
+            print(f"FA3 not importable ({e}): flashport only", flush=True)
     b, ctx = args.batch, args.context
     for d in (int(x) for x in args.dims.split(",")):
         hq, hk = 2048 // d, 2048 // d // 4
@@ -47,7 +55,18 @@ def main():
                                                                      causal=True)
                 ms = do_bench(call, warmup=10, rep=50, return_mode="median")
                 name = "dense" if page == 0 else f"paged{page}"
-                print(f"d {d} chunk {chunk} context {ctx} {name}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.0f} TFLOPS",
+                peer = ""
+                if fa3 is not None:
+                    tb = None if page == 0 else table
+                    fa3_call = lambda: fa3.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=tb,
+                                                                   causal=True)
+                    try:
+                        err = (fa3_call().float() - call().float()).abs().max().item()
+                        fa3_ms = do_bench(fa3_call, warmup=10, rep=50, return_mode="median")
+                        peer = f" | FA3 {fa3_ms * 1e3:.1f} us, {flops / fa3_ms / 1e9:.0f} TFLOPS (max diff {err:.1e})"
+                    except Exception as e:  # a shape its build left out
+                        peer = f" | FA3 unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+                print(f"d {d} chunk {chunk} context {ctx} {name}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.0f} TFLOPS{peer}",
                       flush=True)
                 del k, v
 

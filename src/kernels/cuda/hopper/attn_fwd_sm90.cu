@@ -186,14 +186,16 @@ constexpr int kTableWarmEntries = 4096;
 /// hit L1. Only a hint: nothing waits for it, and an entry it missed is read from L2 as before.
 FP_DEV void warm_page_table(const AttnProblem& p, const Block& blk, int lane) {
   if (blk.n_max <= blk.n_min || blk.sk <= 0) return;
-  const i64 page_size = p.page_size;
+  // 32-bit: tokens and entries stay below 2^31 (the host's bounds), and the warp runs on kProducerRegs.
+  const int page_size = (int)p.page_size;
   const int* table = p.block_table + (i64)blk.b * p.block_table_stride;
-  const i64 last = ((i64)blk.n_max * kBlockN < blk.sk ? (i64)blk.n_max * kBlockN : blk.sk) - 1;
-  const i64 hi = last / page_size, lo_all = (i64)blk.n_min * kBlockN / page_size;
-  const i64 lo = hi + 1 - kTableWarmEntries > lo_all ? hi + 1 - kTableWarmEntries : lo_all;
+  const int end =
+      (blk.n_max - 1) * kBlockN < blk.sk - kBlockN ? blk.n_max * kBlockN : blk.sk;  // min, no overflow
+  const int hi = (end - 1) / page_size;  // the producer's first entry
+  const int lo = max(blk.n_min * kBlockN / page_size, hi - kTableWarmEntries);
   // One touch per 32 entries (a line) per lane, the warp covering 1,024 entries per step; lane 0 also
   // touches the lowest entry, whose line a step of 32 can straddle.
-  for (i64 e = hi - 32 * lane; e >= lo; e -= 32 * 32) sm90::prefetch_l1(table + e);
+  for (int e = hi - 32 * lane; e >= lo; e -= 32 * 32) sm90::prefetch_l1(table + e);
   if (lane == 0) sm90::prefetch_l1(table + lo);
 }
 #endif
