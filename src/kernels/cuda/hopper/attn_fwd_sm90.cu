@@ -16,10 +16,6 @@
 #ifndef FP_PERSISTENT
 #define FP_PERSISTENT 0
 #endif
-// Timing-only ablation (FLASHPORT_JIT_DEFINES=FP_FWD_TABLE_WARM=0): no L1 warming of the page table.
-#ifndef FP_FWD_TABLE_WARM
-#define FP_FWD_TABLE_WARM 1
-#endif
 
 namespace flashport::cuda::hopper {
 
@@ -173,32 +169,6 @@ FP_DEV void load_kv_tile(const AttnProblem& p, u32 dst, const TmaDesc& tma, cons
     }
   }
 }
-
-#if !FP_PERSISTENT
-/// The page-table entries warm_page_table pulls into L1: 16 KB, about what L1 keeps beside this kernel's
-/// shared memory (a sequence of 32k tokens in pages of 16 has 2,048).
-constexpr int kTableWarmEntries = 4096;
-
-/// A paged tile's entries are read by the producer thread on its critical path (kPageBatch at a time,
-/// again for V): each an L2 round trip, twice or more per tile, which held pages of 16 to 0.29-0.33x and
-/// pages of 256 to 0.85x the dense cache's speed (H100, docs/PERF.md). Another producer warp touches the
-/// block's entries at the start, in the order the producer visits them (last tile first), so those reads
-/// hit L1. Only a hint: nothing waits for it, and an entry it missed is read from L2 as before.
-FP_DEV void warm_page_table(const AttnProblem& p, const Block& blk, int lane) {
-  if (blk.n_max <= blk.n_min || blk.sk <= 0) return;
-  // 32-bit: tokens and entries stay below 2^31 (the host's bounds), and the warp runs on kProducerRegs.
-  const int page_size = (int)p.page_size;
-  const int* table = p.block_table + (i64)blk.b * p.block_table_stride;
-  const int end =
-      (blk.n_max - 1) * kBlockN < blk.sk - kBlockN ? blk.n_max * kBlockN : blk.sk;  // min, no overflow
-  const int hi = (end - 1) / page_size;  // the producer's first entry
-  const int lo = max(blk.n_min * kBlockN / page_size, hi - kTableWarmEntries);
-  // One touch per 32 entries (a line) per lane, the warp covering 1,024 entries per step; lane 0 also
-  // touches the lowest entry, whose line a step of 32 can straddle.
-  for (int e = hi - 32 * lane; e >= lo; e -= 32 * 32) sm90::prefetch_l1(table + e);
-  if (lane == 0) sm90::prefetch_l1(table + lo);
-}
-#endif
 
 /// V of key tile n into `stage`: 16-bit, kChunks boxes of the V map like K; FP8, kVChunks boxes of 128 keys
 /// x HEAD_DIM rows of the V^T map (slots, head dim, kv head, slab: fp8_v_transpose's layout, the sequence's
@@ -586,9 +556,6 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   u32 q_count = 0;
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-#if !FP_PERSISTENT && FP_FWD_TABLE_WARM
-    if (p.block_table != nullptr && threadIdx.x / 32 == 1) warm_page_table(p, blk, (int)threadIdx.x % 32);
-#endif
     if (threadIdx.x == 0) {
       sm90::tma_prefetch_desc(tma_q);
       sm90::tma_prefetch_desc(tma_k);

@@ -78,11 +78,6 @@ FP_DEV void tma_load_chunk(u32 dst, const hopper::TmaDesc& desc, const hopper::T
   tma_load_4d(dst, desc, bar, column, c1, c2, c3);
 }
 
-/// Brings the 128-byte line holding `g` into this SM's L1 (no register result: nothing waits for it).
-FP_DEV void prefetch_l1(const void* g) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(g));
-}
-
 /// Fetches the tensor map into the TMA unit's descriptor cache ahead of the first load.
 FP_DEV void tma_prefetch_desc(const hopper::TmaDesc& desc) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<u64>(&desc)) : "memory");
