@@ -85,7 +85,8 @@ constexpr int decode_ctas_per_sm(int arch, const FwdTile& t, int bucket) {
 /// registers (384 threads), which d 128 reaches without spilling.
 /// The same twelve warps per SM as several CTAs, so one CTA's prologue and merge overlap another's
 /// streaming (short contexts at large batch run a few rounds per CTA): 6, two CTAs of six warps; 7, three
-/// of four. 8: the default shape with bulk row copies (sm_90+, `FwdTile::bulk`); 9: mode 6 with them.
+/// of four (fwd_geometry takes mode 6 by default where the unsplit grid fills two per SM). 8: the twelve-
+/// warp shape with bulk row copies (sm_90+, `FwdTile::bulk`); 9: mode 6 with them.
 constexpr FwdTile decode_tile(int arch, int bucket, int mode = 0) {
   const auto fits = [&](const FwdTile& t) {
     const int per_sm = limits(arch).smem_per_block + 1024;  // every resident CTA reserves 1 KB
