@@ -125,9 +125,9 @@ TEST(Tuning, SmallIntegers) {
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_PERSISTENT", std::to_string(v)}}).hopper_persistent.get(), v);
   for (int v : {0, 1, 2, 3}) EXPECT_EQ(parse({{"FLASHPORT_BWD_PIPE", std::to_string(v)}}).bwd_pipe.get(), v);
   for (int v : {1, 2}) EXPECT_EQ(parse({{"FLASHPORT_BWD_STAGES", std::to_string(v)}}).bwd_stages.get(), v);
-  for (int v : {0, 1, 2, 3, 4, 5})
+  for (int v : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
     EXPECT_EQ(parse({{"FLASHPORT_DECODE", std::to_string(v)}}).decode_variant.get(), v);
-  for (const char* bad : {"6", "-1", "on"})
+  for (const char* bad : {"10", "-1", "on"})
     expect_rejected(parse({{"FLASHPORT_DECODE", bad}}).decode_variant, "FLASHPORT_DECODE", bad);
   for (int v : {0, 1})
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_DQ", std::to_string(v)}}).hopper_bwd_dq.get(), v);
