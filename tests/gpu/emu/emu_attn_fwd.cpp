@@ -5,7 +5,7 @@
 #include "emu_kernels.hpp"
 
 // The registry key is kernel_name(spec): the fp8 variants' spec has FP_FP8=1, the decode variants'
-// FP_DECODE=1 after it.
+// FP_DECODE=1 after it, and the decode shapes of several CTAs per SM FP_MIN_BLOCKS=n after that.
 #if FP_FP8
 #define FP_EMU_FP8_SUFFIX ",FP_FP8=1"
 #else
@@ -16,6 +16,11 @@
 #else
 #define FP_EMU_DECODE_SUFFIX ""
 #endif
+#if FP_MIN_BLOCKS > 1
+#define FP_EMU_MIN_BLOCKS_SUFFIX ",FP_MIN_BLOCKS=" FP_EMU_STR(FP_MIN_BLOCKS)
+#else
+#define FP_EMU_MIN_BLOCKS_SUFFIX ""
+#endif
 
 namespace {
 void trampoline(const void* p) {
@@ -24,6 +29,6 @@ void trampoline(const void* p) {
 const flashport::emu::Registrar reg(
     "attn_fwd|FP_DTYPE=" FP_EMU_STR(FP_DTYPE) ",FP_HEADDIM=" FP_EMU_STR(FP_HEADDIM) ",FP_BLOCK_N=" FP_EMU_STR(
         FP_BLOCK_N) ",FP_WARPS=" FP_EMU_STR(FP_WARPS) ",FP_STAGES=" FP_EMU_STR(FP_STAGES)
-        FP_EMU_FP8_SUFFIX FP_EMU_DECODE_SUFFIX,
+        FP_EMU_FP8_SUFFIX FP_EMU_DECODE_SUFFIX FP_EMU_MIN_BLOCKS_SUFFIX,
     trampoline);
 }  // namespace
