@@ -62,12 +62,24 @@ def dense_view(k, table, b, ctx):
     return k[table.long()].reshape(b, ctx, k.shape[2], k.shape[3])
 
 
+def parse_cells(text):
+    """--cells: "BxCTX,..." as [(batch, context)], both positive, or an error naming the flag."""
+    try:
+        cells = [tuple(int(x) for x in c.split("x")) for c in text.split(",")]
+    except ValueError:
+        cells = []
+    if not cells or any(len(c) != 2 or min(c) <= 0 for c in cells):
+        raise argparse.ArgumentTypeError(f"--cells wants BATCHxCONTEXT[,...] with positive numbers, got {text!r}")
+    return cells
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_gpu_decode.jsonl")
     ap.add_argument("--perf-md", action="store_true", help="rewrite the decode section of docs/PERF.md + PNG")
     ap.add_argument("--quick", action="store_true", help="a few cells only (smoke test)")
-    ap.add_argument("--cells", metavar="BxCTX,...", help="only these batch x context cells (e.g. 1x8192,128x1024)")
+    ap.add_argument("--cells", metavar="BxCTX,...", type=parse_cells,
+                    help="only these batch x context cells (e.g. 1x8192,128x1024)")
     ap.add_argument("--layouts", help=f"comma-separated subset of {','.join(LAYOUTS)}")
     ap.add_argument("--heads", help="comma-separated q/kv head pairs, e.g. 32/8")
     ap.add_argument("--no-peers", action="store_true", help="flashport only (A/B of its own settings)")
@@ -83,7 +95,7 @@ def main():
     batches, contexts = ([1, 32], [8192]) if args.quick else (BATCHES, CONTEXTS)
     shapes = [(b, ctx) for b in batches for ctx in contexts]
     if args.cells:
-        shapes = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
+        shapes = args.cells
     layouts = args.layouts.split(",") if args.layouts else LAYOUTS
     heads = [tuple(int(x) for x in h.split("/")) for h in args.heads.split(",")] if args.heads else HEADS
     cells = [(hq, hk, b, ctx, layout) for hq, hk in heads for layout in layouts for b, ctx in shapes

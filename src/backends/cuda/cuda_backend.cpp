@@ -19,6 +19,12 @@
 namespace flashport::cuda {
 namespace {
 
+/// The forward family `p` takes on `arch` (FLASHPORT_CUDA_FORWARD may force one): a plain forward's, and
+/// the attention of a kv-cache call's.
+const ForwardFamily& forward_family(const AttnProblem& p, int arch) {
+  return choose(forward_families(), p, arch, core::tuning().cuda_forward.get());
+}
+
 class CudaBackend final : public core::Backend {
  public:
   const char* name() const override { return "cuda"; }
@@ -77,7 +83,7 @@ class CudaBackend final : public core::Backend {
   void forward(const AttnProblem& p, Impl) const override {
     raise_device_fault(p.device);
     const int arch = jit::device_arch(p.device);
-    const ForwardFamily& family = choose(forward_families(), p, arch, core::tuning().cuda_forward.get());
+    const ForwardFamily& family = forward_family(p, arch);
     check_indices_async(p, kCallForward);
     family.launch(p, arch);
   }
@@ -95,7 +101,7 @@ class CudaBackend final : public core::Backend {
     // declines, the portable split-KV kernel), unless num_splits > 1 asks for the split-KV kernel.
     launch_forward_kvcache(kp, [&kp](const AttnProblem& a) {
       const int arch = jit::device_arch(a.device);
-      const ForwardFamily& family = choose(forward_families(), a, arch, core::tuning().cuda_forward.get());
+      const ForwardFamily& family = forward_family(a, arch);
       if (kp.num_splits <= 1 && &family != &forward_families().back()) return family.launch(a, arch);
       launch_forward(a, kp.num_splits);
     });

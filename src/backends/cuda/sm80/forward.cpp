@@ -70,7 +70,6 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   FwdGeometry g{};
   g.arch = jit::device_arch(device);
   g.bucket = is_fp8_elem(p.in_type) ? coarse_head_dim_bucket(p.d, p.dv) : head_dim_bucket(p.d, p.dv);
-  const long long group = gqa_group(p);
   // Decode-like calls whose rows (GQA heads packed in) fit one 16-row fragment take the decode
   // variant: its warps split the keys instead of the rows, where the row-split kernel would leave all
   // but one warp idle and stream K/V at a fraction of the copy rate.
@@ -140,14 +139,8 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
   // the 2-byte types sharing every line of them.
   // A mode whose shape equals an earlier one's (bulk modes off sm_90) adds nothing.
   const auto is_new = [&](int bucket, int mode) {
-    const FwdTile t = decode_tile(arch, bucket, mode);
-    for (int m : {0, 4, 5, 6, 7, 8}) {
-      if (m >= mode) break;
-      const FwdTile e = decode_tile(arch, bucket, m);
-      if (t.warps == e.warps && t.block_n == e.block_n && t.stages == e.stages &&
-          t.min_blocks == e.min_blocks && t.bulk == e.bulk)
-        return false;
-    }
+    for (int m : {0, 4, 5, 6, 7, 8})
+      if (m < mode && decode_tile(arch, bucket, m) == decode_tile(arch, bucket, mode)) return false;
     return true;
   };
   for (int mode : {4, 5, 7, 8, 9})

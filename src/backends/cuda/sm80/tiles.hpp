@@ -17,6 +17,7 @@ struct FwdTile {
   bool decode = false;
   int min_blocks = 1;
   bool bulk = false;
+  bool operator==(const FwdTile&) const = default;
 };
 
 /// The head-dim bucket a problem compiles for: max(d, dv) rounded up to a multiple of 32 (<= 256).
