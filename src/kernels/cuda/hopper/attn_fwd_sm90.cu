@@ -16,6 +16,11 @@
 #ifndef FP_PERSISTENT
 #define FP_PERSISTENT 0
 #endif
+// Timing-only ablation (FLASHPORT_JIT_DEFINES=FP_FWD_PAGED_GATHER=0): pages smaller than a key tile through
+// one TMA box per page (the path before produce_gather) instead of the producer warpgroup's cp.async gather.
+#ifndef FP_FWD_PAGED_GATHER
+#define FP_FWD_PAGED_GATHER 1
+#endif
 
 namespace flashport::cuda::hopper {
 
@@ -210,6 +215,72 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
   ring = {stage, phase};
   ++q_count;
 }
+
+#if !FP_PERSISTENT
+/// Whether produce_gather loads this call's K/V: 16-bit pages smaller than a key tile, d <= 128, no score
+/// transform (non-persistent builds: paged problems run one CTA per block; a key row per producer
+/// thread). At d 192 / 256, and beside ALiBi / softcap / dropout, the gather's code made the kernel spill
+/// (the producer on its 24 registers); those keep one TMA box per page.
+constexpr bool kGatherBuild =
+    FP_FWD_PAGED_GATHER && !kFp8 && kChunks <= 2 && kBlockN <= 128 && kTransform == 0;
+FP_DEV bool paged_gather(const AttnProblem& p) {
+  return kGatherBuild && p.block_table != nullptr && p.page_size < kBlockN;
+}
+
+/// Copies key row `t` of a tile (element offset `off` in `g`, < 0: zeros) into the stage at shared address
+/// `dst` in the 128B-swizzle layout TMA would write: 16-byte unit u of chunk row t at unit u ^ (t % 8).
+FP_DEV void gather_row(u32 dst, const void* g, i64 off, int t, int ncols) {
+  const u16* src = static_cast<const u16*>(g) + (off >= 0 ? off : 0);
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch)
+#pragma unroll
+    for (int u = 0; u < kRowBytes / 16; ++u) {
+      const int col = ch * kChunkCols + u * 8;
+      cp_async_16(dst + ch * kKVChunkBytes + t * kRowBytes + ((u ^ (t & 7)) << 4), src + col,
+                  off >= 0 && col < ncols);
+    }
+}
+
+/// produce() for pages smaller than a key tile, on the whole producer warpgroup: thread t reads the table
+/// entry of the tile's key row t and copies that row of K and of V with cp.async (rows
+/// past the keys or on an entry outside the pool: zeros); the full barriers count the warpgroup's 128
+/// arrivals in this mode, each after the thread's copies landed and a proxy fence (wgmma reads them). The
+/// consumers release V(m + 2) only once K(m) is full (they wait for the next K before the release), so K(m)
+/// is published before the wait for V(m)'s stage; V(m) is published with K(m - 1), a tile later. One TMA box
+/// per page from one thread held pages of 16 at 0.28-0.31x FA3's speed (H100, docs/PERF.md).
+FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
+                           int t) {
+  const AttnProblem& p = prm.p;
+  u32 q_count = 0;
+  if (t == 0) load_q(prm, s, blk, tma_q, q_count);
+  const int* table = p.block_table + (i64)blk.b * p.block_table_stride;
+  auto load_rows = [&](u32 dst, const Operand& op, int n, int ncols) {
+    if (t < kBlockN) {
+      const int token = n * kBlockN + t;
+      const int page = token < blk.sk ? table[token / (int)p.page_size] : -1;
+      gather_row(dst, op.ptr, page_row_offset(p, op, page, token, blk.hk), t, ncols);
+    }
+    cp_async_commit();
+  };
+  int stage = 0, prev = -1;  // prev: the stage of the tile whose V is still in flight
+  u32 phase = 0;
+  for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
+    sm90::mbar_wait(bar_addr(s.bar_k_empty[stage]), phase ^ 1);
+    load_rows(smem_addr(&s.k[stage][0][0][0]), p.k, n, (int)p.d);
+    cp_async_wait<0>();         // K(n), and V of the tile before
+    sm90::fence_proxy_async();  // this thread's landed copies, before wgmma reads them
+    sm90::mbar_arrive(bar_addr(s.bar_k_full[stage]));
+    if (prev >= 0) sm90::mbar_arrive(bar_addr(s.bar_v_full[prev]));
+    sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
+    load_rows(smem_addr(&s.v[stage][0][0][0]), p.v, n, (int)p.dv);
+    prev = stage;
+    if (++stage == kStages) stage = 0, phase ^= 1;
+  }
+  cp_async_wait<0>();
+  sm90::fence_proxy_async();
+  if (prev >= 0) sm90::mbar_arrive(bar_addr(s.bar_v_full[prev]));
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Consumer GEMMs. Descriptors: see sm90.cuh. Q/K are K-major (k step: +32 bytes inside a chunk,
@@ -443,15 +514,16 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   }
 }
 
-/// Barrier counts: full barriers complete on the producer's one arrive.expect_tx plus the bytes;
-/// empty barriers on one arrival per consumer warp; Q on one arrive.expect_tx plus its bytes.
-FP_DEV void init_barriers(SharedStorage& s) {
+/// Barrier counts: full barriers complete on the producer's one arrive.expect_tx plus the bytes (the
+/// gather's: on the producer warpgroup's 128 arrivals, `full_count`); empty barriers on one arrival per
+/// consumer warp; Q on one arrive.expect_tx plus its bytes.
+FP_DEV void init_barriers(SharedStorage& s, u32 full_count) {
   sm90::mbar_init(bar_addr(s.bar_q), 1);
   sm90::mbar_init(bar_addr(s.bar_q_empty), kConsumerWarps);
 #pragma unroll
   for (int st = 0; st < kStages; ++st) {
-    sm90::mbar_init(bar_addr(s.bar_k_full[st]), 1);
-    sm90::mbar_init(bar_addr(s.bar_v_full[st]), 1);
+    sm90::mbar_init(bar_addr(s.bar_k_full[st]), full_count);
+    sm90::mbar_init(bar_addr(s.bar_v_full[st]), full_count);
     sm90::mbar_init(bar_addr(s.bar_k_empty[st]), kConsumerWarps);
     sm90::mbar_init(bar_addr(s.bar_v_empty[st]), kConsumerWarps);
   }
@@ -539,8 +611,13 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   const u32 misalign = smem_addr(smem_raw) & 1023u;
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
+#if !FP_PERSISTENT
+  const bool gather = paged_gather(p);
+#else
+  constexpr bool gather = false;
+#endif
   if (threadIdx.x == 0) {
-    init_barriers(s);
+    init_barriers(s, gather ? 128u : 1u);
     s.m_blocks = (int)ceil_div(p.sq, kTileM);
     s.tiles = (int)(ceil_div(p.sq, kTileM) * p.hq * p.batch);  // the host keeps it below 2^30
     const bool triangular = p.window_right == 0 && p.window_left < 0;
@@ -556,7 +633,15 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   u32 q_count = 0;
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
+#if !FP_PERSISTENT
+    if constexpr (kGatherBuild) {
+      if (gather) {
+        if (threadIdx.x == 0) sm90::tma_prefetch_desc(tma_q);
+        produce_gather(prm, s, blk, tma_q, (int)threadIdx.x);
+      }
+    }
+#endif
+    if (threadIdx.x == 0 && !gather) {
       sm90::tma_prefetch_desc(tma_q);
       sm90::tma_prefetch_desc(tma_k);
       sm90::tma_prefetch_desc(tma_v);
