@@ -341,6 +341,8 @@ if has pagedprefill; then
   # FLASHPORT_CUDA_FORWARD=portable (the path before the Hopper kernel took pages).
   step "paged prefill: one run per setting"
   need_package
+  # --fa3: a background FA3_DECODE=1 build (started before this script, or by the fa3 step) as the peer.
+  if [[ " ${PAGED_ARGS:-} " == *" --fa3 "* ]] && fa3_ready; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   for setting in ${PAGED_SETTINGS:-default FLASHPORT_CUDA_FORWARD=portable}; do
     echo "--- $setting"
     (if [[ $setting != default ]]; then export "${setting?}"; fi
