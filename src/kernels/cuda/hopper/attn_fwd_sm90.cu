@@ -16,10 +16,11 @@
 #ifndef FP_PERSISTENT
 #define FP_PERSISTENT 0
 #endif
-// Timing-only ablation (FLASHPORT_JIT_DEFINES=FP_FWD_PAGED_GATHER=0): pages smaller than a key tile through
-// one TMA box per page (the path before produce_gather) instead of the producer warpgroup's cp.async gather.
+// Pages of fewer tokens than this (and than the key tile) go through the producer warpgroup's cp.async
+// gather (produce_gather); larger ones, one TMA box per page. FLASHPORT_JIT_DEFINES=FP_FWD_PAGED_GATHER=N
+// moves the bound for timing (0: TMA boxes only, the path before the gather).
 #ifndef FP_FWD_PAGED_GATHER
-#define FP_FWD_PAGED_GATHER 1
+#define FP_FWD_PAGED_GATHER 128
 #endif
 
 namespace flashport::cuda::hopper {
@@ -50,7 +51,25 @@ struct OStaging<false> {
 // layout TMA writes; each chunk starts 1024-byte aligned (block_m, block_n multiples of 8), so
 // wgmma descriptors need no base offset.
 
-struct alignas(1024) SharedStorage : OStaging<kSeparateO> {
+/// One key row of a paged tile for the gather: its page (-1: zero-fill) and row within the page.
+struct GatherRow {
+  int page, row;
+};
+/// The gather's rows of kGatherSlots key tiles where gather_fits (an empty base otherwise); key tile n's
+/// in slot n % kGatherSlots.
+template <bool kOn>
+struct GatherRows {
+  GatherRow gather[kGatherSlots][kBlockN];
+  FP_DEV GatherRow* gather_slot(int n) { return gather[n % kGatherSlots]; }
+};
+template <>
+struct GatherRows<false> {
+  FP_DEV GatherRow* gather_slot(int) { return nullptr; }
+};
+
+struct alignas(1024) SharedStorage
+    : OStaging<kSeparateO>,
+      GatherRows<gather_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes)> {
   u8 q[kChunks][kTileM][kRowBytes];            // (BLOCK_M, HEAD_DIM); rows of consumer c at 64c; O staging
   u8 k[kStages][kChunks][kBlockN][kRowBytes];  // (BLOCK_N, HEAD_DIM) per stage
   u8 v[kStages][kVChunks][kVRows]
@@ -217,68 +236,102 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
 }
 
 #if !FP_PERSISTENT
-/// Whether produce_gather loads this call's K/V: 16-bit pages smaller than a key tile, d <= 128, no score
-/// transform (non-persistent builds: paged problems run one CTA per block; a key row per producer
-/// thread). At d 192 / 256, and beside ALiBi / softcap / dropout, the gather's code made the kernel spill
-/// (the producer on its 24 registers); those keep one TMA box per page.
-constexpr bool kGatherBuild =
-    FP_FWD_PAGED_GATHER && !kFp8 && kChunks <= 2 && kBlockN <= 128 && kTransform == 0;
+/// Whether produce_gather loads this call's K/V: 16-bit pages of fewer than FP_FWD_PAGED_GATHER tokens
+/// (smaller than the key tile), d <= 128, no score transform (non-persistent builds: paged problems run
+/// one CTA per block). At d 192 / 256, and beside ALiBi / softcap / dropout, the gather's code made the
+/// kernel spill (the producer on its 24 registers); those keep one TMA box per page.
+constexpr bool kGatherBuild = FP_FWD_PAGED_GATHER > 0 && kTransform == 0 &&
+                              gather_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes);
 FP_DEV bool paged_gather(const AttnProblem& p) {
-  return kGatherBuild && p.block_table != nullptr && p.page_size < kBlockN;
+  return kGatherBuild && p.block_table != nullptr && p.page_size < kBlockN &&
+         p.page_size < FP_FWD_PAGED_GATHER;
 }
 
-/// Copies key row `t` of a tile (element offset `off` in `g`, < 0: zeros) into the stage at shared address
-/// `dst` in the 128B-swizzle layout TMA would write: 16-byte unit u of chunk row t at unit u ^ (t % 8).
-FP_DEV void gather_row(u32 dst, const void* g, i64 off, int t, int ncols) {
-  const u16* src = static_cast<const u16*>(g) + (off >= 0 ? off : 0);
-#pragma unroll
-  for (int ch = 0; ch < kChunks; ++ch)
-#pragma unroll
-    for (int u = 0; u < kRowBytes / 16; ++u) {
-      const int col = ch * kChunkCols + u * 8;
-      cp_async_16(dst + ch * kKVChunkBytes + t * kRowBytes + ((u ^ (t & 7)) << 4), src + col,
-                  off >= 0 && col < ncols);
-    }
+/// The gather's thread layout: a row's 16-byte units on consecutive threads (each warp reads whole rows,
+/// every 32-byte sector once), kGatherRows rows per pass of the warpgroup.
+constexpr int kGatherUnits = kChunks * kChunkCols / 8;
+constexpr int kGatherRows = 128 / kGatherUnits;
+static_assert(!kGatherBuild || (kBlockN % kGatherRows == 0 && kGatherRows % 8 == 0), "the gather's passes");
+/// Named barrier of the producer warpgroup (after the consumers' turn and epilogue barriers).
+constexpr u32 kBarGather = 1 + 2 * (u32)kConsumers;
+
+/// The GatherRow of key row t of tile n (thread t < kBlockN of the producer warpgroup), into the tile's slot.
+FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, const Block& blk, int n, int t) {
+  if constexpr (kGatherBuild) {
+    if (t >= kBlockN) return;
+    const int token = n * kBlockN + t, page_size = (int)p.page_size;
+    int page = token < blk.sk ? p.block_table[(i64)blk.b * p.block_table_stride + token / page_size] : -1;
+    if (page >= p.kv_rows) page = -1;
+    s.gather_slot(n)[t] = GatherRow{page, token % page_size};
+  }
 }
 
-/// produce() for pages smaller than a key tile, on the whole producer warpgroup: thread t reads the table
-/// entry of the tile's key row t and copies that row of K and of V with cp.async (rows
-/// past the keys or on an entry outside the pool: zeros); the full barriers count the warpgroup's 128
-/// arrivals in this mode, each after the thread's copies landed and a proxy fence (wgmma reads them). The
-/// consumers release V(m + 2) only once K(m) is full (they wait for the next K before the release), so K(m)
-/// is published before the wait for V(m)'s stage; V(m) is published with K(m - 1), a tile later. One TMA box
-/// per page from one thread held pages of 16 at 0.28-0.31x FA3's speed (H100, docs/PERF.md).
+/// Key tile n of one operand into the stage at `dst` (TMA's 128B-swizzle layout: 16-byte unit u of a chunk
+/// row r at u ^ (r % 8)) from its slot's rows, one cp.async group; page -1 rows and columns past `ncols`
+/// are zero-filled.
+FP_DEV void gather_tile(u32 dst, const AttnProblem& p, const Operand& op, int hk, const GatherRow* rows,
+                        int ncols) {
+  const int t = thread_index(), unit = t % kGatherUnits, row0 = t / kGatherUnits, col = unit * 8;
+  const u16* base = static_cast<const u16*>(op.ptr) + (i64)hk * op.head_stride + col;
+  dst += (unit / 8) * kKVChunkBytes + row0 * kRowBytes + (((unit % 8) ^ (row0 & 7)) << 4);
+  const bool cols_ok = kGatherUnits * 8 == kHeadDim || col < ncols;
+#pragma unroll 2
+  for (int r = row0; r < kBlockN; r += kGatherRows, dst += kGatherRows * kRowBytes) {
+    const GatherRow g = rows[r];
+    const bool ok = g.page >= 0 && cols_ok;
+    const i64 off = (i64)g.page * op.batch_stride + (i64)g.row * op.row_stride;
+    cp_async_16(dst, ok ? base + off : base, ok);
+  }
+  cp_async_commit();
+}
+
+/// produce() for pages smaller than a key tile, on the whole producer warpgroup (cp.async, whole rows per
+/// warp). Groups go out as K(n), V(n + 1) for n downwards, so two tiles' copies are in flight; the full
+/// barriers count the warpgroup's 128 arrivals in this mode, each after the thread's copies landed and a
+/// proxy fence (wgmma reads them). Iteration n publishes K(n + 1) and V(n + 2) once everything but K(n)
+/// landed, before waiting for V(n + 1)'s stage: the consumers release V(n + 3) only after K(n + 1) is full
+/// (they wait for the next K before that release), and K(n)'s stage once S(n + 2) ran, which needed K(n + 2)
+/// and V(n + 3), published an iteration earlier. Iteration n also writes tile n - 1's rows (its table reads
+/// overlap the copies), then the warpgroup syncs; a slot's last reader (V(m), iteration m - 1) thus passed
+/// two barriers before its rewrite for tile m - 3 (iteration m - 2): three slots. One TMA box per page from
+/// one thread held pages of 16 at 0.28-0.31x FA3 (H100).
 FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
                            int t) {
-  const AttnProblem& p = prm.p;
-  u32 q_count = 0;
-  if (t == 0) load_q(prm, s, blk, tma_q, q_count);
-  const int* table = p.block_table + (i64)blk.b * p.block_table_stride;
-  auto load_rows = [&](u32 dst, const Operand& op, int n, int ncols) {
-    if (t < kBlockN) {
-      const int token = n * kBlockN + t;
-      const int page = token < blk.sk ? table[token / (int)p.page_size] : -1;
-      gather_row(dst, op.ptr, page_row_offset(p, op, page, token, blk.hk), t, ncols);
+  if constexpr (kGatherBuild) {
+    const AttnProblem& p = prm.p;
+    u32 q_count = 0;
+    if (t == 0) load_q(prm, s, blk, tma_q, q_count);
+    if (blk.n_max <= blk.n_min) return;
+    const int top = blk.n_max - 1;
+    const auto stage = [&](int n) { return (top - n) % kStages; };
+    const auto parity = [&](int n) { return (u32)((top - n) / kStages) & 1u; };
+    const auto publish = [&](u64* full, int n) {
+      sm90::fence_proxy_async();  // this thread's landed copies, before wgmma reads them
+      sm90::mbar_arrive(bar_addr(full[stage(n)]));
+    };
+    const auto gather_v = [&](int n) {
+      sm90::mbar_wait(bar_addr(s.bar_v_empty[stage(n)]), parity(n) ^ 1);
+      gather_tile(smem_addr(&s.v[stage(n)][0][0][0]), p, p.v, blk.hk, s.gather_slot(n), (int)p.dv);
+    };
+    gather_rows(s, p, blk, top, t);
+    sm90::named_bar_sync(kBarGather, 128);
+    for (int n = top; n >= blk.n_min; --n) {
+      sm90::mbar_wait(bar_addr(s.bar_k_empty[stage(n)]), parity(n) ^ 1);
+      gather_tile(smem_addr(&s.k[stage(n)][0][0][0]), p, p.k, blk.hk, s.gather_slot(n), (int)p.d);
+      if (n > blk.n_min) gather_rows(s, p, blk, n - 1, t);
+      cp_async_wait<1>();  // all but K(n): K(n + 1), V(n + 2)
+      if (n + 1 <= top) publish(s.bar_k_full, n + 1);
+      if (n + 2 <= top) publish(s.bar_v_full, n + 2);
+      if (n + 1 <= top) gather_v(n + 1);
+      sm90::named_bar_sync(kBarGather, 128);
     }
-    cp_async_commit();
-  };
-  int stage = 0, prev = -1;  // prev: the stage of the tile whose V is still in flight
-  u32 phase = 0;
-  for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
-    sm90::mbar_wait(bar_addr(s.bar_k_empty[stage]), phase ^ 1);
-    load_rows(smem_addr(&s.k[stage][0][0][0]), p.k, n, (int)p.d);
-    cp_async_wait<0>();         // K(n), and V of the tile before
-    sm90::fence_proxy_async();  // this thread's landed copies, before wgmma reads them
-    sm90::mbar_arrive(bar_addr(s.bar_k_full[stage]));
-    if (prev >= 0) sm90::mbar_arrive(bar_addr(s.bar_v_full[prev]));
-    sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
-    load_rows(smem_addr(&s.v[stage][0][0][0]), p.v, n, (int)p.dv);
-    prev = stage;
-    if (++stage == kStages) stage = 0, phase ^= 1;
+    cp_async_wait<0>();
+    publish(s.bar_k_full, blk.n_min);
+    if (blk.n_min + 1 <= top) publish(s.bar_v_full, blk.n_min + 1);
+    gather_v(blk.n_min);
+    cp_async_wait<0>();
+    publish(s.bar_v_full, blk.n_min);
   }
-  cp_async_wait<0>();
-  sm90::fence_proxy_async();
-  if (prev >= 0) sm90::mbar_arrive(bar_addr(s.bar_v_full[prev]));
 }
 #endif
 

@@ -34,23 +34,41 @@ FP_HD constexpr bool block_m_fits(int d, Tile t) {
   return t.block_m == kBlockM || (t.block_m == kBlockMTall && d <= 64 && t.block_n <= 128);
 }
 
+/// Paged K/V gather (attn_fwd_sm90.cu, produce_gather): kGatherSlots key tiles' (page, row in page) pairs,
+/// written a tile ahead, read by every producer thread; kept by 16-bit tiles of d <= 128 and at most 128
+/// keys whose storage leaves room for them (the three-stage d 128 tile does not).
+inline constexpr int kGatherSlots = 3;
+FP_HD constexpr int gather_bytes(Tile t) {
+  return kGatherSlots * t.block_n * 8;
+}
+
 /// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
 /// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:
 /// Q (block_m rows) + stages x (K, V) (block_n rows each), each row d/64 chunks of 128 bytes, then
-/// 2 + 4 x stages mbarriers of 8 bytes and 24 bytes of schedule (six ints), the struct padded
-/// to 1024.
+/// 2 + 4 x stages mbarriers of 8 bytes and 24 bytes of schedule (six ints), the paged gather's
+/// rows where gather_fits, the struct padded to 1024.
 /// `separate_o`: persistent kernels with FP_PERSISTENT=2 stage O in a buffer of its own (block_m rows)
 /// so that Q can be reloaded while the last P V and the epilogue run.
 /// `elem_bytes` 1 (the FP8 kernel): Q and K rows of d bytes, V stored transposed (d rows of block_n
-/// one-byte keys, fp8_tile_for).
-FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false, int elem_bytes = 2) {
+/// one-byte keys, fp8_tile_for). `extra`: the gather's rows, where smem_bytes keeps them.
+FP_HD constexpr int smem_bytes_for(int d, Tile t, bool separate_o, int elem_bytes, int extra) {
   const int row_bytes = head_dim_chunks(d, elem_bytes) * chunk_row_bytes(d, elem_bytes);  // one Q or K row
   const int v_tile =
       elem_bytes == 1 ? d * head_dim_chunks(t.block_n, 1) * kChunkRowBytes : row_bytes * t.block_n;
   const int tiles =
       row_bytes * (separate_o ? 2 : 1) * t.block_m + t.stages * (row_bytes * t.block_n + v_tile);
   const int barriers = 8 * (5 + 4 * t.stages);
-  return (tiles + barriers + 1023) / 1024 * 1024 + 1024;
+  return (tiles + barriers + extra + 1023) / 1024 * 1024 + 1024;
+}
+
+FP_HD constexpr bool gather_fits(int d, Tile t, bool separate_o = false, int elem_bytes = 2) {
+  return elem_bytes == 2 && d <= 128 && t.block_n <= 128 &&
+         smem_bytes_for(d, t, separate_o, elem_bytes, gather_bytes(t)) <= kSmemLimit;
+}
+
+FP_HD constexpr int smem_bytes(int d, Tile t, bool separate_o = false, int elem_bytes = 2) {
+  return smem_bytes_for(d, t, separate_o, elem_bytes,
+                        gather_fits(d, t, separate_o, elem_bytes) ? gather_bytes(t) : 0);
 }
 
 /// Whether the separate O staging buffer fits next to the tile (d <= 128 at the table's tiles).
