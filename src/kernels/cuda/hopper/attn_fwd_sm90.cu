@@ -158,12 +158,13 @@ constexpr int kPageBatch = 4;
 /// the tile's rows. A paged cache (block_table: its map's rows are a page's tokens, its batches the pool's
 /// pages) takes one box per page the tile spans: the tile lies in one page when pages hold a multiple of
 /// BLOCK_N tokens, else BLOCK_N / page_size boxes of a page each (rows a multiple of 8, the swizzle atom:
-/// hopper::unsupported), their table entries read kPageBatch at a time. Pages past the sequence's keys
-/// load page -1: TMA zero fill, whose bytes still count on the barrier. Paged problems run one CTA per
-/// block (hopper_fwd.cpp, persistent_for): persistent builds leave the paged path out (its live values
-/// made their 24-register producer spill).
+/// hopper::unsupported), their table entries read kPageBatch at a time; `big_page` is the tile's page
+/// when it lies in one (read a tile ahead by produce). Pages past the sequence's keys load page -1: TMA
+/// zero fill, whose bytes still count on the barrier. Paged problems run one CTA per block (hopper_fwd.cpp,
+/// persistent_for): persistent builds leave the paged path out (its live values made their 24-register
+/// producer spill).
 FP_DEV void load_kv_tile(const AttnProblem& p, u32 dst, const TmaDesc& tma, const TmaDims& dims, u32 bar,
-                         const Block& blk, int n) {
+                         const Block& blk, int n, int big_page) {
   if (kPersistent || p.block_table == nullptr) {
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch)
@@ -171,7 +172,14 @@ FP_DEV void load_kv_tile(const AttnProblem& p, u32 dst, const TmaDesc& tma, cons
                            blk.k_row + n * kBlockN, blk.k_batch);
     return;
   }
-  const int page_size = (int)p.page_size;  // the host keeps paged tiles within int
+  const int page_size = (int)p.page_size;     // the host keeps paged tiles within int
+  if (page_size >= kBlockN && kChunks < 4) {  // the tile's page from produce's `big_pages` read
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch)
+      sm90::tma_load_chunk(dst + ch * kKVChunkBytes, tma, dims, bar, kChunkCols * ch, blk.hk,
+                           n * kBlockN % page_size, big_page);
+    return;
+  }
   const int box = page_size < kBlockN ? page_size : kBlockN;
   const int* table = p.block_table + (i64)blk.b * p.block_table_stride;
   const int token0 = n * kBlockN;
@@ -198,14 +206,14 @@ FP_DEV void load_kv_tile(const AttnProblem& p, u32 dst, const TmaDesc& tma, cons
 /// x HEAD_DIM rows of the V^T map (slots, head dim, kv head, slab: fp8_v_transpose's layout, the sequence's
 /// keys from `vt_start`, its fp8_vt_start slot).
 FP_DEV void load_v(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_v,
-                   int stage, int n, u32 v_full, int vt_start) {
+                   int stage, int n, u32 v_full, int vt_start, int big_page) {
   if constexpr (kFp8) {
 #pragma unroll
     for (int ch = 0; ch < kVChunks; ++ch)
       sm90::tma_load_4d(smem_addr(&s.v[stage][ch][0][0]), tma_v, v_full,
                         vt_start + n * kBlockN + kChunkCols * ch, 0, (int)blk.hk, blk.k_batch);
   } else {
-    load_kv_tile(prm.p, smem_addr(&s.v[stage][0][0][0]), tma_v, prm.dims_v, v_full, blk, n);
+    load_kv_tile(prm.p, smem_addr(&s.v[stage][0][0][0]), tma_v, prm.dims_v, v_full, blk, n, big_page);
   }
 }
 
@@ -220,32 +228,43 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
   int stage = ring.stage;
   u32 phase = ring.phase;
   const int vt_start = kFp8 ? (int)fp8_vt_start(prm.p, blk.b) : 0;  // read once per block
+  // Pages of whole tiles: the next tile's page is read while this one's boxes fly (the read would
+  // otherwise stand between a freed stage and its load). At d 256 (four chunks) the producer spilled.
+  const bool big_pages =
+      !kPersistent && kChunks < 4 && prm.p.block_table != nullptr && prm.p.page_size >= kBlockN;
+  const auto tile_page = [&](int n) {
+    return prm.p.block_table[(i64)blk.b * prm.p.block_table_stride + n * kBlockN / (int)prm.p.page_size];
+  };
+  int next_page = big_pages ? tile_page(blk.n_max - 1) : -1;
   for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
     const u32 k_full = bar_addr(s.bar_k_full[stage]), v_full = bar_addr(s.bar_v_full[stage]);
+    const int page = next_page;
     sm90::mbar_wait(bar_addr(s.bar_k_empty[stage]), phase ^ 1);
     sm90::mbar_arrive_expect_tx(k_full, kKVTileBytes);
-    load_kv_tile(prm.p, smem_addr(&s.k[stage][0][0][0]), tma_k, prm.dims_k, k_full, blk, n);
+    load_kv_tile(prm.p, smem_addr(&s.k[stage][0][0][0]), tma_k, prm.dims_k, k_full, blk, n, page);
+    if (big_pages && n > blk.n_min) next_page = tile_page(n - 1);
     if (kPersistent && n == blk.n_max - 1) load_q(prm, s, blk, tma_q, q_count);
     sm90::mbar_wait(bar_addr(s.bar_v_empty[stage]), phase ^ 1);
     sm90::mbar_arrive_expect_tx(v_full, kVTileBytes);
-    load_v(prm, s, blk, tma_v, stage, n, v_full, vt_start);
+    load_v(prm, s, blk, tma_v, stage, n, v_full, vt_start, page);
     if (++stage == kStages) stage = 0, phase ^= 1;
   }
   ring = {stage, phase};
   ++q_count;
 }
 
-#if !FP_PERSISTENT
 /// Whether produce_gather loads this call's K/V: 16-bit pages of fewer than FP_FWD_PAGED_GATHER tokens
-/// (smaller than the key tile), d <= 128, no score transform (non-persistent builds: paged problems run
+/// (smaller than the key tile), d <= 128, no score transform, non-persistent builds (paged problems run
 /// one CTA per block). At d 192 / 256, and beside ALiBi / softcap / dropout, the gather's code made the
 /// kernel spill (the producer on its 24 registers); those keep one TMA box per page.
-constexpr bool kGatherBuild = FP_FWD_PAGED_GATHER > 0 && kTransform == 0 &&
+constexpr bool kGatherBuild = FP_FWD_PAGED_GATHER > 0 && kTransform == 0 && !kPersistent &&
                               gather_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes);
 FP_DEV bool paged_gather(const AttnProblem& p) {
   return kGatherBuild && p.block_table != nullptr && p.page_size < kBlockN &&
          p.page_size < FP_FWD_PAGED_GATHER;
 }
+
+#if !FP_PERSISTENT
 
 /// The gather's thread layout: a row's 16-byte units on consecutive threads (each warp reads whole rows,
 /// every 32-byte sector once), kGatherRows rows per pass of the warpgroup.
@@ -267,10 +286,10 @@ FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, const Block& blk
 }
 
 /// Key tile n of one operand into the stage at `dst` (TMA's 128B-swizzle layout: 16-byte unit u of a chunk
-/// row r at u ^ (r % 8)) from its slot's rows, one cp.async group; page -1 rows and columns past `ncols`
-/// are zero-filled.
-FP_DEV void gather_tile(u32 dst, const AttnProblem& p, const Operand& op, int hk, const GatherRow* rows,
-                        int ncols) {
+/// row r at u ^ (r % 8)) from its slot's rows, then this thread's arrival on `full` once its copies land;
+/// page -1 rows and columns past `ncols` are zero-filled.
+FP_DEV void gather_tile(u32 dst, u32 full, const AttnProblem& p, const Operand& op, int hk,
+                        const GatherRow* rows, int ncols) {
   const int t = thread_index(), unit = t % kGatherUnits, row0 = t / kGatherUnits, col = unit * 8;
   const u16* base = static_cast<const u16*>(op.ptr) + (i64)hk * op.head_stride + col;
   dst += (unit / 8) * kKVChunkBytes + row0 * kRowBytes + (((unit % 8) ^ (row0 & 7)) << 4);
@@ -282,19 +301,18 @@ FP_DEV void gather_tile(u32 dst, const AttnProblem& p, const Operand& op, int hk
     const i64 off = (i64)g.page * op.batch_stride + (i64)g.row * op.row_stride;
     cp_async_16(dst, ok ? base + off : base, ok);
   }
-  cp_async_commit();
+  sm90::mbar_arrive_cp_async(full);
 }
 
 /// produce() for pages smaller than a key tile, on the whole producer warpgroup (cp.async, whole rows per
-/// warp). Groups go out as K(n), V(n + 1) for n downwards, so two tiles' copies are in flight; the full
-/// barriers count the warpgroup's 128 arrivals in this mode, each after the thread's copies landed and a
-/// proxy fence (wgmma reads them). Iteration n publishes K(n + 1) and V(n + 2) once everything but K(n)
-/// landed, before waiting for V(n + 1)'s stage: the consumers release V(n + 3) only after K(n + 1) is full
-/// (they wait for the next K before that release), and K(n)'s stage once S(n + 2) ran, which needed K(n + 2)
-/// and V(n + 3), published an iteration earlier. Iteration n also writes tile n - 1's rows (its table reads
-/// overlap the copies), then the warpgroup syncs; a slot's last reader (V(m), iteration m - 1) thus passed
-/// two barriers before its rewrite for tile m - 3 (iteration m - 2): three slots. One TMA box per page from
-/// one thread held pages of 16 at 0.28-0.31x FA3 (H100).
+/// warp): the full barriers count the warpgroup's 128 arrivals in this mode, each made by the hardware
+/// once that thread's copies landed, so the producer, like the TMA one, waits only for free stages. K(n)
+/// goes out before V(n + 1): the consumers release V(n + 1)'s stage (V(n + 3)) only once K(n + 1) is full,
+/// and K(n)'s once S(n + 2) ran. Iteration n also writes tile n - 1's rows (its table reads overlap the
+/// copies), then the warpgroup syncs; a slot's last reader (V(m), iteration m - 1) thus passed two barriers
+/// before its rewrite for tile m - 3 (iteration m - 2): three slots. The consumers fence the async proxy
+/// after their full waits (wgmma reads what cp.async wrote). One TMA box per page from one thread held pages
+/// of 16 at 0.28-0.31x FA3, a gather waiting for its own copies at 0.45x (H100).
 FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
                            int t) {
   if constexpr (kGatherBuild) {
@@ -305,32 +323,23 @@ FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Blo
     const int top = blk.n_max - 1;
     const auto stage = [&](int n) { return (top - n) % kStages; };
     const auto parity = [&](int n) { return (u32)((top - n) / kStages) & 1u; };
-    const auto publish = [&](u64* full, int n) {
-      sm90::fence_proxy_async();  // this thread's landed copies, before wgmma reads them
-      sm90::mbar_arrive(bar_addr(full[stage(n)]));
-    };
     const auto gather_v = [&](int n) {
       sm90::mbar_wait(bar_addr(s.bar_v_empty[stage(n)]), parity(n) ^ 1);
-      gather_tile(smem_addr(&s.v[stage(n)][0][0][0]), p, p.v, blk.hk, s.gather_slot(n), (int)p.dv);
+      gather_tile(smem_addr(&s.v[stage(n)][0][0][0]), bar_addr(s.bar_v_full[stage(n)]), p, p.v, blk.hk,
+                  s.gather_slot(n), (int)p.dv);
     };
     gather_rows(s, p, blk, top, t);
     sm90::named_bar_sync(kBarGather, 128);
     for (int n = top; n >= blk.n_min; --n) {
       sm90::mbar_wait(bar_addr(s.bar_k_empty[stage(n)]), parity(n) ^ 1);
-      gather_tile(smem_addr(&s.k[stage(n)][0][0][0]), p, p.k, blk.hk, s.gather_slot(n), (int)p.d);
+      gather_tile(smem_addr(&s.k[stage(n)][0][0][0]), bar_addr(s.bar_k_full[stage(n)]), p, p.k, blk.hk,
+                  s.gather_slot(n), (int)p.d);
       if (n > blk.n_min) gather_rows(s, p, blk, n - 1, t);
-      cp_async_wait<1>();  // all but K(n): K(n + 1), V(n + 2)
-      if (n + 1 <= top) publish(s.bar_k_full, n + 1);
-      if (n + 2 <= top) publish(s.bar_v_full, n + 2);
       if (n + 1 <= top) gather_v(n + 1);
       sm90::named_bar_sync(kBarGather, 128);
     }
-    cp_async_wait<0>();
-    publish(s.bar_k_full, blk.n_min);
-    if (blk.n_min + 1 <= top) publish(s.bar_v_full, blk.n_min + 1);
     gather_v(blk.n_min);
-    cp_async_wait<0>();
-    publish(s.bar_v_full, blk.n_min);
+    cp_async_wait_all();  // no thread leaves copies in flight
   }
 }
 #endif
@@ -474,6 +483,9 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   const float to_log2 = kFp8 ? scores_to_log2(p) * descale(p, 0, blk.b, blk.hk) * descale(p, 1, blk.b, blk.hk)
                              : scores_to_log2(p);
   const float slope2 = kAlibi ? alibi_slope(p, blk.b, blk.h) * sem::kLog2e : 0.0f;  // ALiBi's, log2 units
+  // K/V written by the producer's cp.async (generic proxy), read by wgmma (async proxy): fence after the
+  // full waits.
+  const bool gathered = paged_gather(p);
 
   // Q, K: K-major, the next 8 rows one swizzle atom (8 rows) further.
   const u64 desc_q =
@@ -495,6 +507,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   int n = blk.n_max - 1, stage = ring.stage;
   u32 phase = ring.phase;
   sm90::mbar_wait(bar_addr(s.bar_k_full[stage]), phase);
+  if (gathered) sm90::fence_proxy_async();
   sm90::wgmma_fence();
   gemm_qk(r_s, desc_q, sm90::desc_advance(desc_k, stage * kKVTileBytes));
   sm90::wgmma_commit();
@@ -514,6 +527,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     // GEMM batches free of branches (ptxas would otherwise re-fence before the P V batch).
     sm90::mbar_wait(bar_addr(s.bar_k_full[stage]), phase);
     sm90::mbar_wait(bar_addr(s.bar_v_full[stage_v]), phase_v);
+    if (gathered) sm90::fence_proxy_async();
     if (kPingPong) sm90::named_bar_sync(kBarTurn + c, 256);
     sm90::wgmma_fence();
     gemm_qk(r_s, desc_q, sm90::desc_advance(desc_k, stage * kKVTileBytes));
@@ -548,6 +562,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   // Every Q K^T of the block has completed: with O staged elsewhere, the next block's Q may load now.
   if (kReleaseQEarly) release(s.bar_q_empty, lane);
   sm90::mbar_wait(bar_addr(s.bar_v_full[stage]), phase);
+  if (gathered) sm90::fence_proxy_async();
   sm90::wgmma_fence();
   gemm_pv(r_o, r_p, sm90::desc_advance(desc_v, stage * kVTileBytes));
   sm90::wgmma_commit();
@@ -664,11 +679,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   const u32 misalign = smem_addr(smem_raw) & 1023u;
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
-#if !FP_PERSISTENT
   const bool gather = paged_gather(p);
-#else
-  constexpr bool gather = false;
-#endif
   if (threadIdx.x == 0) {
     init_barriers(s, gather ? 128u : 1u);
     s.m_blocks = (int)ceil_div(p.sq, kTileM);

@@ -33,6 +33,12 @@ FP_DEV void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+/// An arrival on `bar` once every cp.async this thread issued so far has landed (.noinc: the arrival is one
+/// of the count the barrier was initialised with); the thread goes on at once.
+FP_DEV void mbar_arrive_cp_async(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+
 /// True once the phase of parity `parity` has completed (the hardware may suspend briefly).
 FP_DEV bool mbar_try_wait(u32 bar, u32 parity) {
   u32 done;
