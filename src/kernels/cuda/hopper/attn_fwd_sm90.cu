@@ -274,14 +274,19 @@ static_assert(!kGatherBuild || (kBlockN % kGatherRows == 0 && kGatherRows % 8 ==
 /// Named barrier of the producer warpgroup (after the consumers' turn and epilogue barriers).
 constexpr u32 kBarGather = 1 + 2 * (u32)kConsumers;
 
-/// The GatherRow of key row t of tile n (thread t < kBlockN of the producer warpgroup), into the tile's slot.
-FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, const Block& blk, int n, int t) {
+/// The table entry of key row t of tile n (thread t of the producer warpgroup; -1 past the tile or the keys).
+FP_DEV int gather_page(const AttnProblem& p, const Block& blk, int n, int t) {
+  const int token = n * kBlockN + t;
+  return t < kBlockN && token < blk.sk
+             ? p.block_table[(i64)blk.b * p.block_table_stride + token / (int)p.page_size]
+             : -1;
+}
+
+/// The GatherRow of key row t of tile n from its table entry `page` (read a tile earlier), into the slot.
+FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, int n, int t, int page) {
   if constexpr (kGatherBuild) {
-    if (t >= kBlockN) return;
-    const int token = n * kBlockN + t, page_size = (int)p.page_size;
-    int page = token < blk.sk ? p.block_table[(i64)blk.b * p.block_table_stride + token / page_size] : -1;
-    if (page >= p.kv_rows) page = -1;
-    s.gather_slot(n)[t] = GatherRow{page, token % page_size};
+    if (t < kBlockN)
+      s.gather_slot(n)[t] = GatherRow{page < p.kv_rows ? page : -1, (n * kBlockN + t) % (int)p.page_size};
   }
 }
 
@@ -308,11 +313,12 @@ FP_DEV void gather_tile(u32 dst, u32 full, const AttnProblem& p, const Operand& 
 /// warp): the full barriers count the warpgroup's 128 arrivals in this mode, each made by the hardware
 /// once that thread's copies landed, so the producer, like the TMA one, waits only for free stages. K(n)
 /// goes out before V(n + 1): the consumers release V(n + 1)'s stage (V(n + 3)) only once K(n + 1) is full,
-/// and K(n)'s once S(n + 2) ran. Iteration n also writes tile n - 1's rows (its table reads overlap the
-/// copies), then the warpgroup syncs; a slot's last reader (V(m), iteration m - 1) thus passed two barriers
-/// before its rewrite for tile m - 3 (iteration m - 2): three slots. The consumers fence the async proxy
-/// after their full waits (wgmma reads what cp.async wrote). One TMA box per page from one thread held pages
-/// of 16 at 0.28-0.31x FA3, a gather waiting for its own copies at 0.45x (H100).
+/// and K(n)'s once S(n + 2) ran. Iteration n also writes tile n - 1's rows from table entries read an
+/// iteration earlier (the sync below never waits for a table read), then the warpgroup syncs; a slot's
+/// last reader (V(m), iteration m - 1) thus passed two barriers before its rewrite for tile m - 3
+/// (iteration m - 2): three slots. The consumers fence the async proxy after their full waits (wgmma
+/// reads what cp.async wrote). One TMA box per page from one thread held pages of 16 at 0.28-0.31x FA3,
+/// a gather waiting for its own copies at 0.45x (H100).
 FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
                            int t) {
   if constexpr (kGatherBuild) {
@@ -328,13 +334,15 @@ FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Blo
       gather_tile(smem_addr(&s.v[stage(n)][0][0][0]), bar_addr(s.bar_v_full[stage(n)]), p, p.v, blk.hk,
                   s.gather_slot(n), (int)p.dv);
     };
-    gather_rows(s, p, blk, top, t);
+    gather_rows(s, p, top, t, gather_page(p, blk, top, t));
+    int next_page = top > blk.n_min ? gather_page(p, blk, top - 1, t) : -1;  // tile top - 1's
     sm90::named_bar_sync(kBarGather, 128);
     for (int n = top; n >= blk.n_min; --n) {
       sm90::mbar_wait(bar_addr(s.bar_k_empty[stage(n)]), parity(n) ^ 1);
       gather_tile(smem_addr(&s.k[stage(n)][0][0][0]), bar_addr(s.bar_k_full[stage(n)]), p, p.k, blk.hk,
                   s.gather_slot(n), (int)p.d);
-      if (n > blk.n_min) gather_rows(s, p, blk, n - 1, t);
+      if (n > blk.n_min) gather_rows(s, p, n - 1, t, next_page);
+      if (n - 1 > blk.n_min) next_page = gather_page(p, blk, n - 2, t);  // stored next iteration
       if (n + 1 <= top) gather_v(n + 1);
       sm90::named_bar_sync(kBarGather, 128);
     }
