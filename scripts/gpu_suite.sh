@@ -104,6 +104,7 @@ if has gpu; then
     gpu_t0=$(date +%s)
     : >"$OUT/gpu.log"
     # Several filters separated by spaces run in that order (the first group first within GPU_TIMEOUT).
+    set -f  # a filter such as '*' is a gtest pattern, not a file glob
     for t in $(for f in $GPU_FILTER; do
                  build-gpu/tests/flashport_tests_gpu --gtest_list_tests --gtest_filter="$f" |
                    awk '/^[^ ]/{suite=$1} /^  /{print suite $1}'
@@ -116,6 +117,7 @@ if has gpu; then
       elif ((rc > 1)); then echo "[  CRASHED ] $t (exit $rc)" >>"$OUT/gpu.log"; fi
       ((rc == 0)) || status=1
     done
+    set +f
   else
     (cd build-gpu && ctest -L gpu --output-on-failure -j 1 --timeout 300 >"$OUT/gpu.log" 2>&1) || status=1
   fi
@@ -226,6 +228,7 @@ if has huge; then
 fi
 if has ncu; then
   step "ncu counters of the Hopper forward"
+  need_package
   OUT="$OUT/ncu" bash scripts/ncu_hopper_fwd.sh 2>&1 | tail -30
 fi
 fa3_ready() {  # waits up to FA3_WAIT seconds for the background build

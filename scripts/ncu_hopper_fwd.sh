@@ -7,7 +7,9 @@
 #
 # Usage, on the GPU machine after `python3 -m pip install --no-build-isolation --no-deps .`:
 #   OUT=/tmp/ncu-out bash scripts/ncu_hopper_fwd.sh
-# Knobs: CELLS="d:seqlen:causal ..." (default: the seven cells below), NCU=/path/to/ncu, NCU_BUDGET_S (wall
+# Knobs: CELLS="d:seqlen:causal[:page] ..." (default: the seven cells below; a page field makes the cell a
+# chunk of seqlen queries over a 32k-token kv cache through flash_attn_with_kvcache, 0 dense, else pages of
+# that many tokens: the chunked-prefill cells of scripts/paged_prefill_probe.py), NCU=/path/to/ncu, NCU_BUDGET_S (wall
 # budget, default 230 s: cells that would start after it are skipped), NCU_CELL_TIMEOUT_S (default 90),
 # WARMUP (default 3), NCU_WORK (scratch folder, emptied of earlier cell files).
 # Outputs: $OUT/ncu_hopper_fwd.md (the table) and $OUT/ncu_hopper_fwd.tar.gz (per cell: raw-page CSV,
@@ -111,7 +113,7 @@ NO_COUNTERS="LibraryNotLoaded|ERR_NVGPUCTRPERM|Failed to initialize the profiler
 
 # One cell under ncu; sets $cell_state to ok | counters | driver | nokernel | timeout | ncu.
 run_cell() {
-  local d=$1 s=$2 c=$3 mode=$4 tag="d${1}_s${2}_c${3}"
+  local d=$1 s=$2 c=$3 mode=$4 page=${5:-} tag="d${1}_s${2}_c${3}${5:+_p$5}"
   local args=(--target-processes all --clock-control none --replay-mode kernel --cache-control all
     -k "regex:$KERNEL" --launch-skip "$WARMUP" --launch-count 1 --export "$WORK/$tag" --force-overwrite)
   case $mode in
@@ -120,9 +122,11 @@ run_cell() {
     metrics) args+=(--metrics "$METRICS") ;;
   esac
   rm -f "$WORK/$tag.ncu-rep" "$WORK/$tag.csv" "$WORK/$tag.meta.json"
-  echo "== mode $mode: $NCU_BIN ${args[*]} python3 scripts/ncu_summary.py run $d $s $c" >>"$WORK/$tag.log"
-  "${TIMEOUT[@]}" "$NCU_BIN" "${args[@]}" python3 scripts/ncu_summary.py run "$d" "$s" "$c" --warmup "$WARMUP" \
-    --meta "$WORK/$tag.meta.json" >>"$WORK/$tag.log" 2>&1
+  local extra=()
+  [[ -n $page ]] && extra=(--page "$page")
+  echo "== mode $mode: $NCU_BIN ${args[*]} python3 scripts/ncu_summary.py run $d $s $c ${extra[*]}" >>"$WORK/$tag.log"
+  "${TIMEOUT[@]}" "$NCU_BIN" "${args[@]}" python3 scripts/ncu_summary.py run "$d" "$s" "$c" "${extra[@]}" \
+    --warmup "$WARMUP" --meta "$WORK/$tag.meta.json" >>"$WORK/$tag.log" 2>&1
   local rc=$?
   if [[ -f "$WORK/$tag.ncu-rep" ]]; then
     local rep="$WORK/$tag.ncu-rep"
@@ -149,28 +153,29 @@ run_cell() {
 ok_cells=0
 NOTES=()
 for cell in $CELLS; do
-  IFS=: read -r d s c <<<"$cell"
+  IFS=: read -r d s c page <<<"$cell"
+  tag="d${d}_s${s}_c${c}${page:+_p$page}"
   if ((SECONDS - T0 > BUDGET - 25)); then
     say "budget of ${BUDGET}s nearly spent: skipping d=$d s=$s causal=$c"
-    NOTES+=(--note "d${d}_s${s}_c${c}: skipped, time budget of ${BUDGET}s spent")
+    NOTES+=(--note "$tag: skipped, time budget of ${BUDGET}s spent")
     continue
   fi
   while :; do
-    run_cell "$d" "$s" "$c" "${MODES[$mode_idx]}"
+    run_cell "$d" "$s" "$c" "${MODES[$mode_idx]}" "$page"
     case $cell_state in
       ok) ok_cells=$((ok_cells + 1)); break ;;
       counters)
-        tail -5 "$WORK/d${d}_s${s}_c${c}.log"
+        tail -5 "$WORK/$tag.log"
         skip_suite "ncu cannot read the hardware counters here (see the log above; gVisor machines can't)" ;;
       ncu)
         # Likely a metric or section name this ncu rejects: fall back to a smaller request.
-        grep -E "==ERROR==" "$WORK/d${d}_s${s}_c${c}.log" | head -3
+        grep -E "==ERROR==" "$WORK/$tag.log" | head -3
         if ((mode_idx + 1 >= ${#MODES[@]} || SECONDS - T0 >= BUDGET - 25)); then break; fi
         mode_idx=$((mode_idx + 1)) ;;
-      *) tail -3 "$WORK/d${d}_s${s}_c${c}.log"; break ;;
+      *) tail -3 "$WORK/$tag.log"; break ;;
     esac
   done
-  [[ $cell_state == ok ]] || NOTES+=(--note "d${d}_s${s}_c${c}: no counters ($cell_state; log in the tarball)")
+  [[ $cell_state == ok ]] || NOTES+=(--note "$tag: no counters ($cell_state; log in the tarball)")
 done
 
 python3 scripts/ncu_summary.py summarize "$WORK" --md "$WORK/$NAME.md" "${NOTES[@]}" ||

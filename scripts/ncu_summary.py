@@ -150,8 +150,15 @@ def stalls(row):
 
 def summarize_cell(meta, row):
     """The table's numbers for one cell; None where the metric was not collected."""
-    out = {"d": meta["d"], "causal": meta["causal"], "s": meta["s"], "used": {}}
-    fl = flops(meta["b"], meta["h"], meta["s"], meta["d"], meta["causal"])
+    page = meta.get("page")  # kv-cache cells: the seqlen column reads "chunk/page"; `context` keys
+    out = {"d": meta["d"], "causal": meta["causal"], "s": meta["s"] if page is None else f"{meta['s']}/p{page}",
+           "used": {}}
+    if page is None:
+        fl = flops(meta["b"], meta["h"], meta["s"], meta["d"], meta["causal"])
+    else:  # a bottom-right causal chunk of s queries over `context` keys (paged_prefill_probe's visible_pairs)
+        s_q = meta["s"]
+        pairs = (meta["context"] - s_q) * s_q + s_q * (s_q + 1) // 2 if meta["causal"] else meta["context"] * s_q
+        fl = 4 * pairs * meta["d"] * meta["h"] * meta["b"]
     name, val, unit = pick(row, DURATION)
     out["ms"] = time_ms(val, unit) if name else None
     out["tflops_ncu"] = fl / out["ms"] / 1e9 if out["ms"] else None
@@ -217,7 +224,7 @@ def details(cells):
     return (["", "All stall reasons >= 0.5% per cell:"] + out) if out else []
 
 
-CELL_ORDER = lambda m: (m["d"], m["causal"], m["s"])  # noqa: E731
+CELL_ORDER = lambda m: (m["d"], m["causal"], m["s"], m.get("page", -1))  # noqa: E731
 
 
 def cmd_summarize(args):
@@ -278,6 +285,41 @@ def time_call_ms(fn, torch, reps=7, inner=10):
     return sorted(times)[len(times) // 2]
 
 
+def run_kvcache_cell(args, torch, flashport, knobs):
+    """A chunk of `seqlen` queries (causal: the cache's last ones) against a cache of 32k tokens through
+    flash_attn_with_kvcache, as scripts/paged_prefill_probe.py times it: batch 2, 2048 / d query heads, a
+    quarter of them kv heads; --page 0 a dense cache with cache_seqlens, else pages of that many tokens in
+    shuffled order."""
+    d, chunk, context, b = args.d, args.seqlen, 32768, 2
+    hq, hk = 2048 // d, 2048 // d // 4
+    torch.manual_seed(0)
+    q = torch.randn(b, chunk, hq, d, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.full((b,), context, device="cuda", dtype=torch.int32)
+    rows = context
+    if args.page == 0:
+        k, v = (torch.randn(b, rows, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        table = None
+    else:
+        per_seq = -(-rows // args.page)
+        k, v = (torch.randn(b * per_seq, args.page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        table = torch.randperm(b * per_seq, device="cuda", dtype=torch.int32).view(b, per_seq)
+    call = lambda: flashport.flash_attn_with_kvcache(  # noqa: E731
+        q, k, v, cache_seqlens=seqlens, block_table=table, causal=bool(args.causal))
+    for _ in range(args.warmup):
+        call()
+    torch.cuda.synchronize()
+    call()  # the launch ncu profiles
+    torch.cuda.synchronize()
+    meta = dict(d=d, s=chunk, causal=bool(args.causal), b=b, h=hq, page=args.page, context=context,
+                device=torch.cuda.get_device_name(), warmup=args.warmup, env=knobs, pass_="fwd")
+    meta["fp_ms"] = time_call_ms(call, torch)
+    if args.meta:
+        with open(args.meta, "w") as f:
+            json.dump(meta, f)
+    print("NCU_DRIVER_OK " + json.dumps(meta), flush=True)
+    return 0
+
+
 def cmd_run(args):
     try:
         import torch
@@ -287,11 +329,13 @@ def cmd_run(args):
         import flashport
 
         d, s, causal = args.d, args.seqlen, bool(args.causal)
+        knobs = {k: v for k, v in os.environ.items() if k.startswith("FLASHPORT_") and k != "FLASHPORT_CACHE_DIR"}
+        if args.page >= 0:  # a chunked-prefill cell: forward only, no cuDNN peer
+            return run_kvcache_cell(args, torch, flashport, knobs)
         h, b = 2048 // d, max(1, 16384 // s)
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=BWD) for _ in range(3))
         dout = torch.randn_like(q)
-        knobs = {k: v for k, v in os.environ.items() if k.startswith("FLASHPORT_") and k != "FLASHPORT_CACHE_DIR"}
         meta = dict(d=d, s=s, causal=causal, b=b, h=h, device=torch.cuda.get_device_name(), warmup=args.warmup,
                     env=knobs, pass_="bwd" if BWD else "fwd")
 
@@ -385,6 +429,8 @@ def main():
     r.add_argument("causal", type=int, choices=(0, 1))
     r.add_argument("--warmup", type=int, default=3)
     r.add_argument("--meta")
+    r.add_argument("--page", type=int, default=-1,
+                   help=">= 0: a chunk of `seqlen` queries over a 32k-token kv cache, 0 dense, else pages of that size")
     s = sub.add_parser("summarize")
     s.add_argument("workdir")
     s.add_argument("--md")
