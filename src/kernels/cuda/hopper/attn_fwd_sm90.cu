@@ -18,7 +18,7 @@
 #endif
 // Pages of fewer tokens than this (and than the key tile) go through the producer warpgroup's cp.async
 // gather (produce_gather); larger ones, one TMA box per page. 32: pages of 8 and 16 (H100, chunked prefill
-// at d 128: the gather 276-308 TFLOPS at any page size, boxes 192-212 at 16 pages, 315-355 at 32, 436-445 at
+// at d 128: the gather 267-309 TFLOPS at any page size, boxes 190-212 at 16 pages, 315-359 at 32, 427-507 at
 // 64). FLASHPORT_JIT_DEFINES=FP_FWD_PAGED_GATHER=N moves the bound for timing (0: TMA boxes only).
 #ifndef FP_FWD_PAGED_GATHER
 #define FP_FWD_PAGED_GATHER 32
