@@ -319,7 +319,7 @@ FP_DEV void gather_tile(u32 dst, u32 full, const AttnProblem& p, const Operand& 
 /// last reader (V(m), iteration m - 1) thus passed two barriers before its rewrite for tile m - 3
 /// (iteration m - 2): three slots. The consumers fence the async proxy after their full waits (wgmma
 /// reads what cp.async wrote). One TMA box per page from one thread held pages of 16 at 0.28-0.31x FA3,
-/// a gather waiting for its own copies at 0.45x (H100).
+/// this gather 0.53-0.57x, a rate no deeper ring changed (H100, docs/PERF.md).
 FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
                            int t) {
   if constexpr (kGatherBuild) {
