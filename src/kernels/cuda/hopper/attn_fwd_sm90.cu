@@ -23,8 +23,17 @@
 #ifndef FP_FWD_PAGED_GATHER
 #define FP_FWD_PAGED_GATHER 32
 #endif
+// Timing-only ablations (FLASHPORT_JIT_DEFINES=FP_FWD_ABLATE=n, bit flags; out and LSE are then left
+// unwritten): 1 the consumers only wait for each K/V stage and release it (the load pipeline's own rate),
+// 2 the paged gather's copies read nothing (zero-fill only: its issue and shared-memory cost alone).
+#ifndef FP_FWD_ABLATE
+#define FP_FWD_ABLATE 0
+#endif
 
 namespace flashport::cuda::hopper {
+
+constexpr int kAblate = FP_FWD_ABLATE;
+static_assert((kAblate & 1) == 0 || FP_PERSISTENT == 0, "the loads-only ablation runs one block per CTA");
 
 /// Persistent CTAs: one per SM, each taking one query block per round of the schedule (tile_block,
 /// round_tile); the K/V ring, the Q buffer and the ping-pong turn carry over from one block to the
@@ -303,7 +312,7 @@ FP_DEV void gather_tile(u32 dst, u32 full, const AttnProblem& p, const Operand& 
 #pragma unroll 2
   for (int r = row0; r < kBlockN; r += kGatherRows, dst += kGatherRows * kRowBytes) {
     const GatherRow g = rows[r];
-    const bool ok = g.page >= 0 && cols_ok;
+    const bool ok = (kAblate & 2) == 0 && g.page >= 0 && cols_ok;
     const i64 off = (i64)g.page * op.batch_stride + (i64)g.row * op.row_stride;
     cp_async_16(dst, ok ? base + off : base, ok);
   }
@@ -515,6 +524,16 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
 
   int n = blk.n_max - 1, stage = ring.stage;
   u32 phase = ring.phase;
+  if constexpr ((kAblate & 1) != 0) {  // loads only: every stage waited for and released, nothing computed
+    for (; n >= blk.n_min; --n) {
+      sm90::mbar_wait(bar_addr(s.bar_k_full[stage]), phase);
+      release(s.bar_k_empty[stage], lane);
+      sm90::mbar_wait(bar_addr(s.bar_v_full[stage]), phase);
+      release(s.bar_v_empty[stage], lane);
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    return;
+  }
   sm90::mbar_wait(bar_addr(s.bar_k_full[stage]), phase);
   if (gathered) sm90::fence_proxy_async();
   sm90::wgmma_fence();
