@@ -347,10 +347,12 @@ if has pagedprefill; then
   # --fa3: a background FA3_DECODE=1 build (started before this script, or by the fa3 step) as the peer.
   if [[ " ${PAGED_ARGS:-} " == *" --fa3 "* ]] && fa3_ready; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   for setting in ${PAGED_SETTINGS:-default FLASHPORT_CUDA_FORWARD=portable}; do
-    echo "--- $setting"
+    echo "--- $setting" | tee -a "$OUT/paged_prefill.log"
     (if [[ $setting != default ]]; then export "${setting?}"; fi
      python3 scripts/paged_prefill_probe.py ${PAGED_ARGS:-} 2>&1 | tee -a "$OUT/paged_prefill.log") || status=1
   done
+  python3 scripts/plot_paged_prefill.py "$OUT/paged_prefill.log" --out "$OUT/perf_paged_prefill.png" \
+    --title "chunked prefill over a kv cache: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 fi
 if has bench; then
   step "benchmark"
