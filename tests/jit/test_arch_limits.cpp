@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "backends/cuda/arch.hpp"
 #include "backends/cuda/sm80/backward.hpp"
@@ -91,6 +92,33 @@ TEST(ArchLimits, HopperTilesFit) {
     EXPECT_LE(hopper::smem_bytes(d, hopper::tile_for(d)), limits(90).smem_per_block) << d;
   for (int d : {64, 96, 128, 256})
     EXPECT_LE(hopper_bwd::smem_bytes(d, hopper_bwd::tile_for(d)), limits(90).smem_per_block) << d;
+}
+
+/// The paged gather's row slots (attn_fwd_sm90.cu, produce_gather) ride along wherever they fit: the 16-bit
+/// tiles of d <= 128 that paged prefill launches (128 x 128 on two stages, d 64's 192-row tile), never
+/// the fp8 kernel, d 192 / 256 or a tile they would push past the limit (d 128 on three stages, 224 KB of
+/// K/V alone). Where they ride, they add their bytes and the total still fits.
+TEST(ArchLimits, HopperGatherRowsWhereTheyFit) {
+  using hopper::Tile;
+  const int limit = limits(90).smem_per_block;
+  for (const auto& [d, t] : {std::pair{64, Tile{128, 128, 2}},
+                             {64, Tile{192, 128, 2}},
+                             {96, Tile{128, 128, 2}},
+                             {128, Tile{128, 128, 2}},
+                             {64, Tile{128, 128, 3}}}) {
+    SCOPED_TRACE(testing::Message() << "d " << d << " tile " << t.block_m << "x" << t.block_n << "x"
+                                    << t.stages);
+    EXPECT_TRUE(hopper::gather_fits(d, t));
+    EXPECT_GE(hopper::smem_bytes(d, t) - hopper::smem_bytes_for(d, t, false, 2, 0),
+              hopper::gather_bytes(t) - 1023);
+    EXPECT_LE(hopper::smem_bytes(d, t), limit);
+  }
+  EXPECT_FALSE(hopper::gather_fits(128, Tile{128, 128, 3}));  // over the limit with them
+  EXPECT_LE(hopper::smem_bytes(128, Tile{128, 128, 3}), limit);
+  EXPECT_FALSE(hopper::gather_fits(192, hopper::tile_for(192)));
+  EXPECT_FALSE(hopper::gather_fits(256, hopper::tile_for(256)));
+  EXPECT_FALSE(hopper::gather_fits(64, hopper::tile_for(64)));  // 192-key tiles: more rows than threads
+  EXPECT_FALSE(hopper::gather_fits(128, Tile{128, 128, 2}, false, 1));  // fp8
 }
 
 /// The value of define `name` in `spec`, "(unset)" without it.
