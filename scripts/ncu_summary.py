@@ -21,6 +21,8 @@ import os
 import re
 import sys
 
+from kvcache_cells import heads, make_inputs, visible_pairs
+
 BWD = os.environ.get("NCU_PASS", "fwd") == "bwd"  # the backward: torch.autograd.grad of q, k, v
 KERNEL = "flashport_attn_bwd_sm90" if BWD else "flashport_attn_fwd_sm90"
 MMA_FLOP_PER_SM_CLK = 4096  # dense bf16 wgmma on sm_90: 989 TFLOPS = 132 SMs * 4096 * 1.83 GHz
@@ -155,9 +157,8 @@ def summarize_cell(meta, row):
            "used": {}}
     if page is None:
         fl = flops(meta["b"], meta["h"], meta["s"], meta["d"], meta["causal"])
-    else:  # a bottom-right causal chunk of s queries over `context` keys (paged_prefill_probe's visible_pairs)
-        s_q = meta["s"]
-        pairs = (meta["context"] - s_q) * s_q + s_q * (s_q + 1) // 2 if meta["causal"] else meta["context"] * s_q
+    else:  # a bottom-right causal chunk of s queries over `context` keys
+        pairs = visible_pairs(meta["s"], meta["context"]) if meta["causal"] else meta["context"] * meta["s"]
         fl = 4 * pairs * meta["d"] * meta["h"] * meta["b"]
     name, val, unit = pick(row, DURATION)
     out["ms"] = time_ms(val, unit) if name else None
@@ -286,23 +287,12 @@ def time_call_ms(fn, torch, reps=7, inner=10):
 
 
 def run_kvcache_cell(args, torch, flashport, knobs):
-    """A chunk of `seqlen` queries (causal: the cache's last ones) against a cache of 32k tokens through
-    flash_attn_with_kvcache, as scripts/paged_prefill_probe.py times it: batch 2, 2048 / d query heads, a
-    quarter of them kv heads; --page 0 a dense cache with cache_seqlens, else pages of that many tokens in
-    shuffled order."""
+    """The chunked-prefill cell of scripts/paged_prefill_probe.py (kvcache_cells.py): a chunk of `seqlen`
+    queries over a 32k-token cache, batch 2; --page 0 dense, else pages of that many tokens."""
     d, chunk, context, b = args.d, args.seqlen, 32768, 2
-    hq, hk = 2048 // d, 2048 // d // 4
     torch.manual_seed(0)
-    q = torch.randn(b, chunk, hq, d, device="cuda", dtype=torch.bfloat16)
-    seqlens = torch.full((b,), context, device="cuda", dtype=torch.int32)
-    rows = context
-    if args.page == 0:
-        k, v = (torch.randn(b, rows, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        table = None
-    else:
-        per_seq = -(-rows // args.page)
-        k, v = (torch.randn(b * per_seq, args.page, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        table = torch.randperm(b * per_seq, device="cuda", dtype=torch.int32).view(b, per_seq)
+    q, k, v, seqlens, table = make_inputs(b, chunk, context, d, args.page)
+    hq = heads(d)[0]
     call = lambda: flashport.flash_attn_with_kvcache(  # noqa: E731
         q, k, v, cache_seqlens=seqlens, block_table=table, causal=bool(args.causal))
     for _ in range(args.warmup):

@@ -8,15 +8,10 @@ Usage: python3 scripts/paged_prefill_probe.py [--chunks 2048,8192] [--context 32
 """
 import argparse
 
-import torch
 from triton.testing import do_bench
 
 import flashport
-
-
-def visible_pairs(chunk, context):
-    """Query-key pairs a bottom-right causal chunk of `chunk` queries sees over `context` keys."""
-    return sum(context - chunk + i + 1 for i in range(chunk))
+from kvcache_cells import heads, make_inputs, visible_pairs
 
 
 def main():
@@ -36,29 +31,18 @@ def main():
             print(f"FA3 not importable ({e}): flashport only", flush=True)
     b, ctx = args.batch, args.context
     for d in (int(x) for x in args.dims.split(",")):
-        hq, hk = 2048 // d, 2048 // d // 4
+        hq = heads(d)[0]
         for chunk in (int(x) for x in args.chunks.split(",")):
-            q = torch.randn(b, chunk, hq, d, device="cuda", dtype=torch.bfloat16)
-            seqlens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
             flops = 4 * b * hq * d * visible_pairs(chunk, ctx)
             for page in (int(x) for x in args.pages.split(",")):
-                if page == 0:
-                    k = torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16)
-                    v = torch.randn_like(k)
-                    call = lambda: flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, causal=True)
-                else:
-                    per_seq = ctx // page
-                    k = torch.randn(b * per_seq, page, hk, d, device="cuda", dtype=torch.bfloat16)
-                    v = torch.randn_like(k)
-                    table = torch.randperm(b * per_seq, device="cuda", dtype=torch.int32).view(b, per_seq)
-                    call = lambda: flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table,
-                                                                     causal=True)
+                q, k, v, seqlens, table = make_inputs(b, chunk, ctx, d, page)
+                call = lambda: flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table,
+                                                                 causal=True)
                 ms = do_bench(call, warmup=10, rep=50, return_mode="median")
                 name = "dense" if page == 0 else f"paged{page}"
                 peer = ""
                 if fa3 is not None:
-                    tb = None if page == 0 else table
-                    fa3_call = lambda: fa3.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=tb,
+                    fa3_call = lambda: fa3.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table,
                                                                    causal=True)
                     try:
                         err = (fa3_call().float() - call().float()).abs().max().item()
@@ -68,7 +52,7 @@ def main():
                         peer = f" | FA3 unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
                 print(f"d {d} chunk {chunk} context {ctx} {name}: {ms * 1e3:.1f} us, {flops / ms / 1e9:.0f} TFLOPS{peer}",
                       flush=True)
-                del k, v
+                del q, k, v
 
 
 if __name__ == "__main__":
