@@ -32,6 +32,15 @@ FP_DEV void cp_async_16(u32 s_dst, const void* g_src, bool pred) {
                : "memory");
 }
 
+/// cp_async_16 with the predicate as cp.async's ignore-src operand (no 16-or-0 size to compute): `zero`
+/// copies 16 zero bytes and reads nothing; `g_src` must still be a valid pointer value.
+FP_DEV void cp_async_16_or_zero(u32 s_dst, const void* g_src, bool zero) {
+  asm volatile(
+      "{ .reg .pred z; setp.ne.b32 z, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, z; }" ::"r"(s_dst),
+      "l"(g_src), "r"((int)zero)
+      : "memory");
+}
+
 /// Closes the current group of cp.async operations.
 FP_DEV void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");

@@ -61,20 +61,25 @@ struct OStaging<false> {
 // layout TMA writes; each chunk starts 1024-byte aligned (block_m, block_n multiples of 8), so
 // wgmma descriptors need no base offset.
 
-/// One key row of a paged tile for the gather: its page (-1: zero-fill) and row within the page.
-struct GatherRow {
-  int page, row;
+/// The gather's record of one key tile: each key row's K and V offsets from the kv head's base in 16-byte
+/// units (kGatherNone: zero-fill, a row past the keys or a page past the pool), stored by gather_index so
+/// that the rows one producer thread copies lie side by side (two 16-byte shared loads per operand). Their
+/// writer computes them once per row; the copy loop does one 32-bit multiply-add per row.
+template <int kRows>
+struct GatherTile {
+  u32 k[kRows], v[kRows];
 };
-/// The gather's rows of kGatherSlots key tiles where gather_fits (an empty base otherwise); key tile n's
+inline constexpr u32 kGatherNone = 0xffffffffu;
+/// The gather's tiles of kGatherSlots key tiles where gather_fits (an empty base otherwise); key tile n's
 /// in slot n % kGatherSlots.
 template <bool kOn>
 struct GatherRows {
-  GatherRow gather[kGatherSlots][kBlockN];
-  FP_DEV GatherRow* gather_slot(int n) { return gather[n % kGatherSlots]; }
+  GatherTile<kBlockN> gather[kGatherSlots];
+  FP_DEV GatherTile<kBlockN>* gather_slot(int n) { return &gather[n % kGatherSlots]; }
 };
 template <>
 struct GatherRows<false> {
-  FP_DEV GatherRow* gather_slot(int) { return nullptr; }
+  FP_DEV GatherTile<kBlockN>* gather_slot(int) { return nullptr; }
 };
 
 struct alignas(1024) SharedStorage
@@ -269,20 +274,34 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
 /// kernel spill (the producer on its 24 registers); those keep one TMA box per page.
 constexpr bool kGatherBuild = FP_FWD_PAGED_GATHER > 0 && kTransform == 0 && !kPersistent &&
                               gather_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes);
+/// The gather's 32-bit row records reach 2^32 - 1 16-byte units (64 GiB) past a kv head's base; pools
+/// whose last row lies further keep one TMA box per page.
+FP_DEV bool gather_reaches(const AttnProblem& p, const Operand& op) {
+  const i64 last = ((p.kv_rows - 1) * op.batch_stride + (p.page_size - 1) * op.row_stride) * kElemBytes / 16;
+  return last < (i64)kGatherNone;
+}
 FP_DEV bool paged_gather(const AttnProblem& p) {
   return kGatherBuild && p.block_table != nullptr && p.page_size < kBlockN &&
-         p.page_size < FP_FWD_PAGED_GATHER;
+         p.page_size < FP_FWD_PAGED_GATHER && gather_reaches(p, p.k) && gather_reaches(p, p.v);
 }
 
 #if !FP_PERSISTENT
 
-/// The gather's thread layout: a row's 16-byte units on consecutive threads (each warp reads whole rows,
-/// every 32-byte sector once), kGatherRows rows per pass of the warpgroup.
-constexpr int kGatherUnits = kChunks * kChunkCols / 8;
+/// The gather's thread layout: 8 consecutive threads per 128-byte chunk row (a warp reads four whole
+/// rows, every 32-byte sector once), each thread a row's 16-byte unit in every chunk (one row record, kChunks
+/// copies); kGatherRows rows per pass of the warpgroup, kGatherPasses passes.
+constexpr int kGatherUnits = kRowBytes / 16;
 constexpr int kGatherRows = 128 / kGatherUnits;
-static_assert(!kGatherBuild || (kBlockN % kGatherRows == 0 && kGatherRows % 8 == 0), "the gather's passes");
+constexpr int kGatherPasses = kBlockN / kGatherRows;
+static_assert(!kGatherBuild || (kBlockN % kGatherRows == 0 && kGatherRows % 8 == 0 && kGatherPasses % 4 == 0),
+              "the gather's passes (whole 16-byte record loads)");
 /// Named barrier of the producer warpgroup (after the consumers' turn and epilogue barriers).
 constexpr u32 kBarGather = 1 + 2 * (u32)kConsumers;
+
+/// Where key row t's record sits in a GatherTile: pass-major per thread row (row0 = t % kGatherRows).
+FP_DEV constexpr int gather_index(int t) {
+  return (t % kGatherRows) * kGatherPasses + t / kGatherRows;
+}
 
 /// The table entry of key row t of tile n (thread t of the producer warpgroup; -1 past the tile or the keys).
 FP_DEV int gather_page(const AttnProblem& p, const Block& blk, int n, int t) {
@@ -292,29 +311,53 @@ FP_DEV int gather_page(const AttnProblem& p, const Block& blk, int n, int t) {
              : -1;
 }
 
-/// The GatherRow of key row t of tile n from its table entry `page` (read a tile earlier), into the slot.
+/// Key row t of tile n's record from its table entry `page` (read a tile earlier), into the slot.
 FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, int n, int t, int page) {
   if constexpr (kGatherBuild) {
-    if (t < kBlockN)
-      s.gather_slot(n)[t] = GatherRow{page < p.kv_rows ? page : -1, (n * kBlockN + t) % (int)p.page_size};
+    if (t < kBlockN) {
+      // 32-bit products: every term is non-negative and their sum below 2^32 (gather_reaches); the
+      // strides are whole 16-byte units (the Hopper kernels' rows_aligned).
+      constexpr int kUnit = 16 / kElemBytes;
+      const u32 row = (u32)((n * kBlockN + t) % (int)p.page_size);
+      const bool ok = page >= 0 && page < p.kv_rows;
+      const auto units = [&](const Operand& op) {
+        return ok ? (u32)page * (u32)(op.batch_stride / kUnit) + row * (u32)(op.row_stride / kUnit)
+                  : kGatherNone;
+      };
+      // t's place from a volatile %tid.x read: hoisted out of the tile loop, it spilled (d 64, 192 rows).
+      const int at = gather_index(thread_index());
+      GatherTile<kBlockN>& g = *s.gather_slot(n);
+      g.k[at] = units(p.k);
+      g.v[at] = units(p.v);
+    }
   }
 }
 
 /// Key tile n of one operand into the stage at `dst` (TMA's 128B-swizzle layout: 16-byte unit u of a chunk
-/// row r at u ^ (r % 8)) from its slot's rows, then this thread's arrival on `full` once its copies land;
-/// page -1 rows and columns past `ncols` are zero-filled.
-FP_DEV void gather_tile(u32 dst, u32 full, const AttnProblem& p, const Operand& op, int hk,
-                        const GatherRow* rows, int ncols) {
-  const int t = thread_index(), unit = t % kGatherUnits, row0 = t / kGatherUnits, col = unit * 8;
-  const u16* base = static_cast<const u16*>(op.ptr) + (i64)hk * op.head_stride + col;
-  dst += (unit / 8) * kKVChunkBytes + row0 * kRowBytes + (((unit % 8) ^ (row0 & 7)) << 4);
-  const bool cols_ok = kGatherUnits * 8 == kHeadDim || col < ncols;
-#pragma unroll 2
-  for (int r = row0; r < kBlockN; r += kGatherRows, dst += kGatherRows * kRowBytes) {
-    const GatherRow g = rows[r];
-    const bool ok = (kAblate & 2) == 0 && g.page >= 0 && cols_ok;
-    const i64 off = (i64)g.page * op.batch_stride + (i64)g.row * op.row_stride;
-    cp_async_16(dst, ok ? base + off : base, ok);
+/// row r at u ^ (r % 8)) from its record `units` (GatherTile::k or ::v), then this thread's arrival on
+/// `full` once its copies land; kGatherNone rows and columns past the head dim (d == dv == FP_HEADDIM
+/// here) are zero-filled. The thread's
+/// records come four at a time in one 16-byte load, so four rows' copies wait on one shared load.
+FP_DEV void gather_tile(u32 dst, u32 full, const Operand& op, int hk, const u32* units) {
+  const int t = thread_index(), unit = t % kGatherUnits, row0 = t / kGatherUnits;
+  const u8* base = static_cast<const u8*>(op.ptr) + (i64)hk * op.head_stride * kElemBytes + unit * 16;
+  dst += row0 * kRowBytes + ((unit ^ (row0 & 7)) << 4);  // row0 + i * kGatherRows: the same swizzle
+  const uint4* records = reinterpret_cast<const uint4*>(units + gather_index(row0));
+#pragma unroll
+  for (int i4 = 0; i4 < kGatherPasses / 4; ++i4) {
+    const uint4 r4 = records[i4];
+    const u32 rec[4] = {r4.x, r4.y, r4.z, r4.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = 4 * i4 + j;
+      const bool none = (kAblate & 2) != 0 || rec[j] == kGatherNone;
+      const u8* src = base + (u64)(none ? 0u : rec[j]) * 16;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const bool zero = none || c * kChunkCols + unit * 8 >= kHeadDim;  // d 96's padding
+        cp_async_16_or_zero(dst + i * kGatherRows * kRowBytes + c * kKVChunkBytes, src + c * kRowBytes, zero);
+      }
+    }
   }
   sm90::mbar_arrive_cp_async(full);
 }
@@ -341,16 +384,16 @@ FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Blo
     const auto parity = [&](int n) { return (u32)((top - n) / kStages) & 1u; };
     const auto gather_v = [&](int n) {
       sm90::mbar_wait(bar_addr(s.bar_v_empty[stage(n)]), parity(n) ^ 1);
-      gather_tile(smem_addr(&s.v[stage(n)][0][0][0]), bar_addr(s.bar_v_full[stage(n)]), p, p.v, blk.hk,
-                  s.gather_slot(n), (int)p.dv);
+      gather_tile(smem_addr(&s.v[stage(n)][0][0][0]), bar_addr(s.bar_v_full[stage(n)]), p.v, blk.hk,
+                  s.gather_slot(n)->v);
     };
     gather_rows(s, p, top, t, gather_page(p, blk, top, t));
     int next_page = top > blk.n_min ? gather_page(p, blk, top - 1, t) : -1;  // tile top - 1's
     sm90::named_bar_sync(kBarGather, 128);
     for (int n = top; n >= blk.n_min; --n) {
       sm90::mbar_wait(bar_addr(s.bar_k_empty[stage(n)]), parity(n) ^ 1);
-      gather_tile(smem_addr(&s.k[stage(n)][0][0][0]), bar_addr(s.bar_k_full[stage(n)]), p, p.k, blk.hk,
-                  s.gather_slot(n), (int)p.d);
+      gather_tile(smem_addr(&s.k[stage(n)][0][0][0]), bar_addr(s.bar_k_full[stage(n)]), p.k, blk.hk,
+                  s.gather_slot(n)->k);
       if (n > blk.n_min) gather_rows(s, p, n - 1, t, next_page);
       if (n - 1 > blk.n_min) next_page = gather_page(p, blk, n - 2, t);  // stored next iteration
       if (n + 1 <= top) gather_v(n + 1);
@@ -707,9 +750,8 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   const u32 misalign = smem_addr(smem_raw) & 1023u;
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
-  const bool gather = paged_gather(p);
   if (threadIdx.x == 0) {
-    init_barriers(s, gather ? 128u : 1u);
+    init_barriers(s, paged_gather(p) ? 128u : 1u);
     s.m_blocks = (int)ceil_div(p.sq, kTileM);
     s.tiles = (int)(ceil_div(p.sq, kTileM) * p.hq * p.batch);  // the host keeps it below 2^30
     const bool triangular = p.window_right == 0 && p.window_left < 0;
@@ -725,6 +767,8 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   u32 q_count = 0;
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
+    // Decided after the split: a value kept across it is spilled (the pre-split budget is gone).
+    const bool gather = paged_gather(p);
 #if !FP_PERSISTENT
     if constexpr (kGatherBuild) {
       if (gather) {

@@ -34,9 +34,9 @@ FP_HD constexpr bool block_m_fits(int d, Tile t) {
   return t.block_m == kBlockM || (t.block_m == kBlockMTall && d <= 64 && t.block_n <= 128);
 }
 
-/// Paged K/V gather (attn_fwd_sm90.cu, produce_gather): kGatherSlots key tiles' (page, row in page) pairs,
-/// written a tile ahead, read by every producer thread; kept by 16-bit tiles of d <= 128 and at most 128
-/// keys whose storage leaves room for them (the three-stage d 128 tile does not).
+/// Paged K/V gather (attn_fwd_sm90.cu, produce_gather): kGatherSlots key tiles' K and V row offsets (8 bytes
+/// a row), written a tile ahead, read by every producer thread; kept by 16-bit tiles of d <= 128 and at most
+/// 128 keys whose storage leaves room for them (the three-stage d 128 tile does not).
 inline constexpr int kGatherSlots = 3;
 FP_HD constexpr int gather_bytes(Tile t) {
   return kGatherSlots * t.block_n * 8;
