@@ -165,6 +165,11 @@ FP_DEV void load_q(const FwdSm90Params& prm, SharedStorage& s, const Block& blk,
                          blk.q_row, blk.q_batch);
 }
 
+/// The block-table entry (pool page) holding key `token` of the block's sequence.
+FP_DEV int table_page(const AttnProblem& p, const Block& blk, int token) {
+  return p.block_table[(i64)blk.b * p.block_table_stride + token / (int)p.page_size];
+}
+
 /// Page-table entries a paged tile load reads before issuing their boxes: the producer thread runs on
 /// kProducerRegs registers, so a tile of many small pages is read in batches of this many round trips.
 constexpr int kPageBatch = 4;
@@ -196,14 +201,13 @@ FP_DEV void load_kv_tile(const AttnProblem& p, u32 dst, const TmaDesc& tma, cons
     return;
   }
   const int box = page_size < kBlockN ? page_size : kBlockN;
-  const int* table = p.block_table + (i64)blk.b * p.block_table_stride;
   const int token0 = n * kBlockN;
   for (int r0 = 0; r0 < kBlockN; r0 += kPageBatch * box) {
     int page[kPageBatch];
 #pragma unroll
     for (int i = 0; i < kPageBatch; ++i) {
       const int token = token0 + r0 + i * box;
-      page[i] = r0 + i * box < kBlockN && token < blk.sk ? table[token / page_size] : -1;
+      page[i] = r0 + i * box < kBlockN && token < blk.sk ? table_page(p, blk, token) : -1;
     }
 #pragma unroll
     for (int i = 0; i < kPageBatch; ++i) {
@@ -247,9 +251,7 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
   // otherwise stand between a freed stage and its load). At d 256 (four chunks) the producer spilled.
   const bool big_pages =
       !kPersistent && kChunks < 4 && prm.p.block_table != nullptr && prm.p.page_size >= kBlockN;
-  const auto tile_page = [&](int n) {
-    return prm.p.block_table[(i64)blk.b * prm.p.block_table_stride + n * kBlockN / (int)prm.p.page_size];
-  };
+  const auto tile_page = [&](int n) { return table_page(prm.p, blk, n * kBlockN); };
   int next_page = big_pages ? tile_page(blk.n_max - 1) : -1;
   for (int n = blk.n_max - 1; n >= blk.n_min; --n) {
     const u32 k_full = bar_addr(s.bar_k_full[stage]), v_full = bar_addr(s.bar_v_full[stage]);
@@ -306,9 +308,7 @@ FP_DEV constexpr int gather_index(int t) {
 /// The table entry of key row t of tile n (thread t of the producer warpgroup; -1 past the tile or the keys).
 FP_DEV int gather_page(const AttnProblem& p, const Block& blk, int n, int t) {
   const int token = n * kBlockN + t;
-  return t < kBlockN && token < blk.sk
-             ? p.block_table[(i64)blk.b * p.block_table_stride + token / (int)p.page_size]
-             : -1;
+  return t < kBlockN && token < blk.sk ? table_page(p, blk, token) : -1;
 }
 
 /// Key row t of tile n's record from its table entry `page` (read a tile earlier), into the slot.
