@@ -66,7 +66,7 @@ struct OStaging<false> {
 /// that the rows one producer thread copies lie side by side (two 16-byte shared loads per operand). Their
 /// writer computes them once per row; the copy loop does one 32-bit multiply-add per row.
 template <int kRows>
-struct GatherTile {
+struct alignas(16) GatherTile {  // read as uint4
   u32 k[kRows], v[kRows];
 };
 inline constexpr u32 kGatherNone = 0xffffffffu;
