@@ -34,7 +34,8 @@ DEST=${OUT:-/tmp/flashport-out}
 OUT=${LOGS:-/tmp/flashport-logs}
 mkdir -p "$OUT" "$DEST"
 pack() {
-  cp docs/PERF.md docs/*.png "$OUT/" 2>/dev/null
+  # -n: a plot a step drew under the same name (perf_paged_prefill.png) is the run's, not the repo's copy.
+  cp -n docs/PERF.md docs/*.png "$OUT/" 2>/dev/null
   tar czf "$DEST/logs.tgz" -C "$OUT" . 2>/dev/null
 }
 trap pack EXIT

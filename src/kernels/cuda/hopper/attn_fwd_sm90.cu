@@ -17,11 +17,12 @@
 #define FP_PERSISTENT 0
 #endif
 // Pages of fewer tokens than this (and than the key tile) go through the producer warpgroup's cp.async
-// gather (produce_gather); larger ones, one TMA box per page. 32: pages of 8 and 16 (H100, chunked prefill
-// at d 128: the gather 267-309 TFLOPS at any page size, boxes 190-212 at 16 pages, 315-359 at 32, 427-507 at
-// 64). FLASHPORT_JIT_DEFINES=FP_FWD_PAGED_GATHER=N moves the bound for timing (0: TMA boxes only).
+// gather (produce_gather); larger ones, one TMA box per page. 128: every page smaller than the key tile
+// (H100, chunked prefill at d 128: the gather 530-549 TFLOPS at pages of 8-64, the boxes 109-114 at 8,
+// 189-210 at 16, 304-355 at 32, 431-479 at 64). FLASHPORT_JIT_DEFINES=FP_FWD_PAGED_GATHER=N moves the bound
+// for timing (0: TMA boxes only).
 #ifndef FP_FWD_PAGED_GATHER
-#define FP_FWD_PAGED_GATHER 32
+#define FP_FWD_PAGED_GATHER 128
 #endif
 // Timing-only ablations (FLASHPORT_JIT_DEFINES=FP_FWD_ABLATE=n, bit flags; out and LSE are then left
 // unwritten): 1 the consumers only wait for each K/V stage and release it (the load pipeline's own rate),
@@ -370,8 +371,9 @@ FP_DEV void gather_tile(u32 dst, u32 full, const Operand& op, int hk, const u32*
 /// iteration earlier (the sync below never waits for a table read), then the warpgroup syncs; a slot's
 /// last reader (V(m), iteration m - 1) thus passed two barriers before its rewrite for tile m - 3
 /// (iteration m - 2): three slots. The consumers fence the async proxy after their full waits (wgmma
-/// reads what cp.async wrote). One TMA box per page from one thread held pages of 16 at 0.28-0.31x FA3,
-/// this gather 0.53-0.57x, a rate no deeper ring changed (H100, docs/PERF.md).
+/// reads what cp.async wrote). One TMA box per page from one thread held pages of 16 at 0.28-0.31x FA3; this
+/// gather runs pages of 8-64 at 0.89-0.93x (H100, docs/PERF.md), since its copy loop lost the per-copy
+/// shared load and 64-bit products (0.53-0.57x with them).
 FP_DEV void produce_gather(const FwdSm90Params& prm, SharedStorage& s, const Block& blk, const TmaDesc& tma_q,
                            int t) {
   if constexpr (kGatherBuild) {
