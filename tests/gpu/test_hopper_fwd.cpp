@@ -272,8 +272,8 @@ TEST(HopperFwd, SmallDenseSequsedK) {
 TEST(HopperFwd, SmallPagedKv) {
   FP_SKIP_WITHOUT_SM90();
   // A prefill chunk against a paged cache (shuffled pages, the last one partly used, an empty sequence):
-  // pages shorter than the key tile (16 tokens at d <= 128: the producer warpgroup's cp.async gather;
-  // otherwise one box per page, d 192's 112-key tile taking 7 of 16 tokens), as long as it, and longer;
+  // pages shorter than the key tile (at d <= 128 the producer warpgroup's cp.async gather; otherwise one
+  // box per page, d 192's 112-key tile taking 7 of 16 tokens), as long as it, and longer;
   // causal bottom-right, GQA, every supported head dim.
   int n = 0;
   for (int64_t d : {64, 96, 128, 192, 256}) {
@@ -283,10 +283,13 @@ TEST(HopperFwd, SmallPagedKv) {
     expect_hopper_accurate(paged(dense(dt, 2, 77, 1, 4, 1, d), d == 192 ? 112 : 256, {600, 129}));
   }
   expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 300, 1, 4, 4, 128), kCausal), 128, {1000, 300}));
-  // Pages of 8 and 16 tokens at d <= 128 load through the producer warpgroup's gather: enough key tiles
-  // (9) to cycle its three row slots and two-tile copy pipeline several times.
+  // Pages below the key tile at d <= 128 load through the producer warpgroup's gather: enough key tiles
+  // (9) to cycle its three row slots and two-tile copy pipeline several times; pages of 32 at d 96 (its
+  // padding columns zero-filled); softcap keeps one box per page (no gather build with a transform).
   expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 150, 1, 4, 2, 128), kCausal), 16, {1100, 700}));
   expect_hopper_accurate(paged(dense(DType::bf16, 1, 64, 1, 2, 1, 64), 8, {203}));
+  expect_hopper_accurate(paged(with(dense(DType::f16, 2, 90, 1, 6, 2, 96), kCausal), 32, {700, 333}));
+  expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 70, 1, 4, 2, 128), kSoftcap), 32, {500, 260}));
   // d 64 above 1k keys: the launch rule's 192-row tile (three consumers) over pages.
   expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 200, 1, 4, 2, 64), kCausal), 16, {1500, 1100}));
   Case w = paged(dense(DType::f16, 2, 129, 1, 2, 2, 128), 64, {400, 140});
