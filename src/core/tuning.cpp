@@ -168,6 +168,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.cuda_backward = word(env, "FLASHPORT_CUDA_BACKWARD", {"portable", "hopper"}, {"auto"});
   t.hopper_tile = hopper_tile(env, "FLASHPORT_HOPPER_TILE");
   t.hopper_persistent = small_int(env, "FLASHPORT_HOPPER_PERSISTENT", 0, 2, -1);
+  t.hopper_paged_gather = small_int(env, "FLASHPORT_HOPPER_PAGED_GATHER", 0, 256, 128);
   t.hopper_fp8 = flag(env, "FLASHPORT_HOPPER_FP8", true);
   t.autotune = flag(env, "FLASHPORT_AUTOTUNE");
   t.bwd_tile = bwd_tile(env);

@@ -56,6 +56,9 @@ struct Tuning {
   Knob<std::string> cuda_backward{"FLASHPORT_CUDA_BACKWARD"};  // same
   Knob<std::vector<HopperTileSetting>> hopper_tile{"FLASHPORT_HOPPER_TILE"};
   Knob<int> hopper_persistent{"FLASHPORT_HOPPER_PERSISTENT", -1};  // 0, 1, 2; -1: the launch rule
+  // Paged K/V pages of fewer tokens than this (and than the key tile) load through the Hopper forward's
+  // cp.async gather, any page size (0..256; 0: one TMA box per page, pages of a multiple of 8 only).
+  Knob<int> hopper_paged_gather{"FLASHPORT_HOPPER_PAGED_GATHER", 128};
   // 1 (unset): e4m3 calls the Hopper fp8 forward takes run there; 0: on the portable fp8 variant (6-15x
   // slower on an H100, 2026-12-06: docs/HOPPER_NOTES.md; hopper::declines).
   Knob<bool> hopper_fp8{"FLASHPORT_HOPPER_FP8", true};

@@ -41,6 +41,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_CUDA_BACKWARD", ""},
                                     {"FLASHPORT_HOPPER_TILE", ""},
                                     {"FLASHPORT_HOPPER_PERSISTENT", ""},
+                                    {"FLASHPORT_HOPPER_PAGED_GATHER", ""},
                                     {"FLASHPORT_AUTOTUNE", ""},
                                     {"FLASHPORT_HOPPER_FP8", ""},
                                     {"FLASHPORT_BWD_TILE", ""},
@@ -57,7 +58,8 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.cuda_forward.get(), "");
     EXPECT_EQ(t.cuda_backward.get(), "");
     EXPECT_TRUE(t.hopper_tile.get().empty());
-    EXPECT_EQ(t.hopper_persistent.get(), -1);  // unset: the Hopper launch rule decides
+    EXPECT_EQ(t.hopper_persistent.get(), -1);     // unset: the Hopper launch rule decides
+    EXPECT_EQ(t.hopper_paged_gather.get(), 128);  // every page below the 128-key tile
     EXPECT_FALSE(t.autotune.get());
     EXPECT_TRUE(t.hopper_fp8.get());  // unset: e4m3 runs on the Hopper fp8 forward where it can
     EXPECT_EQ(t.bwd_tile.get().warps, 0);
@@ -155,6 +157,11 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"3", "-1", "x", "1 ", "+1"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_PERSISTENT", bad}}).hopper_persistent,
                     "FLASHPORT_HOPPER_PERSISTENT", bad);
+  for (int v : {0, 16, 256})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_PAGED_GATHER", std::to_string(v)}}).hopper_paged_gather.get(), v);
+  for (const char* bad : {"257", "-1", "all"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_PAGED_GATHER", bad}}).hopper_paged_gather,
+                    "FLASHPORT_HOPPER_PAGED_GATHER", bad);
   for (const char* bad : {"4", "-1", "two", "1.0"})
     expect_rejected(parse({{"FLASHPORT_BWD_PIPE", bad}}).bwd_pipe, "FLASHPORT_BWD_PIPE", bad);
   for (const char* bad : {"0", "3", "2x"})

@@ -81,16 +81,27 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f, x.softcap = 5.0f; }));
   EXPECT_TRUE(
       declines([&](AttnProblem& x) { x.dropout_p = 0.1f, x.alibi = static_cast<const float*>(aligned); }));
-  // Paged K/V (k's batches are the pool's pages): pages of a multiple of 8 tokens that divide the 128-key
-  // tile or are a multiple of it; cache_leftpad and cache_batch_idx stay on the portable kernel.
+  // Paged K/V (k's batches are the pool's pages): any page shorter than the 128-key tile where the cp.async
+  // gather loads them (d <= 128, no softcap / ALiBi / dropout), else pages of a multiple of 8 tokens that
+  // divide the key tile or are a multiple of it; cache_leftpad and cache_batch_idx stay on the portable
+  // kernel.
   const auto paged = [aligned](long long page) {
     return [aligned, page](AttnProblem& x) {
       x.block_table = static_cast<const int*>(aligned), x.block_table_stride = 3, x.page_size = page;
       x.kv_rows = 40, x.k.batch_stride = page * x.hk * x.d, x.v = x.k;
     };
   };
-  for (long long page : {8, 16, 64, 128, 256, 1024}) EXPECT_FALSE(declines(paged(page))) << "page " << page;
-  for (long long page : {1, 4, 12, 24, 48, 200}) EXPECT_TRUE(declines(paged(page))) << "page " << page;
+  for (long long page : {1, 4, 8, 12, 16, 24, 48, 64, 127, 128, 256, 1024})
+    EXPECT_FALSE(declines(paged(page))) << "page " << page;
+  for (long long page : {200, 136}) EXPECT_TRUE(declines(paged(page))) << "page " << page;
+  for (long long page : {1, 24, 48}) {  // the boxes' rule where no gather build runs
+    EXPECT_TRUE(declines([&](AttnProblem& x) { paged(page)(x), x.softcap = 5.0f; })) << "page " << page;
+    EXPECT_TRUE(declines([&](AttnProblem& x) { paged(page)(x), x.d = x.dv = 192; })) << "page " << page;
+  }
+  EXPECT_FALSE(declines([&](AttnProblem& x) { paged(32)(x), x.softcap = 5.0f; }));
+  // A pool the gather's 32-bit records cannot reach (past 64 GiB from a kv head's base): boxes only.
+  EXPECT_TRUE(declines([&](AttnProblem& x) { paged(24)(x), x.kv_rows = 1LL << 28; }));
+  EXPECT_FALSE(declines([&](AttnProblem& x) { paged(16)(x), x.kv_rows = 1LL << 28; }));
   EXPECT_TRUE(
       declines([&](AttnProblem& x) { paged(16)(x), x.leftpad_k = static_cast<const int*>(aligned); }));
   EXPECT_TRUE(declines([&](AttnProblem& x) { x.kv_batch_idx = static_cast<const int*>(aligned); }));
@@ -290,6 +301,9 @@ TEST(HopperFwd, SmallPagedKv) {
   expect_hopper_accurate(paged(dense(DType::bf16, 1, 64, 1, 2, 1, 64), 8, {203}));
   expect_hopper_accurate(paged(with(dense(DType::f16, 2, 90, 1, 6, 2, 96), kCausal), 32, {700, 333}));
   expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 70, 1, 4, 2, 128), kSoftcap), 32, {500, 260}));
+  // Pages the boxes cannot take, gathered: one token (every row its own page), 24 (rows straddling pages).
+  expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 96, 1, 4, 1, 128), kCausal), 1, {300, 77}));
+  expect_hopper_accurate(paged(dense(DType::f16, 2, 70, 1, 4, 2, 64), 24, {500, 131}));
   // d 64 above 1k keys: the launch rule's 192-row tile (three consumers) over pages.
   expect_hopper_accurate(paged(with(dense(DType::bf16, 2, 200, 1, 4, 2, 64), kCausal), 16, {1500, 1100}));
   Case w = paged(dense(DType::f16, 2, 129, 1, 2, 2, 128), 64, {400, 140});

@@ -169,7 +169,7 @@ constexpr long long kTallKeys = 1024;
 /// build spills 8 bytes: a per-block counter, outside the key loop); unset, the launch rule above.
 int persistent_for(const AttnProblem& p) {
   const int d = (int)p.d;
-  if (d == 256) return 0;
+  if (d == 256 || p.block_table) return 0;  // persistent builds have no paged loads (load_kv_tile)
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
   const bool dense = !p.cu_seqlens_q && !p.seqused_k && !p.block_table;  // paged: one CTA per block
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
@@ -261,6 +261,7 @@ Launch launch_base(const AttnProblem& p, const Tile& tile, bool separate) {
   const long long q_rows = p.cu_seqlens_q ? p.total_q : p.sq;
   const long long k_rows = kv_rows(p, tile).rows;
   l.prm.p = p;
+  l.prm.gather = 0;
   l.prm.dims_q = plans.q.pos;
   l.prm.dims_k = plans.k.pos;
   l.tma_q = encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
@@ -285,19 +286,40 @@ void place_grid(Launch& l, const AttnProblem& p, const Tile& tile, bool persiste
   }
 }
 
-/// The launch of `p` with the tile and exp_emu of `chosen` (its persistent mode is decided here) on
-/// GPU `device`: compiles or loads the kernel on first use.
-Launch prepare(const AttnProblem& p, Shape chosen, int device) {
-  const int d = (int)p.d;
+/// The 16-bit shape `p` launches with from the tile and exp_emu of `chosen`: its score transform, dropout's
+/// tile, the persistent mode.
+Shape launch_shape(const AttnProblem& p, Shape chosen) {
   Shape shape = chosen;
   shape.transform = transform_for(p);
   const bool dropout = shape.transform == kDropoutTransform;
   if (dropout) shape.tile = kDropoutTile, shape.exp_emu = 0;
-  const Tile tile = shape.tile;
-  const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
+  const long long blocks = (p.sq + shape.tile.block_m - 1) / shape.tile.block_m * p.hq * p.batch;
   shape.persistent = blocks < (1LL << 30) ? persistent_for(p) : 0;  // the kernel counts blocks in int
-  if (dropout) shape.persistent = dropout_persistent(d, shape.persistent);
+  if (dropout) shape.persistent = dropout_persistent((int)p.d, shape.persistent);
+  return shape;
+}
+
+/// Whether `p`'s paged K/V load through the producer warpgroup's cp.async gather (attn_fwd_sm90.cu,
+/// produce_gather) in the kernel of `shape`: a build that carries it (no score transform, not persistent,
+/// its rows fit: gather_fits), pages shorter than the key tile and than FLASHPORT_HOPPER_PAGED_GATHER, and
+/// a pool its 32-bit records reach. Any page size then runs; the TMA boxes take multiples of 8 only.
+bool gather_pages(const AttnProblem& p, const Shape& shape) {
+  const auto reaches = [&](const Operand& op) {
+    return gather_reaches(p.kv_rows, p.page_size, op.batch_stride, op.row_stride, 2);
+  };
+  return p.block_table && p.in_type != kE4M3 && shape.transform == 0 && shape.persistent == 0 &&
+         gather_fits((int)p.d, shape.tile) && p.page_size < shape.tile.block_n &&
+         p.page_size < core::tuning().hopper_paged_gather.get() && reaches(p.k) && reaches(p.v);
+}
+
+/// The launch of `p` with the tile and exp_emu of `chosen` (its persistent mode is decided here) on
+/// GPU `device`: compiles or loads the kernel on first use.
+Launch prepare(const AttnProblem& p, Shape chosen, int device) {
+  const int d = (int)p.d;
+  const Shape shape = launch_shape(p, chosen);
+  const Tile tile = shape.tile;
   Launch l = launch_base(p, tile, separate_o(d, shape));
+  l.prm.gather = gather_pages(p, shape) ? 1 : 0;
   const jit::SpecKey key{reinterpret_cast<const void*>(&make_spec),
                          {p.in_type, d, tile.block_m, tile.block_n, tile.stages, shape.exp_emu,
                           shape.persistent, shape.transform}};
@@ -521,12 +543,11 @@ Shape chosen_shape(const AttnProblem& p, int device) {
   return it->second;
 }
 
-/// The key tile a paged problem launches with: the fp8 shape's, the dropout tile's (prepare's override), or
-/// chosen_shape's, which never autotunes a paged problem (so `p.device` is not touched).
+/// The key tile a paged problem launches with: the fp8 shape's, or launch_shape's over chosen_shape's, which
+/// never autotunes a paged problem (so `p.device` is not touched).
 long long paged_block_n(const AttnProblem& p) {
   if (p.in_type == kE4M3) return fp8_shape(p).tile.block_n;
-  if (transform_for(p) == kDropoutTransform) return kDropoutTile.block_n;
-  return chosen_shape(p, p.device).tile.block_n;
+  return launch_shape(p, chosen_shape(p, p.device)).tile.block_n;
 }
 
 }  // namespace
@@ -559,10 +580,12 @@ std::string unsupported(const AttnProblem& p, int arch) {
     if (p.in_type == kE4M3 && p.cu_seqlens_k)
       return "fp8 over a paged varlen cache runs on the portable kernel";
     const long long block_n = paged_block_n(p);
-    if (p.page_size % 8 != 0 || p.page_size > (1LL << 30) ||  // the kernel counts a page's tokens in int
-        (p.page_size % block_n != 0 && block_n % p.page_size != 0))
-      return "the Hopper kernel takes pages of a multiple of 8 tokens that divide, or are a multiple of, "
-             "its " +
+    const bool gathered = p.in_type != kE4M3 && gather_pages(p, launch_shape(p, chosen_shape(p, p.device)));
+    if (p.page_size > (1LL << 30) ||  // the kernel counts a page's tokens in int
+        (!gathered && (p.page_size % 8 != 0 || (p.page_size % block_n != 0 && block_n % p.page_size != 0))))
+      return "the Hopper kernel takes pages its cp.async gather loads (d <= 128, no softcap / ALiBi / "
+             "dropout: any size below the key tile) or of a multiple of 8 tokens that divide, or are a "
+             "multiple of, its " +
              std::to_string(block_n) + "-key tile (others run on the portable kernel)";
   }
   if (p.s_dmask) return "s_dmask is produced by the CPU reference only";

@@ -16,14 +16,6 @@
 #ifndef FP_PERSISTENT
 #define FP_PERSISTENT 0
 #endif
-// Pages of fewer tokens than this (and than the key tile) go through the producer warpgroup's cp.async
-// gather (produce_gather); larger ones, one TMA box per page. 128: every page smaller than the key tile
-// (H100, chunked prefill at d 128: the gather 530-549 TFLOPS at pages of 8-64, the boxes 109-114 at 8,
-// 189-210 at 16, 304-355 at 32, 431-479 at 64). FLASHPORT_JIT_DEFINES=FP_FWD_PAGED_GATHER=N moves the bound
-// for timing (0: TMA boxes only).
-#ifndef FP_FWD_PAGED_GATHER
-#define FP_FWD_PAGED_GATHER 128
-#endif
 // Timing-only ablations (FLASHPORT_JIT_DEFINES=FP_FWD_ABLATE=n, bit flags; out and LSE are then left
 // unwritten): 1 the consumers only wait for each K/V stage and release it (the load pipeline's own rate),
 // 2 the paged gather's copies read nothing (zero-fill only: its issue and shared-memory cost alone).
@@ -271,21 +263,14 @@ FP_DEV void produce(const FwdSm90Params& prm, SharedStorage& s, const Block& blk
   ++q_count;
 }
 
-/// Whether produce_gather loads this call's K/V: 16-bit pages of fewer than FP_FWD_PAGED_GATHER tokens
-/// (smaller than the key tile), d <= 128, no score transform, non-persistent builds (paged problems run
-/// one CTA per block). At d 192 / 256, and beside ALiBi / softcap / dropout, the gather's code made the
-/// kernel spill (the producer on its 24 registers); those keep one TMA box per page.
-constexpr bool kGatherBuild = FP_FWD_PAGED_GATHER > 0 && kTransform == 0 && !kPersistent &&
+/// Builds that carry produce_gather: 16-bit tiles of d <= 128 where its rows fit (gather_fits), no score
+/// transform, non-persistent (paged problems run one CTA per block). At d 192 / 256, and beside ALiBi /
+/// softcap / dropout, the gather's code made the kernel spill (the producer on its 24 registers); those keep
+/// one TMA box per page. Whether a call gathers is the host's decision (FwdSm90Params::gather).
+constexpr bool kGatherBuild = kTransform == 0 && !kPersistent &&
                               gather_fits(kHeadDim, Tile{kTileM, kBlockN, kStages}, kSeparateO, kElemBytes);
-/// The gather's 32-bit row records reach 2^32 - 1 16-byte units (64 GiB) past a kv head's base; pools
-/// whose last row lies further keep one TMA box per page.
-FP_DEV bool gather_reaches(const AttnProblem& p, const Operand& op) {
-  const i64 last = ((p.kv_rows - 1) * op.batch_stride + (p.page_size - 1) * op.row_stride) * kElemBytes / 16;
-  return last < (i64)kGatherNone;
-}
-FP_DEV bool paged_gather(const AttnProblem& p) {
-  return kGatherBuild && p.block_table != nullptr && p.page_size < kBlockN &&
-         p.page_size < FP_FWD_PAGED_GATHER && gather_reaches(p, p.k) && gather_reaches(p, p.v);
+FP_DEV bool paged_gather(const FwdSm90Params& prm) {
+  return kGatherBuild && prm.gather != 0;
 }
 
 #if !FP_PERSISTENT
@@ -316,7 +301,7 @@ FP_DEV int gather_page(const AttnProblem& p, const Block& blk, int n, int t) {
 FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, int n, int t, int page) {
   if constexpr (kGatherBuild) {
     if (t < kBlockN) {
-      // 32-bit products: every term is non-negative and their sum below 2^32 (gather_reaches); the
+      // 32-bit products: every term is non-negative and their sum below 2^32 (the host's gather_reaches); the
       // strides are whole 16-byte units (the Hopper kernels' rows_aligned).
       constexpr int kUnit = 16 / kElemBytes;
       const u32 row = (u32)((n * kBlockN + t) % (int)p.page_size);
@@ -538,17 +523,16 @@ FP_DEV void store_empty(const AttnProblem& p, const Block& blk, int thread, int 
 // one is left pending when the CTA exits. (The first grant is given before the first block.) Three
 // consumers skip the turns (kPingPong).
 
-FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c, Ring& ring,
-                    u32& q_count) {
+FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c, Ring& ring, u32& q_count,
+                    bool gathered) {
   const int tid = thread_index() - 128 * (c + 1);
   const int lane = tid & 31;
   // FP8: q's and k's descales of this (sequence, kv head) scale every score (SPEC "FP8").
   const float to_log2 = kFp8 ? scores_to_log2(p) * descale(p, 0, blk.b, blk.hk) * descale(p, 1, blk.b, blk.hk)
                              : scores_to_log2(p);
   const float slope2 = kAlibi ? alibi_slope(p, blk.b, blk.h) * sem::kLog2e : 0.0f;  // ALiBi's, log2 units
-  // K/V written by the producer's cp.async (generic proxy), read by wgmma (async proxy): fence after the
-  // full waits.
-  const bool gathered = paged_gather(p);
+  // `gathered`: K/V written by the producer's cp.async (generic proxy), read by wgmma (async proxy): fence
+  // after the full waits.
 
   // Q, K: K-major, the next 8 rows one swizzle atom (8 rows) further.
   const u64 desc_q =
@@ -753,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
   if (threadIdx.x == 0) {
-    init_barriers(s, paged_gather(p) ? 128u : 1u);
+    init_barriers(s, paged_gather(prm) ? 128u : 1u);
     s.m_blocks = (int)ceil_div(p.sq, kTileM);
     s.tiles = (int)(ceil_div(p.sq, kTileM) * p.hq * p.batch);  // the host keeps it below 2^30
     const bool triangular = p.window_right == 0 && p.window_left < 0;
@@ -770,7 +754,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
     // Decided after the split: a value kept across it is spilled (the pre-split budget is gone).
-    const bool gather = paged_gather(p);
+    const bool gather = paged_gather(prm);
 #if !FP_PERSISTENT
     if constexpr (kGatherBuild) {
       if (gather) {
@@ -800,7 +784,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
     // The block again, after the register reallocation: kept from before it, its fields would be
     // allocated under the pre-split budget and spilled at BLOCK_M 192 (128 registers there).
     make_block(p, blk, (int)gridDim.x - 1 - block_index_x(), (int)blockIdx.y, (int)blockIdx.z);
-    consume(p, s, blk, warpgroup - 1, ring, q_count);
+    consume(p, s, blk, warpgroup - 1, ring, q_count, paged_gather(prm));
 #else
     for (int r = 0; r < rounds(s); ++r) {
       const int t = round_tile(s, r);
@@ -809,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
         store_empty(p, blk, thread_index() - 128, 128 * kConsumers);
         continue;
       }
-      consume(p, s, blk, warpgroup - 1, ring, q_count);
+      consume(p, s, blk, warpgroup - 1, ring, q_count, false);  // paged: one CTA per block
     }
 #endif
   }

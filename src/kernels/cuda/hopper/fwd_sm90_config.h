@@ -41,6 +41,12 @@ inline constexpr int kGatherSlots = 3;
 FP_HD constexpr int gather_bytes(Tile t) {
   return kGatherSlots * t.block_n * 8;
 }
+/// The gather's records are 32-bit counts of 16-byte units from a kv head's base: whether a pool's last row
+/// (`kv_rows` pages of `page_size` rows, strides in elements of `elem_bytes`) lies within 2^32 - 1 of them.
+FP_HD constexpr bool gather_reaches(long long kv_rows, long long page_size, long long batch_stride,
+                                    long long row_stride, int elem_bytes) {
+  return ((kv_rows - 1) * batch_stride + (page_size - 1) * row_stride) * elem_bytes / 16 < 0xffffffffLL;
+}
 
 /// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
 /// kernel may skip to align its base to the 1024-byte period of the 128B swizzle:
@@ -190,6 +196,7 @@ struct FwdSm90Params {
   AttnProblem p;
   TmaDims dims_q, dims_k, dims_v;
   int section;  // causal_section() of the problem: pairs per section of the causal persistent schedule
+  int gather;  // 1: paged K/V through the producer warpgroup's cp.async gather (hopper_fwd.cpp, gather_pages)
 };
 
 }  // namespace flashport::cuda::hopper
