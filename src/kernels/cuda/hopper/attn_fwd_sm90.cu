@@ -322,8 +322,8 @@ FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, int n, int t, in
 /// Key tile n of one operand into the stage at `dst` (TMA's 128B-swizzle layout: 16-byte unit u of a chunk
 /// row r at u ^ (r % 8)) from its record `units` (GatherTile::k or ::v), then this thread's arrival on
 /// `full` once its copies land; kGatherNone rows and columns past the head dim (d == dv == FP_HEADDIM
-/// here) are zero-filled. The thread's
-/// records come four at a time in one 16-byte load, so four rows' copies wait on one shared load.
+/// here) are zero-filled. The thread's records come four at a time in one 16-byte load, so four rows'
+/// copies wait on one shared load.
 FP_DEV void gather_tile(u32 dst, u32 full, const Operand& op, int hk, const u32* units) {
   const int t = thread_index(), unit = t % kGatherUnits, row0 = t / kGatherUnits;
   const u8* base = static_cast<const u8*>(op.ptr) + (i64)hk * op.head_stride * kElemBytes + unit * 16;
