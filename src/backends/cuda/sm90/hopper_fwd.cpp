@@ -543,11 +543,26 @@ Shape chosen_shape(const AttnProblem& p, int device) {
   return it->second;
 }
 
-/// The key tile a paged problem launches with: the fp8 shape's, or launch_shape's over chosen_shape's, which
-/// never autotunes a paged problem (so `p.device` is not touched).
-long long paged_block_n(const AttnProblem& p) {
-  if (p.in_type == kE4M3) return fp8_shape(p).tile.block_n;
-  return launch_shape(p, chosen_shape(p, p.device)).tile.block_n;
+/// Why a paged problem's pages do not suit the kernel it launches ("" if they do): pages the cp.async gather
+/// loads (gather_pages), or a multiple of 8 tokens dividing, or a multiple of, its key tile (TMA boxes).
+/// The 16-bit shape is launch_shape's over chosen_shape's, which never autotunes a paged problem (so
+/// `p.device` is not touched).
+std::string unsupported_pages(const AttnProblem& p) {
+  if (p.page_size > (1LL << 30)) return "pages of at most 2^30 tokens";  // the kernel counts them in int
+  bool gathered = false;
+  long long block_n = 0;
+  if (p.in_type == kE4M3) {
+    block_n = fp8_shape(p).tile.block_n;
+  } else {
+    const Shape shape = launch_shape(p, chosen_shape(p, p.device));
+    block_n = shape.tile.block_n, gathered = gather_pages(p, shape);
+  }
+  if (gathered || (p.page_size % 8 == 0 && (p.page_size % block_n == 0 || block_n % p.page_size == 0)))
+    return "";
+  return "the Hopper kernel takes pages its cp.async gather loads (d <= 128, no softcap / ALiBi / dropout: "
+         "any "
+         "size below the key tile) or of a multiple of 8 tokens that divide, or are a multiple of, its " +
+         std::to_string(block_n) + "-key tile (others run on the portable kernel)";
 }
 
 }  // namespace
@@ -579,14 +594,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.block_table) {
     if (p.in_type == kE4M3 && p.cu_seqlens_k)
       return "fp8 over a paged varlen cache runs on the portable kernel";
-    const long long block_n = paged_block_n(p);
-    const bool gathered = p.in_type != kE4M3 && gather_pages(p, launch_shape(p, chosen_shape(p, p.device)));
-    if (p.page_size > (1LL << 30) ||  // the kernel counts a page's tokens in int
-        (!gathered && (p.page_size % 8 != 0 || (p.page_size % block_n != 0 && block_n % p.page_size != 0))))
-      return "the Hopper kernel takes pages its cp.async gather loads (d <= 128, no softcap / ALiBi / "
-             "dropout: any size below the key tile) or of a multiple of 8 tokens that divide, or are a "
-             "multiple of, its " +
-             std::to_string(block_n) + "-key tile (others run on the portable kernel)";
+    if (std::string why = unsupported_pages(p); !why.empty()) return why;
   }
   if (p.s_dmask) return "s_dmask is produced by the CPU reference only";
   if (!(p.scale > 0.0f)) return "the Hopper kernel needs a positive softmax scale";

@@ -62,7 +62,6 @@ template <int kRows>
 struct alignas(16) GatherTile {  // read as uint4
   u32 k[kRows], v[kRows];
 };
-inline constexpr u32 kGatherNone = 0xffffffffu;
 /// The gather's tiles of kGatherSlots key tiles where gather_fits (an empty base otherwise); key tile n's
 /// in slot n % kGatherSlots.
 template <bool kOn>

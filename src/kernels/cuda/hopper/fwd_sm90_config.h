@@ -41,11 +41,14 @@ inline constexpr int kGatherSlots = 3;
 FP_HD constexpr int gather_bytes(Tile t) {
   return kGatherSlots * t.block_n * 8;
 }
-/// The gather's records are 32-bit counts of 16-byte units from a kv head's base: whether a pool's last row
-/// (`kv_rows` pages of `page_size` rows, strides in elements of `elem_bytes`) lies within 2^32 - 1 of them.
+/// The gather's records are 32-bit counts of 16-byte units from a kv head's base, kGatherNone marking a
+/// zero-filled row: whether a pool's last row (`kv_rows` pages of `page_size` rows, strides in elements of
+/// `elem_bytes`) lies below kGatherNone of them.
+inline constexpr unsigned kGatherNone = 0xffffffffu;
 FP_HD constexpr bool gather_reaches(long long kv_rows, long long page_size, long long batch_stride,
                                     long long row_stride, int elem_bytes) {
-  return ((kv_rows - 1) * batch_stride + (page_size - 1) * row_stride) * elem_bytes / 16 < 0xffffffffLL;
+  return ((kv_rows - 1) * batch_stride + (page_size - 1) * row_stride) * elem_bytes / 16 <
+         (long long)kGatherNone;
 }
 
 /// Bytes of the kernel's SharedStorage (attn_fwd_sm90.cu static_asserts equality) plus the 1 KB the
