@@ -332,7 +332,7 @@ const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
 }
 
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
-            int dynamic_smem, void* stream, void** args) {
+            int dynamic_smem, void* stream, void** args, unsigned cluster_x) {
   const std::string& who = kernel.label;
   if (dynamic_smem > std::max(kernel.max_dynamic_smem, kDefaultSmemLimit)) {
     throw Error(who, "launch with " + std::to_string(dynamic_smem) +
@@ -351,11 +351,22 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
   config.blockDimZ = 1;
   config.sharedMemBytes = static_cast<unsigned>(dynamic_smem);
   config.hStream = static_cast<CUstream>(stream);
+  CUlaunchAttribute cluster{};
+  if (cluster_x > 1) {
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = cluster_x;
+    cluster.value.clusterDim.y = 1;
+    cluster.value.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
   const CUresult rc = d.launch(&config, static_cast<CUfunction>(kernel.function), args, nullptr);
   if (rc != CUDA_SUCCESS) {
     throw Error(who, "cuLaunchKernelEx(grid " + std::to_string(grid_x) + "x" + std::to_string(grid_y) + "x" +
                          std::to_string(grid_z) + ", block " + std::to_string(block_x) + ", smem " +
-                         std::to_string(dynamic_smem) + ") failed: " + describe(rc));
+                         std::to_string(dynamic_smem) +
+                         (cluster_x > 1 ? ", cluster " + std::to_string(cluster_x) : std::string()) +
+                         ") failed: " + describe(rc));
   }
 }
 

@@ -71,9 +71,10 @@ template <class MakeSpec>
 const Kernel& get_cached(const SpecKey& key, int device, int dynamic_smem, MakeSpec&& make_spec);
 
 /// Launches with cuLaunchKernelEx on `stream` (CUstream, may be null = legacy default stream).
-/// `args` as for cuLaunchKernel. Never synchronises. Throws flashport::Error on a launch failure.
+/// `args` as for cuLaunchKernel. `cluster_x` > 1: thread-block clusters of that many CTAs along x
+/// (sm_90+; grid_x must be a multiple). Never synchronises. Throws flashport::Error on a launch failure.
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
-            int dynamic_smem, void* stream, void** args);
+            int dynamic_smem, void* stream, void** args, unsigned cluster_x = 1);
 
 /// The table behind get_cached(): the kernel remembered for (key, device, dynamic_smem), or null.
 const Kernel* find_cached(const SpecKey& key, int device, int dynamic_smem);

@@ -49,6 +49,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_BWD_STAGES", ""},
                                     {"FLASHPORT_BWD_GENERAL", ""},
                                     {"FLASHPORT_HOPPER_BWD_DQ", ""},
+                                    {"FLASHPORT_HOPPER_BWD_PAIR", ""},
                                     {"FLASHPORT_HOPPER_BWD_PIPE", ""},
                                     {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
@@ -67,6 +68,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
     EXPECT_EQ(t.hopper_bwd_dq.get(), 1);       // bulk reduce-adds
+    EXPECT_TRUE(t.hopper_bwd_pair.get());      // d 256: clusters of two share the dQ reductions
     EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);    // unset: the tile table's loop and stages
     EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);  // unset: the tile table's queries per step
     EXPECT_EQ(t.decode_variant.get(), 1);
@@ -102,6 +104,11 @@ TEST(Tuning, SwitchesOnByDefault) {
   EXPECT_TRUE(parse({{"FLASHPORT_KEEP_SCRATCH", "1"}}).keep_scratch.get());
   for (const char* bad : {"2", "no", "off"})
     expect_rejected(parse({{"FLASHPORT_KEEP_SCRATCH", bad}}).keep_scratch, "FLASHPORT_KEEP_SCRATCH", bad);
+  EXPECT_FALSE(parse({{"FLASHPORT_HOPPER_BWD_PAIR", "0"}}).hopper_bwd_pair.get());
+  EXPECT_TRUE(parse({{"FLASHPORT_HOPPER_BWD_PAIR", "1"}}).hopper_bwd_pair.get());
+  for (const char* bad : {"2", "pair", "-1"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_PAIR", bad}}).hopper_bwd_pair, "FLASHPORT_HOPPER_BWD_PAIR",
+                    bad);
 }
 
 TEST(Tuning, Switches) {

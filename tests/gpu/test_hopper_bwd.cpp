@@ -368,6 +368,15 @@ TEST(HopperBwd, ManyBlocks) {
              {0, 1100, 37, 513, 0, 1024, 129, 700, 64, 1, 900, 255, 0, 1090, 300, 128, 640, 77, 0, 450},
              {13, 1050, 0, 600, 0, 1100, 129, 650, 200, 1, 1024, 256, 40, 1000, 333, 128, 700, 77, 0, 0});
   expect_hopper_backward(c);
+  // d 256 runs in clusters of two key blocks that add each other's dQ half (FLASHPORT_HOPPER_BWD_PAIR):
+  // sequences of odd and even key-block counts (a pair's second block past the keys), empty ones, GQA
+  // 2:1 (a pair's steps over two query heads), causal with sq != sk (the two blocks of a pair start at
+  // different query blocks) and a band (they also end at different ones).
+  Case wide = varlen(with(dense(DType::f16, 1, 1, 1, 4, 2, 256), kCausal), {0, 700, 37, 513, 65, 1, 300},
+                     {13, 650, 0, 600, 129, 1, 333});
+  expect_hopper_backward(wide);
+  wide.causal = false, wide.wl = 150, wide.wr = 20;
+  expect_hopper_backward(wide);
 }
 
 /// One shape per head dim for the score-feature sweeps: GQA 2:1, 7:1 with sq > sk (d 64), 1:1 (d 96).

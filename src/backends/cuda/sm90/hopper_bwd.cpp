@@ -172,8 +172,13 @@ void launch_main(BwdParams& prm, int arch) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
   const int block_n = block_n_for(d);
+  // d 256 in clusters of two (key blocks 2i, 2i + 1) that share their dQ reductions; a grid of whole
+  // pairs (a CTA past the keys returns at once, and its peer then works alone). Deterministic runs keep
+  // one CTA each: their dQ tiles take key blocks in a fixed order.
+  const unsigned cluster = wide_kernel(d) && !p.deterministic && core::tuning().hopper_bwd_pair.get() ? 2 : 1;
   const long long key_blocks = (p.sk + block_n - 1) / block_n;
   if (key_blocks <= 0 || p.batch <= 0) return;
+  const long long grid_x = (key_blocks + cluster - 1) / cluster * cluster;
 
   BwdSm90Params kp{};
   kp.bwd = prm;
@@ -189,7 +194,8 @@ void launch_main(BwdParams& prm, int arch) {
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
-    jit::launch(kernel, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)nb, kThreads, smem, p.stream, args);
+    jit::launch(kernel, (unsigned)grid_x, (unsigned)p.hk, (unsigned)nb, kThreads, smem, p.stream, args,
+                cluster);
   });
 }
 

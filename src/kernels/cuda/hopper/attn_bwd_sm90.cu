@@ -418,6 +418,9 @@ FP_DEV void init_more_barriers(SharedStorage& s) {
   }
 }
 
+/// One CTA per cluster: nothing to meet.
+FP_DEV void sync_peers(const BwdSm90Params&, SharedStorage&) {}
+
 /// Producer warps 2 and 3 drain dQ (bulk mode: thread 64 alone).
 FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
   if (kDqBulk) {

@@ -6,6 +6,9 @@
 //   dV += P^T dO, dK += dS^T Q   by columns: consumer c owns columns 128c .. 128c + 127 (A from shared);
 //   dQ = dS K                    by columns, added to the fp32 accumulator in global memory by the
 //                                consumer itself (no shared memory is left for staging it).
+// Launched in clusters of two (key blocks 2i and 2i + 1), the CTAs halve those additions: on the steps
+// both take, CTA r adds column half r of both dQ tiles, the other half's partial arriving from the peer
+// CTA through distributed shared memory (see "dQ of a key-block pair" below).
 // No GEMM is computed twice; the price is the S^T / dP^T wgmmas at N = 32 and A operands read from
 // shared memory. The producer warpgroup (TMA thread, LSE / D warp) is bwd_sm90_common.cuh's, as for the
 // narrow kernel.
@@ -36,6 +39,8 @@ struct alignas(1024) SharedStorage {
   u64 bar_kv;                    // K and V landed
   u64 bar_full[kStages];         // Q, dO bytes landed and 32 LSE/D lanes arrived
   u64 bar_empty[kStages];        // 256 consumer threads done with the stage
+  u64 bar_peer_free;             // the peer CTA's 8 consumer warps done with their stage (pair steps)
+  u64 bar_dq_in;                 // the peer's dQ half landed in this step's dO stage (pair steps)
 };
 static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, Tile{kBlockM, kStages}),
               "host and kernel disagree on the shared-memory size");
@@ -70,6 +75,91 @@ FP_DEV void add_dq(const BwdSm90Params& prm, const Work& w, const float (&r_dq)[
       red_add_f32x2_if(8 * h < rows_left, g + 256 * (2 * j + h), Float2{r_dq[e], r_dq[e + 1]});
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dQ of a key-block pair. A cluster of two CTAs holds key blocks 2i (rank 0) and 2i + 1 (rank 1) of one
+// (kv head, sequence). On a step both take (same query head and block), CTA r adds column half r of the
+// two CTAs' dQ tiles to global memory: its consumer r (the owner) receives the peer's half r from the
+// peer's consumer r (the sender) and adds it to its own before add_dq, so the L2 sees half the reduction
+// traffic. The L2's reduction rate bounds this kernel: without the pairing it and FA3's d 256 backward
+// (80-key tiles) both ran at about 2.35 TB/s of dQ reductions on the H200 (docs/BWD_NOTES.md).
+// The peer's half (64 queries x 128 columns fp32, 32 KB) lands in the owner CTA's dO stage of the step,
+// free once all 8 consumer warps of that CTA finished the step's GEMMs:
+//   every consumer warp:  arrive on the peer's bar_peer_free   ("my stage is free")
+//   owner thread 0:       before that, arrive.expect_tx(32 KB) on its own bar_dq_in
+//   sender:               wait on its bar_peer_free, st.async its 64 floats into the peer's stage,
+//                         completing bytes on the peer's bar_dq_in
+//   owner:                wait on bar_dq_in, add the peer's half, release the stage, add_dq
+// Element group i (4 floats) of consumer thread tid sits at byte 2048 i + 16 tid: the owner's thread
+// reads what the sender's thread of the same index wrote. Both barriers complete once per shared step,
+// in the same order in both CTAs (parity from the shared-step index). Every remote write or arrival is
+// one its target CTA waits for, so neither CTA exits while the other still writes to it. Deterministic
+// runs are not paired (the host launches them without clusters).
+
+constexpr u32 kDqHalfBytes = kBlockM * kColsHalf * 4;  // one consumer's dQ tile
+static_assert(kDqHalfBytes == sizeof(SharedStorage::dout[0]), "the peer's dQ half fills one dO stage");
+
+struct PeerPlan {
+  bool on;                   // a cluster of two whose CTAs share a step
+  u32 rank;                  // this CTA's rank: the column half it adds for both
+  int lo, n;                 // the shared query blocks [lo, lo + n)
+  int peer_begin, peer_n_m;  // the peer's query blocks (make_work's m_begin, n_m)
+};
+
+/// The consumers call it per step with `opaque`: kept live across the step loop, the plan's six values
+/// made the dropout build spill.
+FP_DEV PeerPlan peer_plan(const BwdParams& prm, const Work& w, bool opaque = false) {
+  PeerPlan pp{};
+  if (prm.dq_tile_count != nullptr || sm90::cluster_size() != 2) return pp;
+  pp.rank = sm90::cluster_rank();
+  bwd::Seq seq = w.seq;
+  int n0 = w.n0;
+  if (opaque) asm volatile("" : "+r"(seq.len_q), "+r"(seq.len_k), "+r"(n0));
+  const sem::Tiles<int> peer = seeing_query_blocks(prm.p, seq, n0 + (pp.rank == 0 ? kBlockN : -kBlockN));
+  pp.peer_begin = peer.begin, pp.peer_n_m = peer.end - peer.begin;
+  pp.lo = w.m_begin > peer.begin ? w.m_begin : peer.begin;
+  pp.n = min_int(w.m_begin + w.n_m, peer.end) - pp.lo;
+  pp.on = w.n_m > 0 && pp.peer_n_m > 0 && pp.n > 0;
+  return pp;
+}
+
+/// The two CTAs of a pair that shares steps meet once their barriers are initialised (both compute the
+/// same plan: it depends on the two key blocks only).
+FP_DEV void sync_peers(const BwdSm90Params& prm, SharedStorage&) {
+  if (peer_plan(prm.bwd, make_work(prm.bwd)).on) sm90::cluster_sync();
+}
+
+/// This warp is done with the step's Q / dO stage: one arrival on the peer's bar_peer_free.
+FP_DEV void signal_stage_free(SharedStorage& s, const PeerPlan& pp, int tid) {
+  __syncwarp();
+  if ((tid & 31) == 0) sm90::mbar_arrive_peer(sm90::peer_addr(bar_addr(s.bar_peer_free), pp.rank ^ 1u));
+}
+
+/// Owner: adds the peer's half (element group i at shared address s_peer + 2048 i) to r_dq.
+FP_DEV void take_peer_dq(u32 s_peer, float (&r_dq)[kColsHalf / 2]) {
+#pragma unroll
+  for (int i = 0; i < kColsHalf / 8; ++i) {
+    float v[4];
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                 : "r"(s_peer + 2048u * i)
+                 : "memory");
+#pragma unroll
+    for (int x = 0; x < 4; ++x) r_dq[4 * i + x] += v[x];
+  }
+}
+
+/// Sender: once the peer's 8 warps freed their stage `peer_stage`, writes r_dq into it.
+FP_DEV void send_dq(SharedStorage& s, const PeerPlan& pp, int peer_stage, u32 parity,
+                    const float (&r_dq)[kColsHalf / 2], int tid) {
+  sm90::mbar_wait_cluster(bar_addr(s.bar_peer_free), parity);
+  const u32 peer = pp.rank ^ 1u;
+  const u32 dst = sm90::peer_addr(smem_addr(&s.dout[peer_stage][0][0][0]), peer) + 16u * tid;
+  const u32 bar = sm90::peer_addr(bar_addr(s.bar_dq_in), peer);
+#pragma unroll
+  for (int i = 0; i < kColsHalf / 8; ++i)
+    sm90::st_async_16(dst + 2048u * i, r_dq[4 * i], r_dq[4 * i + 1], r_dq[4 * i + 2], r_dq[4 * i + 3], bar);
 }
 
 /// Consumer warpgroup c (0 or 1), see the file comment. Per step: S^T and dP^T for its 32 queries (one
@@ -138,8 +228,26 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::pin_registers(r_dq);
       sm90::pin_registers(r_dk);
       sm90::pin_registers(r_dv);
+      const int h = step_head(w, t), mb = m0 / kBlockM;
+      const PeerPlan pp = peer_plan(prm.bwd, w, true);
+      if (pp.on && mb >= pp.lo && mb < pp.lo + pp.n) {  // a step the peer takes too
+        const int g = t / w.n_m;
+        const u32 parity = (u32)(g * pp.n + mb - pp.lo) & 1u;
+        if (c == (int)pp.rank) {
+          if (tid == 0) sm90::mbar_arrive_expect_tx(bar_addr(s.bar_dq_in), kDqHalfBytes);
+          signal_stage_free(s, pp, tid);
+          sm90::mbar_wait_cluster(bar_addr(s.bar_dq_in), parity);
+          take_peer_dq(smem_addr(&s.dout[stage][0][0][0]) + 16u * tid, r_dq);
+          release(s.bar_empty[stage]);
+          add_dq(prm, w, r_dq, h, m0, c, tid);
+        } else {
+          signal_stage_free(s, pp, tid);
+          release(s.bar_empty[stage]);
+          send_dq(s, pp, (g * pp.peer_n_m + mb - pp.peer_begin) % kStages, parity, r_dq, tid);
+        }
+        continue;
+      }
       release(s.bar_empty[stage]);
-      const int h = step_head(w, t);
       if (deterministic) {  // thread 0 of consumer 0 waits for the tile's turn
         if (c == 0 && tid == 0) wait_dq_turn(dq_tile_counter(prm.bwd, w, h, m0), dq_turn(p, w, m0));
         sm90::named_bar_sync(kBarDqTurn, 256);
@@ -152,11 +260,18 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       }
     }
   }
-  store_dk_dv<kColsHalf>(p, w, r_dk, r_dv, 0, kColsHalf * c, tid);
+  // The sequence's rows read again here: kept from before the step loop, the dropout build spilled them.
+  Work w_end = w;
+  asm volatile("" : "+r"(w_end.b));
+  w_end.seq = bwd::sequence(p, w_end.b);
+  store_dk_dv<kColsHalf>(p, w_end, r_dk, r_dv, 0, kColsHalf * c, tid);
 }
 
-/// Nothing besides the ring: no dQ hand-off, and producer warps 2 and 3 stay idle.
-FP_DEV void init_more_barriers(SharedStorage&) {}
+/// The pair's barriers (producer warps 2 and 3 stay idle).
+FP_DEV void init_more_barriers(SharedStorage& s) {
+  sm90::mbar_init(bar_addr(s.bar_peer_free), 8);
+  sm90::mbar_init(bar_addr(s.bar_dq_in), 1);
+}
 FP_DEV void produce_more(const BwdSm90Params&, SharedStorage&, const Work&) {}
 
 }  // namespace flashport::cuda::hopper_bwd

@@ -75,6 +75,22 @@ FP_DEV int key_block(const BwdParams& prm) {
   return kTurnsFromLast && prm.dq_tile_count ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
 }
 
+/// The query blocks [begin, end) that see a key of [n0, n0 + kBlockN) of sequence `seq` (empty: begin ==
+/// end == 0).
+FP_DEV sem::Tiles<int> seeing_query_blocks(const AttnProblem& p, const bwd::Seq& seq, int n0) {
+  const int len_q = seq.len_q, len_k = seq.len_k;
+  if (n0 < len_k && len_q > 0) {
+    const i64 n1 = min_int(n0 + kBlockN, len_k);
+    const sem::Range qs = sem::seeing_queries(n0, n1, len_q, len_k, p.window_left, p.window_right);
+    const int lo = (int)qs.lo, hi = (int)qs.hi;
+    if (hi > lo) {
+      const sem::Tiles<int> tiles = sem::covering_tiles(lo, hi, kBlockM);
+      return {tiles.begin, tiles.end};
+    }
+  }
+  return {0, 0};
+}
+
 FP_DEV Work make_work(const BwdParams& prm) {
   const AttnProblem& p = prm.p;
   Work w;
@@ -83,18 +99,8 @@ FP_DEV Work make_work(const BwdParams& prm) {
   w.n0 = key_block(prm) * kBlockN;
   w.group = (int)gqa_group(p);
   w.seq = bwd::sequence(p, w.b);
-  w.m_begin = w.n_m = 0;
-  const int len_q = w.seq.len_q, len_k = w.seq.len_k;
-  if (w.n0 < len_k && len_q > 0) {
-    // Query blocks that see a key of [n0, n1).
-    const i64 n1 = min_int(w.n0 + kBlockN, len_k);
-    const sem::Range qs = sem::seeing_queries(w.n0, n1, len_q, len_k, p.window_left, p.window_right);
-    const int lo = (int)qs.lo, hi = (int)qs.hi;
-    if (hi > lo) {
-      const sem::Tiles<int> tiles = sem::covering_tiles(lo, hi, kBlockM);
-      w.m_begin = tiles.begin, w.n_m = tiles.end - tiles.begin;
-    }
-  }
+  const sem::Tiles<int> blocks = seeing_query_blocks(p, w.seq, w.n0);
+  w.m_begin = blocks.begin, w.n_m = blocks.end - blocks.begin;
   w.steps = w.group * w.n_m;
   return w;
 }
@@ -194,8 +200,10 @@ FP_DEV void init_ring_barriers(S& s) {
 }
 
 /// The whole kernel after its parameters: the role split of the 384 threads. Each kernel file supplies,
-/// for its storage type S (found by argument-dependent lookup): init_more_barriers(s), produce_more(prm,
-/// s, w) for producer warps 2 and 3, and consume(prm, s, w, c, tid) for consumer warpgroup c. Each role
+/// for its storage type S (found by argument-dependent lookup): init_more_barriers(s), sync_peers(prm, s)
+/// (every thread, once the barriers are initialised: the cluster's CTAs meet there when they exchange
+/// data), produce_more(prm, s, w) for producer warps 2 and 3, and consume(prm, s, w, c, tid) for consumer
+/// warpgroup c. Each role
 /// computes its Work after the split: nothing computed before setmaxnreg stays live across it (that code
 /// is register-allocated for the producer's small budget).
 template <class S, int kProducerRegs, int kConsumerRegs>
@@ -211,6 +219,7 @@ FP_DEV void run_roles(const BwdSm90Params& prm, const TmaDesc& tma_q, const TmaD
     sm90::fence_barrier_init();
   }
   __syncthreads();
+  sync_peers(prm, s);
   if (warpgroup == 0) {
     sm90::setmaxnreg_dec<kProducerRegs>();
     const Work w = make_work(prm.bwd);

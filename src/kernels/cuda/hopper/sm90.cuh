@@ -133,6 +133,66 @@ FP_DEV void bulk_wait_all() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Thread-block clusters and distributed shared memory. An address of the peer CTA's shared memory
+// (`peer_addr`) is only valid while that CTA runs: every remote write or arrival must be one the peer
+// waits for before it exits.
+
+/// This CTA's rank in its cluster, and the cluster's CTA count (1 without a cluster launch).
+FP_DEV u32 cluster_rank() {
+  u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+FP_DEV u32 cluster_size() {
+  u32 n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+
+/// Every thread of every CTA of the cluster: barriers initialised before are then visible to the peers.
+FP_DEV void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/// The shared::cluster address of this CTA's shared address `s_addr` in the CTA of rank `rank`.
+FP_DEV u32 peer_addr(u32 s_addr, u32 rank) {
+  u32 r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(s_addr), "r"(rank));
+  return r;
+}
+
+/// Arrives once on a peer CTA's mbarrier (release at cluster scope: this thread's earlier accesses,
+/// including completed wgmma reads of shared memory, are ordered before).
+FP_DEV void mbar_arrive_peer(u32 cluster_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+}
+
+/// mbar_wait for barriers that peer CTAs arrive on or complete bytes of (acquire at cluster scope).
+FP_DEV void mbar_wait_cluster(u32 bar, u32 parity) {
+  u32 done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+
+/// 16 bytes into a peer CTA's shared memory (shared::cluster address `dst`, 16-byte aligned),
+/// completing 16 transaction bytes on the peer's mbarrier `cluster_bar`; the thread goes on at once.
+FP_DEV void st_async_16(u32 dst, float a, float b, float c, float d, u32 cluster_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(dst),
+      "f"(a), "f"(b), "f"(c), "f"(d), "r"(cluster_bar)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Named barriers (ids 1..15; 0 is __syncthreads). `count` = threads taking part, a multiple of 32.
 
 FP_DEV void named_bar_sync(u32 id, u32 count) {
