@@ -16,6 +16,7 @@ backward is 2.5 forwards) with every round's figure.
     python3 scripts/ab_bwd.py --knob arg:impl --values flashport,fa3 --softcap 30 --pass fwd
 
 A knob `arg:NAME` is a command-line option of the child instead (--NAME VALUE), e.g. the deterministic flag.
+Several environment knobs vary together as `--knob A+B --values 0+0,1+0,1+1` (one value per knob, in order).
 `--pass fwd` times the forward (inputs with requires_grad, FLOP model 1 forward) instead of the backward.
 `--check` also compares each cell's gradients with PyTorch SDPA's (the flash backend; plain attention only) and
 prints the largest |difference| / max |SDPA gradient| per cell to stderr (a sanity check of a knob's kernel on
@@ -118,7 +119,8 @@ def child(args):
                     _, tflops = time_backward(d, causal, s, args.tokens, args.hidden, args.softcap,
                                               bool(args.alibi), bool(args.deterministic), args.impl, args.check,
                                               args.dropout)
-                value = getattr(args, args.knob[4:]) if args.knob.startswith("arg:") else os.environ.get(args.knob, "")
+                value = (getattr(args, args.knob[4:]) if args.knob.startswith("arg:") else
+                         "+".join(os.environ.get(k, "") for k in args.knob.split("+")))
                 print(json.dumps({"value": str(value), "d": d, "causal": causal, "s": s,
                                   "tflops": round(tflops, 1)}), flush=True)
 
@@ -158,9 +160,13 @@ def main():
             if args.knob.startswith("arg:"):
                 extra = [f"--{args.knob[4:]}", value]
             else:
-                env.pop(args.knob, None)
-                if value:
-                    env[args.knob] = value
+                knobs, parts = args.knob.split("+"), value.split("+") if "+" in args.knob else [value]
+                if len(parts) != len(knobs):
+                    sys.exit(f"ab_bwd: value {value!r} does not give one value per knob of {args.knob}")
+                for knob, part in zip(knobs, parts):
+                    env.pop(knob, None)
+                    if part:
+                        env[knob] = part
             print(f"ab_bwd: round {rnd + 1}/{args.rounds}, {args.knob}={value or '(unset)'}", file=sys.stderr,
                   flush=True)
             proc = subprocess.run([sys.executable, __file__, "--child", *passthrough, *extra], env=env,

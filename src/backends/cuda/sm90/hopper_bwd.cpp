@@ -45,7 +45,8 @@ Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, boo
   if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
     t = tile_64_queries(d);
   if (t.block_m == 128) return t;
-  t.dq_mode = bulk_dq_fits(d) ? dq_mode : 0;
+  // The wide kernel's turns (deterministic) are taken by its consumers: vector reductions.
+  t.dq_mode = bulk_dq_fits(d) && !(wide_kernel(d) && deterministic) ? dq_mode : 0;
   if (pipe >= 0 && pipe_fits(d, 0)) {  // the knob: loop and stages
     t.pipe = pipe == 1 || pipe == 2;
     t.stages = pipe >= 2 ? 3 : 2;
