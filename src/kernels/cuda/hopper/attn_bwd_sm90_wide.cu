@@ -61,10 +61,13 @@ constexpr u32 kBarDqTurn =
     2;  // named barrier: the dQ tile's turn taken / both consumers added (deterministic)
 constexpr u32 kBarStageDone = 3;  // kDrain: both consumers' GEMMs of the step done (256 threads)
 constexpr u32 kBarDrain = 4;      // kDrain: the drain warps' sums stored (64 threads)
-// 128 x 32 + 256 x 240 = 65536 registers: dK + dV + dQ are 192 per consumer thread; the drain warps need
-// more than the 24 of the TMA thread.
+// dK + dV + dQ are 192 registers per consumer thread. setmaxnreg.inc takes registers only from those
+// this CTA's setmaxnreg.dec released (the launch gives 168 per thread): 24 / 240 is an exact trade,
+// (168 - 24) x 128 = (240 - 168) x 256. The drain warps need 32 (24 spilled), and 32 / 240 would leave
+// the consumers 1024 registers short, waiting forever (the first drain build hung so on an H100); its
+// consumers issue no reductions and fit 232: (168 - 32) x 128 >= (232 - 168) x 256.
 constexpr int kProducerRegs = kDrain ? 32 : 24;
-constexpr int kConsumerRegs = 240;
+constexpr int kConsumerRegs = kDrain ? 232 : 240;
 
 /// Adds consumer c's dQ tile of the step (64 queries x columns 128c..) to the tiled fp32 accumulator
 /// (BwdParams::accum_tiled = 128): register pair e = 4j + 2h of every thread goes to its fragment-order

@@ -72,7 +72,7 @@ FP_HD constexpr bool dropout_fits(int d, int dq_mode) {
 /// accumulator's; hopper_bwd::tiled_accumulator gives d 64, 128 and 256 that layout). The wide kernel
 /// (d 256) stages in the step's freed Q / dO stage and its producer warps 2-3 add (attn_bwd_sm90_wide.cu).
 FP_HD constexpr bool bulk_dq_fits(int d) {
-  return !wide_kernel(d) && d % 64 == 0;
+  return d % 64 == 0;
 }
 
 /// Staging buffers for the step's dQ tiles (narrow kernel): two for bulk reduce-adds of 64-query steps,
