@@ -138,6 +138,8 @@ if has portable; then
   # DeterministicBitwise cost 80-95 s per rerun and exercise no path the small cases do not.
   # The Hopper backward's other dQ path (producer warps' reductions instead of bulk reduce-adds).
   rerun gpu_hopper_bwd_dq0.log 'HopperBwd.Small*' FLASHPORT_HOPPER_BWD_DQ=0
+  # d 256 in clusters of two (off by default): the tests with several key blocks per sequence too.
+  rerun gpu_hopper_bwd_pair.log 'HopperBwd.Small*:HopperBwd.ManyBlocks' FLASHPORT_HOPPER_BWD_PAIR=1
   # 64 queries per step at d 64 with bulk dQ (the table takes 128; deterministic mode and dropout 64).
   rerun gpu_hopper_bwd_m64.log 'HopperBwd.Small*' FLASHPORT_HOPPER_BWD_BLOCK_M=64
 fi

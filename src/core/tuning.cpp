@@ -177,7 +177,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.decode_variant = small_int(env, "FLASHPORT_DECODE", 0, 9, 1);
   t.bwd_general = flag(env, "FLASHPORT_BWD_GENERAL");
   t.hopper_bwd_dq = small_int(env, "FLASHPORT_HOPPER_BWD_DQ", 0, 1, 1);
-  t.hopper_bwd_pair = flag(env, "FLASHPORT_HOPPER_BWD_PAIR", true);
+  t.hopper_bwd_pair = flag(env, "FLASHPORT_HOPPER_BWD_PAIR");
   t.hopper_bwd_pipe = small_int(env, "FLASHPORT_HOPPER_BWD_PIPE", 0, 3, -1);
   const Knob<std::string> block_m = word(env, "FLASHPORT_HOPPER_BWD_BLOCK_M", {"64", "128"});
   t.hopper_bwd_block_m = {block_m.name, block_m.value.empty() ? 0 : std::stoi(block_m.value), block_m.error};

@@ -68,7 +68,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
     EXPECT_EQ(t.hopper_bwd_dq.get(), 1);       // bulk reduce-adds
-    EXPECT_TRUE(t.hopper_bwd_pair.get());      // d 256: clusters of two share the dQ reductions
+    EXPECT_FALSE(t.hopper_bwd_pair.get());     // d 256: one CTA per key block (pairs measured slower)
     EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);    // unset: the tile table's loop and stages
     EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);  // unset: the tile table's queries per step
     EXPECT_EQ(t.decode_variant.get(), 1);
@@ -104,23 +104,19 @@ TEST(Tuning, SwitchesOnByDefault) {
   EXPECT_TRUE(parse({{"FLASHPORT_KEEP_SCRATCH", "1"}}).keep_scratch.get());
   for (const char* bad : {"2", "no", "off"})
     expect_rejected(parse({{"FLASHPORT_KEEP_SCRATCH", bad}}).keep_scratch, "FLASHPORT_KEEP_SCRATCH", bad);
-  EXPECT_FALSE(parse({{"FLASHPORT_HOPPER_BWD_PAIR", "0"}}).hopper_bwd_pair.get());
-  EXPECT_TRUE(parse({{"FLASHPORT_HOPPER_BWD_PAIR", "1"}}).hopper_bwd_pair.get());
-  for (const char* bad : {"2", "pair", "-1"})
-    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_PAIR", bad}}).hopper_bwd_pair, "FLASHPORT_HOPPER_BWD_PAIR",
-                    bad);
 }
 
 TEST(Tuning, Switches) {
-  for (const char* name :
-       {"FLASHPORT_AUTOTUNE", "FLASHPORT_BWD_GENERAL", "FLASHPORT_JIT_VERBOSE", "FLASHPORT_HOPPER_FP8"}) {
+  for (const char* name : {"FLASHPORT_AUTOTUNE", "FLASHPORT_BWD_GENERAL", "FLASHPORT_JIT_VERBOSE",
+                           "FLASHPORT_HOPPER_FP8", "FLASHPORT_HOPPER_BWD_PAIR"}) {
     const auto knob = [&](const Env& env) {
       const Tuning t = parse(env);
       const std::string n = name;
-      return n == "FLASHPORT_AUTOTUNE"      ? t.autotune
-             : n == "FLASHPORT_BWD_GENERAL" ? t.bwd_general
-             : n == "FLASHPORT_HOPPER_FP8"  ? t.hopper_fp8
-                                            : t.jit_verbose;
+      return n == "FLASHPORT_AUTOTUNE"          ? t.autotune
+             : n == "FLASHPORT_BWD_GENERAL"     ? t.bwd_general
+             : n == "FLASHPORT_HOPPER_FP8"      ? t.hopper_fp8
+             : n == "FLASHPORT_HOPPER_BWD_PAIR" ? t.hopper_bwd_pair
+                                                : t.jit_verbose;
     };
     EXPECT_TRUE(knob({{name, "1"}}).get());
     EXPECT_FALSE(knob({{name, "0"}}).get());

@@ -45,8 +45,7 @@ Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, boo
   if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
     t = tile_64_queries(d);
   if (t.block_m == 128) return t;
-  // The wide kernel's turns (deterministic) are taken by its consumers: vector reductions.
-  t.dq_mode = bulk_dq_fits(d) && !(wide_kernel(d) && deterministic) ? dq_mode : 0;
+  t.dq_mode = bulk_dq_fits(d) ? dq_mode : 0;
   if (pipe >= 0 && pipe_fits(d, 0)) {  // the knob: loop and stages
     t.pipe = pipe == 1 || pipe == 2;
     t.stages = pipe >= 2 ? 3 : 2;
@@ -173,9 +172,9 @@ void launch_main(BwdParams& prm, int arch) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
   const int block_n = block_n_for(d);
-  // d 256 in clusters of two (key blocks 2i, 2i + 1) that share their dQ reductions; a grid of whole
-  // pairs (a CTA past the keys returns at once, and its peer then works alone). Deterministic runs keep
-  // one CTA each: their dQ tiles take key blocks in a fixed order.
+  // FLASHPORT_HOPPER_BWD_PAIR: d 256 in clusters of two (key blocks 2i, 2i + 1) that share their dQ
+  // reductions; a grid of whole pairs (a CTA past the keys returns at once, and its peer then works
+  // alone). Deterministic runs keep one CTA each: their dQ tiles take key blocks in a fixed order.
   const unsigned cluster = wide_kernel(d) && !p.deterministic && core::tuning().hopper_bwd_pair.get() ? 2 : 1;
   const long long key_blocks = (p.sk + block_n - 1) / block_n;
   if (key_blocks <= 0 || p.batch <= 0) return;
