@@ -6,9 +6,10 @@
 //   dV += P^T dO, dK += dS^T Q   by columns: consumer c owns columns 128c .. 128c + 127 (A from shared);
 //   dQ = dS K                    by columns, added to the fp32 accumulator in global memory by the
 //                                consumer itself (no shared memory is left for staging it).
-// Launched in clusters of two (key blocks 2i and 2i + 1), the CTAs halve those additions: on the steps
-// both take, CTA r adds column half r of both dQ tiles, the other half's partial arriving from the peer
-// CTA through distributed shared memory (see "dQ of a key-block pair" below).
+// With FLASHPORT_HOPPER_BWD_PAIR=1 (off by default: measured slower) it runs in clusters of two (key
+// blocks 2i and 2i + 1) whose CTAs halve those additions: on the steps both take, CTA r adds column half r
+// of both dQ tiles, the other half arriving from the peer CTA through distributed shared memory (see
+// "dQ of a key-block pair" below).
 // No GEMM is computed twice; the price is the S^T / dP^T wgmmas at N = 32 and A operands read from
 // shared memory. The producer warpgroup (TMA thread, LSE / D warp) is bwd_sm90_common.cuh's, as for the
 // narrow kernel.
@@ -84,8 +85,9 @@ FP_DEV void add_dq(const BwdSm90Params& prm, const Work& w, const float (&r_dq)[
 // (kv head, sequence). On a step both take (same query head and block), CTA r adds column half r of the
 // two CTAs' dQ tiles to global memory: its consumer r (the owner) receives the peer's half r from the
 // peer's consumer r (the sender) and adds it to its own before add_dq, so the L2 sees half the reduction
-// traffic. The L2's reduction rate bounds this kernel: without the pairing it and FA3's d 256 backward
-// (80-key tiles) both ran at about 2.35 TB/s of dQ reductions on the H200 (docs/BWD_NOTES.md).
+// traffic. Built on the reading that the L2's reduction rate bounds this kernel (it and FA3's d 256
+// backward both ran at about 2.3 TB/s of dQ reductions); the exchange, on the consumers' critical path,
+// cost more than it saved: 0.82-0.91x of the unpaired kernel on an H100 (docs/BWD_NOTES.md part 9).
 // The peer's half (64 queries x 128 columns fp32, 32 KB) lands in the owner CTA's dO stage of the step,
 // free once all 8 consumer warps of that CTA finished the step's GEMMs:
 //   every consumer warp:  arrive on the peer's bar_peer_free   ("my stage is free")

@@ -83,10 +83,7 @@ FP_DEV sem::Tiles<int> seeing_query_blocks(const AttnProblem& p, const bwd::Seq&
     const i64 n1 = min_int(n0 + kBlockN, len_k);
     const sem::Range qs = sem::seeing_queries(n0, n1, len_q, len_k, p.window_left, p.window_right);
     const int lo = (int)qs.lo, hi = (int)qs.hi;
-    if (hi > lo) {
-      const sem::Tiles<int> tiles = sem::covering_tiles(lo, hi, kBlockM);
-      return {tiles.begin, tiles.end};
-    }
+    if (hi > lo) return sem::covering_tiles(lo, hi, kBlockM);
   }
   return {0, 0};
 }
