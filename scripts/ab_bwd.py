@@ -143,6 +143,8 @@ def main():
     ap.add_argument("--impl", choices=("flashport", "fa3"), default="flashport", help="whose attention to time")
     ap.add_argument("--check", action="store_true", help="compare each cell's gradients with SDPA's (stderr)")
     ap.add_argument("--out", help="JSON lines of every child's cells")
+    ap.add_argument("--child-timeout", type=float, default=300.0,
+                    help="seconds one value's child may run (a hung kernel fails that value, not the call)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     ints = lambda text: [int(x) for x in text.split(",") if x]
@@ -169,8 +171,11 @@ def main():
                         env[knob] = part
             print(f"ab_bwd: round {rnd + 1}/{args.rounds}, {args.knob}={value or '(unset)'}", file=sys.stderr,
                   flush=True)
-            proc = subprocess.run([sys.executable, __file__, "--child", *passthrough, *extra], env=env,
-                                  capture_output=True, text=True)
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--child", *passthrough, *extra], env=env,
+                                      capture_output=True, text=True, timeout=args.child_timeout)
+            except subprocess.TimeoutExpired:
+                sys.exit(f"ab_bwd: {args.knob}={value} ran past --child-timeout {args.child_timeout:.0f} s")
             if proc.returncode != 0:
                 sys.exit(f"ab_bwd: {args.knob}={value} failed:\n{proc.stderr[-2000:]}")
             for line in proc.stderr.splitlines():

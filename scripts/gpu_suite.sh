@@ -13,7 +13,8 @@
 # default 0 1 2 4: row-split kernel, default, two stages, four warps; README lists the shapes). `ab` times
 # the portable forward and decode kernels of this tree and of .base/ (carried: a pre-change tree) in alternating rounds.
 # GPU_FILTER narrows the gpu step to gtest filters, run group by group in the order given (space-separated;
-# default: the whole ctest label). A snapshot without
+# default: the whole ctest label), one process per test, each stopped after GPU_TEST_TIMEOUT seconds
+# (default 150: a hung kernel then costs that, not the call). A snapshot without
 # git history should pass FLASHPORT_COMMIT=<hash> so the benchmark stamps docs/PERF.md with it.
 # `fa3` builds FA3 (flash-attention's hopper/, the same-run peer) in the background from the first step on,
 # from sources in the ignored .peers/ (carried: .peers/fa3 and .peers/build_fa3.sh, .peers/fa3_bench.py,
@@ -112,6 +113,8 @@ if has gpu; then
                done); do
       left=$((${GPU_TIMEOUT:-300} - ($(date +%s) - gpu_t0)))
       if ((left <= 0)); then echo "[ NOT RUN  ] $t (GPU_TIMEOUT)" >>"$OUT/gpu.log"; status=1; continue; fi
+      # GPU_TEST_TIMEOUT caps one test, so a hung kernel costs that much, not the rest of the group's time.
+      ((left > ${GPU_TEST_TIMEOUT:-150})) && left=${GPU_TEST_TIMEOUT:-150}
       timeout "$left" build-gpu/tests/flashport_tests_gpu --gtest_filter="$t" >>"$OUT/gpu.log" 2>&1
       rc=$?
       if ((rc == 124)); then echo "[ TIMED OUT] $t (GPU_TIMEOUT)" >>"$OUT/gpu.log"
