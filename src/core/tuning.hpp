@@ -73,7 +73,7 @@ struct Tuning {
   // from a double-buffered staging tile (hopper_bwd::Tile::dq_mode)
   Knob<int> hopper_bwd_dq{"FLASHPORT_HOPPER_BWD_DQ", 1};
   // The Hopper d 256 backward in clusters of two CTAs that add each other's dQ half before the global
-  // reduction (attn_bwd_sm90_wide.cu); off by default: 0.82-0.87x of one CTA each on an H100
+  // reduction (attn_bwd_sm90_wide.cu); off by default: 0.82-0.91x of one CTA each on an H100
   // (docs/BWD_NOTES.md part 9)
   Knob<bool> hopper_bwd_pair{"FLASHPORT_HOPPER_BWD_PAIR"};
   // The Hopper backward's d 64 consumer loop (hopper_bwd::Tile::pipe, stages): 0 serial with 2 stages,
