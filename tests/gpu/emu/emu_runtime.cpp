@@ -422,9 +422,11 @@ void remember_cached(const SpecKey& key, int device, int dynamic_smem, const Ker
 }
 
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
-            int dynamic_smem, void*, void** args) {
+            int dynamic_smem, void*, void** args, unsigned cluster_x) {
   if (dynamic_smem > kernel.max_dynamic_smem)
     throw Error("kernel " + kernel.key, "dynamic smem above get()'s");
+  // The emulated (portable) kernels are launched without clusters; only the Hopper backward asks for them.
+  if (cluster_x > 1) throw Error("kernel " + kernel.key, "the emulator has no thread-block clusters");
   static const bool verbose = std::getenv("FLASHPORT_EMU_VERBOSE") != nullptr;
   if (verbose)
     std::fprintf(stderr, "emu launch %s grid (%u,%u,%u) block %u smem %d\n", kernel.key.c_str(), grid_x,
