@@ -171,7 +171,7 @@ int persistent_for(const AttnProblem& p) {
   const int d = (int)p.d;
   if (d == 256 || p.block_table) return 0;  // persistent builds have no paged loads (load_kv_tile)
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
-  const bool dense = !p.cu_seqlens_q && !p.seqused_k && !p.block_table;  // paged: one CTA per block
+  const bool dense = !p.cu_seqlens_q && !p.seqused_k;  // paged problems returned above
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
   const bool causal_blocks = dense && p.window_left < 0 && p.window_right == 0;
   return (equal_blocks || causal_blocks) && (d == 128 || d == 64) ? 2 : 0;
@@ -559,9 +559,9 @@ std::string unsupported_pages(const AttnProblem& p) {
   }
   if (gathered || (p.page_size % 8 == 0 && (p.page_size % block_n == 0 || block_n % p.page_size == 0)))
     return "";
-  return "the Hopper kernel takes pages its cp.async gather loads (d <= 128, no softcap / ALiBi / dropout: "
-         "any "
-         "size below the key tile) or of a multiple of 8 tokens that divide, or are a multiple of, its " +
+  return "the Hopper kernel takes pages its cp.async gather loads (d <= 128, no softcap / ALiBi / "
+         "dropout: any size below the key tile) or of a multiple of 8 tokens that divide, or are a "
+         "multiple of, its " +
          std::to_string(block_n) + "-key tile (others run on the portable kernel)";
 }
 

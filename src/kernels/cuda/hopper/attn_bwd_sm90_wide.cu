@@ -148,13 +148,6 @@ FP_DEV void wait_peer_free(SharedStorage& s, int k) {
   sm90::mbar_wait_cluster(bar_addr(s.bar_peer_free[k & 1]), (u32)(k >> 1) & 1u);
 }
 
-FP_DEV void ld_shared_f32x4(u32 s_addr, float (&v)[4]) {
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-               : "r"(s_addr)
-               : "memory");
-}
-
 /// Owner: adds the peer's half (element group i at shared address s_peer + 2048 i) to r_dq.
 FP_DEV void take_peer_dq(u32 s_peer, float (&r_dq)[kColsHalf / 2]) {
 #pragma unroll

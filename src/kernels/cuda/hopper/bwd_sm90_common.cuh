@@ -248,6 +248,14 @@ FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
   return v;
 }
 
+/// Four floats at a 16-byte aligned shared address.
+FP_DEV void ld_shared_f32x4(u32 s_addr, float (&v)[4]) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "r"(s_addr)
+               : "memory");
+}
+
 /// Adds v to g[0..1] when `pred` (predicated inside the asm: no branch around it).
 FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
   asm volatile(

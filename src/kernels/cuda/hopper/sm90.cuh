@@ -39,18 +39,29 @@ FP_DEV void mbar_arrive_cp_async(u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
-/// True once the phase of parity `parity` has completed (the hardware may suspend briefly).
+/// True once the phase of parity `parity` has completed (the hardware may suspend briefly). kCluster:
+/// acquire at cluster scope, for barriers that peer CTAs arrive on or complete bytes of.
+template <bool kCluster = false>
 FP_DEV bool mbar_try_wait(u32 bar, u32 parity) {
   u32 done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
+  if constexpr (kCluster) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
   return done != 0;
 }
 
@@ -169,17 +180,7 @@ FP_DEV void mbar_arrive_peer(u32 cluster_bar) {
 
 /// mbar_wait for barriers that peer CTAs arrive on or complete bytes of (acquire at cluster scope).
 FP_DEV void mbar_wait_cluster(u32 bar, u32 parity) {
-  u32 done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+  while (!mbar_try_wait<true>(bar, parity)) {
   }
 }
 
