@@ -42,10 +42,14 @@ static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the
 /// knob and block_m 64 ask for tile_64_queries, whose dQ mode and loop the knobs then set.
 Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, bool deterministic = false) {
   Tile t = tile_for(d);
-  if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
+  const int bulk = dq_mode >= 1 ? 1 : 0;  // knob 2: as 1, and the wide kernel's drain too
+  if (t.block_m == 128 && (bulk != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
     t = tile_64_queries(d);
   if (t.block_m == 128) return t;
-  t.dq_mode = bulk_dq_fits(d) ? dq_mode : 0;
+  // The wide kernel (d 256) drains only when asked (not measured faster yet, docs/BWD_NOTES.md part 10);
+  // its deterministic turns are taken by its consumers, so those runs keep the consumers' reductions.
+  const bool drain_ok = !wide_kernel(d) || (dq_mode == 2 && !deterministic);
+  t.dq_mode = bulk_dq_fits(d) && drain_ok ? bulk : 0;
   if (pipe >= 0 && pipe_fits(d, 0)) {  // the knob: loop and stages
     t.pipe = pipe == 1 || pipe == 2;
     t.stages = pipe >= 2 ? 3 : 2;
@@ -146,7 +150,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
 }
 
 bool takes_dropout(int d) {
-  return dropout_fits(d, bulk_dq_fits(d) ? core::tuning().hopper_bwd_dq.get() : 0);
+  return dropout_fits(d, launch_tile(d, 3, core::tuning().hopper_bwd_dq.get(), -1).dq_mode);
 }
 
 long long dq_tile_counts(const BwdParams& prm) {
@@ -202,19 +206,22 @@ void launch_main(BwdParams& prm, int arch) {
 std::vector<jit::KernelSpec> variants(int arch) {
   std::vector<jit::KernelSpec> specs;
   if (arch != 90) return specs;
+  const auto add = [&](const jit::KernelSpec& spec) {
+    for (const jit::KernelSpec& seen : specs)
+      if (seen.key() == spec.key()) return;
+    specs.push_back(spec);
+  };
   for (int elem_type : {(int)kF16, (int)kBF16})
     for (int d : kHeadDims)
-      for (int dq_mode : {0, 1})
+      for (int dq_knob : {0, 1, 2})  // FLASHPORT_HOPPER_BWD_DQ's values
         for (int general : {0, 1, 2, 3}) {
-          if (dq_mode != 0 && !bulk_dq_fits(d)) continue;
-          if (general == 3 && !dropout_fits(d, dq_mode)) continue;
           // The table's tile per score transform, and deterministic mode's where it differs
           // (FLASHPORT_HOPPER_BWD_PIPE's other loops are not listed).
-          const Tile t = launch_tile(d, general, dq_mode, -1),
-                     td = launch_tile(d, general, dq_mode, -1, 0, true);
-          specs.push_back(make_spec(elem_type, d, dq_mode, general, t.stages, t.pipe, t.block_m));
-          if (td.block_m != t.block_m)
-            specs.push_back(make_spec(elem_type, d, dq_mode, general, td.stages, td.pipe, td.block_m));
+          for (const bool deterministic : {false, true}) {
+            const Tile t = launch_tile(d, general, dq_knob, -1, 0, deterministic);
+            if (general == 3 && !dropout_fits(d, t.dq_mode)) continue;
+            add(make_spec(elem_type, d, t.dq_mode, general, t.stages, t.pipe, t.block_m));
+          }
         }
   return specs;
 }

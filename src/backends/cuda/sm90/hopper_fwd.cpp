@@ -91,6 +91,7 @@ constexpr Alternative kAlternatives[] = {
     {64, {{kBlockM, 128, 2}, 0}},  {64, {{kBlockM, 128, 3}, 0}},  {64, {{kBlockM, 128, 2}, 2}},
     {64, {{kBlockM, 128, 2}, 3}},  {64, {{kBlockM, 192, 2}, 2}},  {128, {{kBlockM, 176, 2}, 0}},
     {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}}, {64, {{kBlockMTall, 128, 2}, 0}},
+    {256, {{kBlockM, 80, 2}, 0}},  // FA3's d 256 tile; spill-free with nvcc 13 (spilled 20 bytes before)
 };
 
 constexpr bool alternatives_fit() {
@@ -165,11 +166,12 @@ bool shape_from_env(int d) {
 /// ahead (58.1 vs 61.9).
 constexpr long long kTallKeys = 1024;
 
-/// FLASHPORT_HOPPER_PERSISTENT=0|1|2 forces the persistent mode (never at d 256, whose persistent
-/// build spills 8 bytes: a per-block counter, outside the key loop); unset, the launch rule above.
+/// FLASHPORT_HOPPER_PERSISTENT=0|1|2 forces the persistent mode (at d 256 on the table's 64-key tile, its
+/// persistent build spill-free with nvcc 13; 2 runs as 1 there: O's staging buffer does not fit);
+/// unset, the launch rule above.
 int persistent_for(const AttnProblem& p) {
   const int d = (int)p.d;
-  if (d == 256 || p.block_table) return 0;  // persistent builds have no paged loads (load_kv_tile)
+  if (p.block_table) return 0;  // persistent builds have no paged loads (load_kv_tile)
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
   const bool dense = !p.cu_seqlens_q && !p.seqused_k;  // paged problems returned above
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
@@ -650,8 +652,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
   if (arch != 90) return specs;
   for (int elem_type : {(int)kF16, (int)kBF16}) {
     for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0}));
-    for (int d : kHeadDims)
-      if (d != 256) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 1}));
+    for (int d : kHeadDims) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 1}));
     for (int d : kHeadDims)
       if (separate_o_fits(d, tile_for(d))) specs.push_back(make_spec(elem_type, d, {tile_for(d), 0, 2}));
     for (const Alternative& a : kAlternatives) specs.push_back(make_spec(elem_type, a.d, a.shape));

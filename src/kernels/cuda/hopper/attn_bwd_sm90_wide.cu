@@ -9,7 +9,8 @@
 // With FLASHPORT_HOPPER_BWD_PAIR=1 (off by default: measured slower) it runs in clusters of two (key
 // blocks 2i and 2i + 1) whose CTAs halve those additions: on the steps both take, CTA r adds column half r
 // of both dQ tiles, the other half arriving from the peer CTA through distributed shared memory (see
-// "dQ of a key-block pair" below).
+// "dQ of a key-block pair" below). With FLASHPORT_HOPPER_BWD_DQ=2 (off by default) producer warps add
+// the step's dQ instead, by bulk reduce-adds from the step's freed Q / dO stage (kDrain below).
 // No GEMM is computed twice; the price is the S^T / dP^T wgmmas at N = 32 and A operands read from
 // shared memory. The producer warpgroup (TMA thread, LSE / D warp) is bwd_sm90_common.cuh's, as for the
 // narrow kernel.
@@ -17,6 +18,15 @@
 #include "cuda/hopper/bwd_sm90_common.cuh"
 
 namespace flashport::cuda::hopper_bwd {
+
+#ifndef FP_DQ_MODE
+#define FP_DQ_MODE 0
+#endif
+// How a step's dQ halves reach the fp32 accumulator (Tile::dq_mode): 0 each consumer's vector reductions
+// (add_dq); 1 staged in the step's Q / dO stage once both consumers' GEMMs are done, and added by
+// producer warps 2-3 with bulk reduce-adds (drain_dq), so the consumers never issue a reduction.
+// Deterministic runs take 0 (the host's launch_tile).
+constexpr bool kDrain = FP_DQ_MODE == 1;
 
 constexpr int kQHalf = kBlockM / 2;                  // queries of one consumer's S^T / dP^T (wgmma N)
 constexpr int kColsHalf = kPadD / 2;                 // columns of one consumer's dV / dK / dQ (wgmma N)
@@ -41,7 +51,8 @@ struct alignas(1024) SharedStorage {
   u64 bar_full[kStages];         // Q, dO bytes landed and 32 LSE/D lanes arrived
   u64 bar_empty[kStages];        // 256 consumer threads done with the stage
   u64 bar_peer_free[2];          // the peer CTA's 8 consumer warps done with their stage (pair steps)
-  u64 bar_dq_in;                 // the peer's dQ half landed in this step's dO stage (pair steps)
+  u64 bar_dq_in[kStages];        // the peer's dQ half landed in the dO stage (kDrain: per stage)
+  u64 bar_staged[kStages];       // kDrain: 256 consumer threads staged the step's dQ
 };
 static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, Tile{kBlockM, kStages}),
               "host and kernel disagree on the shared-memory size");
@@ -50,11 +61,15 @@ static_assert(smem_bytes(kHeadDim, Tile{kBlockM, kStages}) <= kSmemLimit, "over 
 constexpr u32 kBarPds = 1;  // named barrier: both consumers' halves of P^T and dS^T stored (256 threads)
 constexpr u32 kBarDqTurn =
     2;  // named barrier: the dQ tile's turn taken / both consumers added (deterministic)
-// 128 x 24 + 256 x 240 = 64512 registers: dK + dV + dQ are 192 per consumer thread. setmaxnreg.inc takes
-// registers only from those this CTA's setmaxnreg.dec released (the launch gives 168 per thread), and
-// this is an exact trade: (168 - 24) x 128 = (240 - 168) x 256.
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
+constexpr u32 kBarStageDone = 3;  // kDrain: both consumers' GEMMs of the step done (256 threads)
+constexpr u32 kBarDrain = 4;      // kDrain: the drain warps' sums stored (64 threads)
+// dK + dV + dQ are 192 registers per consumer thread. setmaxnreg.inc takes registers only from those
+// this CTA's setmaxnreg.dec released (the launch gives 168 per thread): 24 / 240 is an exact trade,
+// (168 - 24) x 128 = (240 - 168) x 256. The drain warps need 32 (24 spilled), and 32 / 240 would leave
+// the consumers 1024 registers short, waiting forever (the first drain build hung so on an H100); its
+// consumers issue no reductions and fit 232: (168 - 32) x 128 >= (232 - 168) x 256.
+constexpr int kProducerRegs = kDrain ? 32 : 24;
+constexpr int kConsumerRegs = kDrain ? 232 : 240;
 
 /// Adds consumer c's dQ tile of the step (64 queries x columns 128c..) to the tiled fp32 accumulator
 /// (BwdParams::accum_tiled = 128): register pair e = 4j + 2h of every thread goes to its fragment-order
@@ -135,8 +150,9 @@ FP_DEV void sync_peers(const BwdSm90Params& prm, SharedStorage&) {
 }
 
 /// This warp is done with the step's Q / dO stage (shared step k): one arrival on the peer's
-/// bar_peer_free[k % 2]. Two barriers, used by alternate shared steps, as the GPU tests ran it; one would
-/// also do, since the owner waits for the peer's half of step k before it signals step k + 1.
+/// bar_peer_free[k % 2]. Two barriers, used by alternate shared steps: without the owner's wait (kDrain) a
+/// CTA may signal step k + 1 before its peer waited for step k, never step k + 2 (its drain releases
+/// stages in step order, after taking the peer's half of step k).
 FP_DEV void signal_stage_free(SharedStorage& s, const PeerPlan& pp, int k, int tid) {
   __syncwarp();
   if ((tid & 31) == 0)
@@ -160,17 +176,92 @@ FP_DEV void take_peer_dq(u32 s_peer, float (&r_dq)[kColsHalf / 2]) {
 }
 
 /// Sender: once the peer's 8 warps freed their stage `peer_stage` (shared step k), writes r_dq into it,
-/// element group i at 2048 i + 16 tid, completing bytes on the peer's bar_dq_in.
-FP_DEV void send_dq(SharedStorage& s, const PeerPlan& pp, int k, int peer_stage,
+/// completing bytes on the peer's bar_dq_in[bar_index]: element group i at 2048 i + 16 tid, or with
+/// kDrain the accumulator's order (pair q at 1024 q + 8 tid, what the bulk copy adds as it lies).
+FP_DEV void send_dq(SharedStorage& s, const PeerPlan& pp, int k, int peer_stage, int bar_index,
                     const float (&r_dq)[kColsHalf / 2], int tid) {
   wait_peer_free(s, k);
   const u32 peer = pp.rank ^ 1u;
-  const u32 bar = sm90::peer_addr(bar_addr(s.bar_dq_in), peer);
+  const u32 bar = sm90::peer_addr(bar_addr(s.bar_dq_in[bar_index]), peer);
   const u32 dst = sm90::peer_addr(smem_addr(&s.dout[peer_stage][0][0][0]), peer);
+  if constexpr (kDrain) {
 #pragma unroll
-  for (int i = 0; i < kColsHalf / 8; ++i)
-    sm90::st_async_16(dst + 2048u * i + 16u * tid, r_dq[4 * i], r_dq[4 * i + 1], r_dq[4 * i + 2],
-                      r_dq[4 * i + 3], bar);
+    for (int q = 0; q < kColsHalf / 4; ++q)
+      sm90::st_async_8(dst + 1024u * q + 8u * tid, r_dq[2 * q], r_dq[2 * q + 1], bar);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kColsHalf / 8; ++i)
+      sm90::st_async_16(dst + 2048u * i + 16u * tid, r_dq[4 * i], r_dq[4 * i + 1], r_dq[4 * i + 2],
+                        r_dq[4 * i + 3], bar);
+  }
+}
+
+/// kDrain, every step: the step's dQ halves into its stage, in the accumulator's order (pair q of thread
+/// tid at 1024 q + 8 tid): consumer 0's (or a shared step's owner's) into the Q stage, consumer 1's into
+/// the dO stage, a shared step's sender's into the peer's dO stage; then each thread's arrival on
+/// bar_staged. bar_dq_in[stage] completes once per step: the peer's bytes on shared steps (armed by the
+/// owner before it signals the peer), a plain arrival otherwise.
+FP_DEV void stage_dq(SharedStorage& s, const PeerPlan& pp, bool shared, int k, int stage, int peer_stage,
+                     const float (&r_dq)[kColsHalf / 2], int c, int tid) {
+  const bool owner = shared && c == (int)pp.rank;
+  if (tid == 0 && owner) sm90::mbar_arrive_expect_tx(bar_addr(s.bar_dq_in[stage]), kDqHalfBytes);
+  if (tid == 0 && !shared && c == 0) sm90::mbar_arrive(bar_addr(s.bar_dq_in[stage]));
+  if (shared) signal_stage_free(s, pp, k, tid);
+  sm90::named_bar_sync(kBarStageDone, 256);  // both consumers' GEMMs done: the stage's Q and dO are dead
+  if (shared && !owner) {
+    send_dq(s, pp, k, peer_stage, peer_stage, r_dq, tid);
+  } else {
+    const u32 dst =
+        (c == 0 || owner ? smem_addr(&s.q[stage][0][0][0]) : smem_addr(&s.dout[stage][0][0][0])) + 8u * tid;
+#pragma unroll
+    for (int q = 0; q < kColsHalf / 4; ++q) st_shared_f32x2(dst + 1024u * q, r_dq[2 * q], r_dq[2 * q + 1]);
+    sm90::fence_proxy_async();  // the bulk copy reads it through the async proxy
+  }
+  sm90::mbar_arrive(bar_addr(s.bar_staged[stage]));
+}
+
+/// kDrain, producer warps 2-3 (d = 0..63): per step, once staged (and on a shared step the peer's half
+/// landed), the sum of the two halves into the Q stage, then thread 0's bulk reduce-adds into the tiled
+/// accumulator (rows past the sequence add zeros to its padding rows, which dq_convert never reads) and
+/// the stage's release for all 256 consumer threads once the copies have read it.
+FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int d) {
+  const AttnProblem& p = prm.bwd.p;
+  for (int t = 0; t < w.steps; ++t) {
+    const PeerPlan pp = peer_plan(prm.bwd, w, true);  // per step: 32 registers hold little across it
+    const int stage = t % kStages, m0 = step_m0(w, t), mb = m0 / kBlockM;
+    const u32 parity = (u32)(t / kStages) & 1u;
+    const bool shared = pp.on && mb >= pp.lo && mb < pp.lo + pp.n;
+    const u32 s_q = smem_addr(&s.q[stage][0][0][0]), s_do = smem_addr(&s.dout[stage][0][0][0]);
+    sm90::mbar_wait(bar_addr(s.bar_staged[stage]), parity);
+    if (shared) {
+      sm90::mbar_wait_cluster(bar_addr(s.bar_dq_in[stage]), parity);
+#pragma unroll 2
+      for (u32 off = 16u * d; off < kDqHalfBytes; off += 16u * 64) {
+        float a[4], b[4];
+        ld_shared_f32x4(s_q + off, a);
+        ld_shared_f32x4(s_do + off, b);
+        st_shared_f32x4(s_q + off, a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]);
+      }
+      sm90::fence_proxy_async();
+      sm90::named_bar_sync(kBarDrain, 64);
+    }
+    if (d == 0) {
+      float* tile =
+          prm.bwd.dq_accum +
+          ((i64)step_head(w, t) * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * kPadD;
+      constexpr int kHalfFloats = kDqHalfBytes / 4;
+      if (shared) {
+        sm90::bulk_reduce_add_f32(tile + pp.rank * kHalfFloats, s_q, kDqHalfBytes);
+      } else {
+        sm90::bulk_reduce_add_f32(tile, s_q, kDqHalfBytes);
+        sm90::bulk_reduce_add_f32(tile + kHalfFloats, s_do, kDqHalfBytes);
+      }
+      sm90::bulk_commit();
+      sm90::bulk_wait_read<0>();
+      sm90::mbar_arrive_count(bar_addr(s.bar_empty[stage]), kConsumerThreads);
+    }
+  }
+  if (d == 0) sm90::bulk_wait_all();
 }
 
 /// Consumer warpgroup c (0 or 1), see the file comment. Per step: S^T and dP^T for its 32 queries (one
@@ -244,18 +335,22 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       const bool shared = pp.on && mb >= pp.lo && mb < pp.lo + pp.n;  // a step the peer takes too
       const int g = t / w.n_m, k = g * pp.n + mb - pp.lo;             // k: the shared step's index
       const int peer_stage = (g * pp.peer_n_m + mb - pp.peer_begin) % kStages;
+      if constexpr (kDrain) {
+        stage_dq(s, pp, shared, k, stage, peer_stage, r_dq, c, tid);
+        continue;
+      }
       if (shared) {
         if (c == (int)pp.rank) {
-          if (tid == 0) sm90::mbar_arrive_expect_tx(bar_addr(s.bar_dq_in), kDqHalfBytes);
+          if (tid == 0) sm90::mbar_arrive_expect_tx(bar_addr(s.bar_dq_in[0]), kDqHalfBytes);
           signal_stage_free(s, pp, k, tid);
-          sm90::mbar_wait_cluster(bar_addr(s.bar_dq_in), (u32)k & 1u);
+          sm90::mbar_wait_cluster(bar_addr(s.bar_dq_in[0]), (u32)k & 1u);
           take_peer_dq(smem_addr(&s.dout[stage][0][0][0]) + 16u * tid, r_dq);
           release(s.bar_empty[stage]);
           add_dq(prm, w, r_dq, h, m0, c, tid);
         } else {
           signal_stage_free(s, pp, k, tid);
           release(s.bar_empty[stage]);
-          send_dq(s, pp, k, peer_stage, r_dq, tid);
+          send_dq(s, pp, k, peer_stage, 0, r_dq, tid);
         }
         continue;
       }
@@ -279,12 +374,21 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
   store_dk_dv<kColsHalf>(p, w_end, r_dk, r_dv, 0, kColsHalf * c, tid);
 }
 
-/// The pair's barriers (producer warps 2 and 3 stay idle).
+/// The pair's and the drain's barriers.
 FP_DEV void init_more_barriers(SharedStorage& s) {
   for (int i = 0; i < 2; ++i) sm90::mbar_init(bar_addr(s.bar_peer_free[i]), 8);
-  sm90::mbar_init(bar_addr(s.bar_dq_in), 1);
+  for (int st = 0; st < kStages; ++st) {
+    sm90::mbar_init(bar_addr(s.bar_dq_in[st]), 1);
+    sm90::mbar_init(bar_addr(s.bar_staged[st]), kConsumerThreads);
+  }
 }
-FP_DEV void produce_more(const BwdSm90Params&, SharedStorage&, const Work&) {}
+
+/// Producer warps 2 and 3: the drain (kDrain), else idle.
+FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
+  // run_roles calls this on lanes 1-31 of warp 0 too (thread 0 is the TMA producer): the drain is warps 2-3.
+  if constexpr (kDrain)
+    if (threadIdx.x >= 64) drain_dq(prm, s, w, (int)threadIdx.x - 64);
+}
 
 }  // namespace flashport::cuda::hopper_bwd
 

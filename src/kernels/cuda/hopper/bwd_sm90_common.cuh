@@ -256,6 +256,12 @@ FP_DEV void ld_shared_f32x4(u32 s_addr, float (&v)[4]) {
                : "memory");
 }
 
+/// Four floats to a 16-byte aligned shared address.
+FP_DEV void st_shared_f32x4(u32 s_addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s_addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
 /// Adds v to g[0..1] when `pred` (predicated inside the asm: no branch around it).
 FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
   asm volatile(

@@ -33,7 +33,8 @@ FP_HD constexpr int block_n_for(int d) {
 /// One backward tile: query rows per step (the N of S^T = K Q^T), Q/dO/LSE/D ring depth, and how the
 /// narrow kernel's per-step dQ tiles reach the fp32 accumulator (`FP_DQ_MODE`):
 ///   0  producer warps 2-3 add them with `red.global.add.v2.f32` (the only mode for a row-major
-///      accumulator: d 96; the wide kernel's consumers reduce their own);
+///      accumulator: d 96; the wide kernel's consumers reduce their own; deterministic runs of the wide
+///      kernel);
 ///   1  one producer thread adds the staged tile with bulk reduce-adds (`cp.reduce.async.bulk`): one
 ///      instruction per 16-32 KB instead of 64-128 warp reductions, L2 taking whole lines; the staging
 ///      tile double-buffered, so the consumers do not wait for the copy to read the previous step's.
@@ -67,10 +68,11 @@ FP_HD constexpr bool dropout_fits(int d, int dq_mode) {
   return d == 64 || d == 256 || (d == 128 && dq_mode == 1);
 }
 
-/// Whether head dim d's kernel can take dq_mode 1: the narrow kernel with a tiled accumulator (the staged
-/// tile's order is the accumulator's; hopper_bwd::tiled_accumulator gives d 64 and 128 that layout).
+/// Whether head dim d's kernel can take dq_mode 1: a tiled accumulator (the staged tile's order is the
+/// accumulator's; hopper_bwd::tiled_accumulator gives d 64, 128 and 256 that layout). The wide kernel
+/// (d 256) stages in the step's freed Q / dO stage and its producer warps 2-3 add (attn_bwd_sm90_wide.cu).
 FP_HD constexpr bool bulk_dq_fits(int d) {
-  return !wide_kernel(d) && d % 64 == 0;
+  return d % 64 == 0;
 }
 
 /// Staging buffers for the step's dQ tiles (narrow kernel): two for bulk reduce-adds of 64-query steps,

@@ -33,6 +33,11 @@ FP_DEV void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+/// `count` arrivals at once (one thread standing for `count` threads whose work it completed).
+FP_DEV void mbar_arrive_count(u32 bar, u32 count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
 /// An arrival on `bar` once every cp.async this thread issued so far has landed (.noinc: the arrival is one
 /// of the count the barrier was initialised with); the thread goes on at once.
 FP_DEV void mbar_arrive_cp_async(u32 bar) {
@@ -182,6 +187,15 @@ FP_DEV void mbar_arrive_peer(u32 cluster_bar) {
 FP_DEV void mbar_wait_cluster(u32 bar, u32 parity) {
   while (!mbar_try_wait<true>(bar, parity)) {
   }
+}
+
+/// 8 bytes into a peer CTA's shared memory (shared::cluster address `dst`, 8-byte aligned), completing 8
+/// transaction bytes on the peer's mbarrier `cluster_bar`; the thread goes on at once.
+FP_DEV void st_async_8(u32 dst, float a, float b, u32 cluster_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(dst), "f"(a),
+      "f"(b), "r"(cluster_bar)
+      : "memory");
 }
 
 /// 16 bytes into a peer CTA's shared memory (shared::cluster address `dst`, 16-byte aligned),
