@@ -102,7 +102,7 @@ class CudaBackend final : public core::Backend {
     launch_forward_kvcache(kp, [&kp](const AttnProblem& a) {
       const int arch = jit::device_arch(a.device);
       const ForwardFamily& family = forward_family(a, arch);
-      if (kp.num_splits <= 1 && &family != &forward_families().back()) return family.launch(a, arch);
+      if (kp.num_splits <= 1 && !is_fallback(forward_families(), family)) return family.launch(a, arch);
       launch_forward(a, kp.num_splits);
     });
   }

@@ -46,6 +46,13 @@ std::span<const ForwardFamily> forward_families();
 /// The backward main-kernel families, in the same order.
 std::span<const BackwardFamily> backward_families();
 
+/// Whether `f` is `table`'s last family: the fallback that takes every call the backend accepts (the
+/// portable one; for the forward, the family whose launcher also takes a num_splits).
+template <class Family>
+bool is_fallback(std::span<const Family> table, const Family& f) {
+  return &f == &table.back();
+}
+
 /// The first family of `table` that takes `p` on `arch`. `forced` (a family name, or empty for
 /// automatic: the FLASHPORT_CUDA_FORWARD / _BACKWARD knob) skips every other family but the last, the
 /// fallback that takes every call the backend accepts; a forced family skips its `declines` heuristic.
