@@ -2,14 +2,14 @@
 // against the CPU oracle by the accuracy rule, every gradient element written: each case is first
 // checked to reach the Hopper kernel (cuda::hopper_bwd::unsupported on the problem backward() builds),
 // so a support check that silently declines turns into a failure instead of a portable-kernel pass.
-// Covers head dims 64/96/128 (narrow kernel) and 256 (wide kernel) in fp16/bf16, seqlen 1, sq < sk and sq >
-// sk, rows without keys and keys without queries (exact zero gradients), windows, GQA 4:1 / 7:1 / MQA, varlen
-// with empty sequences, seqused_k, padded and transposed strides, and multi-block sequences (~1100 tokens, a
-// varlen batch of 20), softcap and ALiBi (per head and per batch, alone, together and with windows, on
-// both kernels), dropout (d 64 / 128 / 256, with windows, GQA, varlen, deterministic), and deterministic mode
-// (bitwise over 50 runs, every dQ path). GpuBackwardPortable.SmallFeatures keeps small portable-only cases
-// (dropout beside softcap / ALiBi or at d 96, d 160 / 192) in the *Small* set that gpu_suite.sh runs under
-// compute-sanitizer.
+// Covers head dims 64/96/128 (narrow kernel) and 192/256 (wide kernel) in fp16/bf16, seqlen 1, sq < sk and sq
+// > sk, rows without keys and keys without queries (exact zero gradients), windows, GQA 4:1 / 7:1 / MQA,
+// varlen with empty sequences, seqused_k, padded and transposed strides, and multi-block sequences (~1100
+// tokens, a varlen batch of 20), softcap and ALiBi (per head and per batch, alone, together and with windows,
+// on both kernels), dropout (d 64 / 128 / 192 / 256, with windows, GQA, varlen, deterministic), and
+// deterministic mode (bitwise over 50 runs, every dQ path). GpuBackwardPortable.SmallFeatures keeps small
+// portable-only cases (dropout beside softcap / ALiBi or at d 96, d 160) in the *Small* set that gpu_suite.sh
+// runs under compute-sanitizer.
 //
 // FLASHPORT_CUDA_BACKWARD=portable (read once per process) sends every case to the portable kernel:
 // the HopperBwd cases then still run, as an A/B check of the harness against the portable backward.
@@ -144,6 +144,7 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // Covered: the other head dims and dtype, masks, GQA/MQA, varlen, seqused_k, transposed strides.
   EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 64; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 96; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 192; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 256; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF16; }));
   EXPECT_FALSE(declines([](AttnProblem& x) { x.window_right = 0; }));
@@ -160,14 +161,14 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   EXPECT_FALSE(declines([=](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
   // Not covered.
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 80; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 192; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.in_type = x.out_type = kF32; }));
-  // Dropout: alone at d 64, 128 (bulk dQ, the default) and 256; beside softcap or ALiBi, and at d 96, not.
+  // Dropout: alone at d 64, 128 (bulk dQ, the default), 192 and 256; beside softcap or ALiBi, and at d 96,
+  // not.
   auto dropout = [](AttnProblem& x) { x.dropout_p = 0.1f, x.dropout_threshold = 1u << 28; };
   EXPECT_EQ(declines(dropout), !hopper_takes_dropout(p.d));
-  for (int64_t d : {64, 256})
+  for (int64_t d : {64, 192, 256})
     EXPECT_FALSE(declines([&](AttnProblem& x) { dropout(x), x.d = x.dv = d; })) << d;
   EXPECT_TRUE(declines([&](AttnProblem& x) { dropout(x), x.d = x.dv = 96; }));
   EXPECT_TRUE(declines([&](AttnProblem& x) { dropout(x), x.softcap = 5.0f; }));
@@ -204,11 +205,11 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   EXPECT_TRUE(declines([](AttnProblem& x) { x.grad_v.ptr = static_cast<char*>(x.grad_v.ptr) + 8; }));
 
   const std::vector<jit::KernelSpec> specs = hopper_bwd::variants(90);
-  // {f16, bf16} x (d {64, 128, 256} x dQ modes {0, 1}, d 96) x score stage {plain, ALiBi, softcap},
-  // plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128 queries), plus
-  // dropout's {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ); d 256's mode 1 (the drain)
-  // is FLASHPORT_HOPPER_BWD_DQ=2's
-  EXPECT_EQ(specs.size(), 58u);
+  // {f16, bf16} x (d {64, 128, 256} x dQ modes {0, 1}, d 96, d 192) x score stage {plain, ALiBi,
+  // softcap}, plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128
+  // queries), plus dropout's {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192); d 256's
+  // mode 1 (the drain) is FLASHPORT_HOPPER_BWD_DQ=2's
+  EXPECT_EQ(specs.size(), 66u);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
     for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
@@ -222,7 +223,7 @@ TEST(HopperBwd, SmallSupportAndVariants) {
 
 TEST(HopperBwd, SmallHeadDims) {
   FP_SKIP_WITHOUT_SM90();
-  for (int64_t d : {64, 96, 128, 256}) {
+  for (int64_t d : {64, 96, 128, 192, 256}) {
     for (DType dt : {DType::bf16, DType::f16}) {
       expect_hopper_backward(dense(dt, 2, 113, 203, 2, 1, d));
       expect_hopper_backward(with(dense(dt, 1, 203, 113, 3, 3, d), kCausal));  // sq > sk
@@ -233,7 +234,7 @@ TEST(HopperBwd, SmallHeadDims) {
 TEST(HopperBwd, SmallSeqlenOne) {
   FP_SKIP_WITHOUT_SM90();
   int n = 0;
-  for (int64_t d : {64, 96, 128, 256}) {
+  for (int64_t d : {64, 96, 128, 192, 256}) {
     const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
     expect_hopper_backward(dense(dt, 2, 1, 1, 2, 2, d));
     expect_hopper_backward(dense(dt, 3, 1, 203, 4, 1, d));
@@ -281,6 +282,7 @@ TEST(HopperBwd, SmallGqa) {
   expect_hopper_backward(with(dense(DType::bf16, 2, 200, 260, 4, 1, 96), kWindowLeftOnly));  // MQA, window
   expect_hopper_backward(with(dense(DType::f16, 1, 203, 113, 7, 1, 256), kCausal));          // 7:1, sq > sk
   expect_hopper_backward(dense(DType::bf16, 1, 113, 203, 8, 2, 256));                        // 4:1
+  expect_hopper_backward(with(dense(DType::bf16, 1, 150, 170, 6, 2, 192), kWindow));         // 3:1, window
 }
 
 TEST(HopperBwd, SmallVarlen) {
@@ -300,6 +302,8 @@ TEST(HopperBwd, SmallVarlen) {
     c.dtype = DType::f16, c.d = c.dv = 256, c.hq = 4, c.hk = 2;
     c.used_k = {};
     expect_hopper_backward(c);
+    c.dtype = DType::bf16, c.d = c.dv = 192;
+    expect_hopper_backward(c);
   }
 }
 
@@ -313,6 +317,8 @@ TEST(HopperBwd, SmallDenseSequsedK) {
   expect_hopper_backward(with(c, kWindow));
   c.d = c.dv = 256, c.used_k = {70, 1, 260};
   expect_hopper_backward(with(c, kCausal));
+  c.d = c.dv = 192, c.used_k = {259, 65, 0};
+  expect_hopper_backward(c);
 }
 
 TEST(HopperBwd, SmallStridedLayouts) {
@@ -359,6 +365,7 @@ TEST(HopperBwd, ManyBlocks) {
   expect_hopper_backward(with(dense(DType::f16, 1, 1100, 1100, 2, 2, 64), kCausal));
   expect_hopper_backward(dense(DType::f16, 1, 1024, 1088, 2, 1, 256));
   expect_hopper_backward(with(dense(DType::bf16, 1, 1100, 1100, 4, 2, 256), kCausal));
+  expect_hopper_backward(with(dense(DType::f16, 1, 1000, 1100, 2, 1, 192), kCausal));
   // Group of 4 query heads per kv head; the first 76 queries see no key.
   expect_hopper_zero_grads(with(dense(DType::bf16, 1, 1100, 1024, 8, 2, 64), kCausal), 76, 0);
   Case band = dense(DType::f16, 1, 1050, 1050, 2, 1, 128);
@@ -387,6 +394,8 @@ Case feature_shape(DType dt, int64_t d) {
       return dense(dt, 1, 130, 65, 7, 1, 64);
     case 96:
       return dense(dt, 1, 100, 150, 2, 2, 96);
+    case 192:
+      return dense(dt, 1, 100, 170, 6, 2, 192);
     case 256:
       return dense(dt, 2, 90, 140, 4, 2, 256);
     default:
@@ -422,20 +431,20 @@ TEST(HopperBwd, SmallSoftcapAlibi) {
   const Features softcap_window{"softcap-window", false, 37, 5, 3.0, 0, 0.0};
   const Features alibi_b_window{"alibi-b-window", false, 50, 20, 0.0, 2, 0.0};
   const Features all{"softcap-alibi-causal", true, -1, -1, 5.0, 2, 0.0};
-  feature_sweep({kSoftcap, softcap_window, kAlibi, alibi_b_window, all}, {128, 64, 96, 256},
+  feature_sweep({kSoftcap, softcap_window, kAlibi, alibi_b_window, all}, {128, 64, 96, 192, 256},
                 {all, alibi_b_window, all, softcap_window}, expect_hopper_backward);
 }
 
 // Dropout on the Hopper kernels (SPEC's Philox mask, drawn in the transposed layout: four lanes share each
 // call): alone and with causal / two-sided windows, GQA 7:1, sq > sk, d 64 (64 queries per step, both dQ
-// paths when gpu_suite reruns this with FLASHPORT_HOPPER_BWD_DQ=0), 128 and 256, varlen with empty
+// paths when gpu_suite reruns this with FLASHPORT_HOPPER_BWD_DQ=0), 128, 192 and 256, varlen with empty
 // sequences, several key blocks, and bitwise repeatable in deterministic mode. The CPU oracle draws the
 // same mask, so a wrong keep bit (a lane's bits swapped, a wrong counter word) fails the accuracy rule.
 TEST(HopperBwd, SmallDropout) {
   FP_SKIP_WITHOUT_SM90();
   const Features causal{"dropout-causal", true, -1, -1, 0.0, 0, 0.3};
   const Features window{"dropout-window", false, 37, 5, 0.0, 0, 0.1};
-  feature_sweep({kDropout, causal, window}, {128, 64, 256}, {causal, window, causal, kDropout},
+  feature_sweep({kDropout, causal, window}, {128, 64, 192, 256}, {causal, window, causal, kDropout},
                 expect_dropout_backward);
   const Case det[] = {
       with(dense(DType::bf16, 1, 300, 400, 4, 2, 128), causal),
@@ -458,6 +467,7 @@ TEST(HopperBwd, DeterministicBitwise) {
       with(dense(DType::f16, 2, 700, 900, 4, 1, 128), kWindow),
       with(dense(DType::bf16, 1, 600, 800, 2, 2, 96), kLeftWindow),
       with(dense(DType::bf16, 1, 700, 700, 4, 2, 256), kCausal),
+      with(dense(DType::f16, 1, 600, 700, 2, 1, 192), kWindow),
       varlen(with(dense(DType::f16, 1, 1, 1, 4, 2, 128), {"softcap-alibi", true, -1, -1, 5.0, 2, 0.0}),
              {0, 700, 37, 513, 1}, {13, 650, 0, 600, 1}),
   };
@@ -473,13 +483,14 @@ TEST(HopperBwd, SmallDeterministic) {
       with(dense(DType::f16, 1, 150, 300, 2, 2, 96), kWindow),
       dense(DType::bf16, 1, 130, 200, 2, 1, 128),
       with(dense(DType::f16, 1, 150, 200, 2, 1, 256), kCausal),
+      with(dense(DType::bf16, 1, 140, 260, 2, 1, 192), kWindow),
   };
   for (const Case& c : cases)
     if (expect_goes_to_hopper(c, make_inputs(c))) expect_deterministic(c, 3);
 }
 
 // The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper
-// backward never takes: dropout beside softcap / ALiBi and at d 96, d 160 and d 192.
+// backward never takes: dropout beside softcap / ALiBi and at d 96, and d 160.
 TEST(GpuBackwardPortable, SmallFeatures) {
   FP_SKIP_WITHOUT_GPU();
   const Features features[] = {{"dropout-softcap", true, 20, -1, 3.0, 0, 0.1}, kAll};
@@ -493,11 +504,9 @@ TEST(GpuBackwardPortable, SmallFeatures) {
   expect_portable_backward(with(dense(DType::f16, 1, 100, 150, 2, 2, 96), kDropout));
   Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 1, 96), kAll), {0, 37, 130, 1, 0}, {5, 0, 129, 64, 0});
   expect_portable_backward(v);
-  for (int64_t d : {160, 192}) {
-    expect_portable_backward(dense(DType::bf16, 1, 97, 130, 2, 1, d));
-    expect_portable_backward(with(dense(DType::f16, 1, 130, 77, 2, 2, d), kCausal));
-    expect_portable_backward(with(dense(DType::bf16, 2, 64, 100, 4, 2, d), kWindow));
-  }
+  expect_portable_backward(dense(DType::bf16, 1, 97, 130, 2, 1, 160));
+  expect_portable_backward(with(dense(DType::f16, 1, 130, 77, 2, 2, 160), kCausal));
+  expect_portable_backward(with(dense(DType::bf16, 2, 64, 100, 4, 2, 160), kWindow));
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ TEST(ArchLimits, HopperBwdTileWhereItFits) {
   }
   EXPECT_EQ(pipelined, 8);   // {f16, bf16} x {dQ mode 0, deterministic bulk dQ} x score stage {plain, ALiBi}
   EXPECT_EQ(wide_steps, 6);  // {f16, bf16} x score stage {plain, ALiBi, softcap}
-  EXPECT_EQ(dropout, 10);    // {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ)
+  EXPECT_EQ(dropout, 12);    // {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192)
   // The table's d 64 tile is the 128-query one; deterministic mode and dQ mode 0 take 64 queries.
   EXPECT_EQ(hopper_bwd::tile_for(64).block_m, 128);
   EXPECT_EQ(hopper_bwd::tile_64_queries(64).block_m, 64);

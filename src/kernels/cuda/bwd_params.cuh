@@ -15,7 +15,7 @@ namespace flashport::cuda {
 ///   Deterministic mode: the main kernel runs `num_slices` CTAs per (kv head, batch); CTA x owns slice x
 ///   alone and visits key blocks x, x + num_slices, ... in order, adding without atomics; dq_convert
 ///   sums the slices in slice order. Either way dQ = scale * sum(slices).
-///   `accum_tiled` = w > 0 (the Hopper kernels at d 64, 128, 256; one slice): rows are grouped in 64-row
+///   `accum_tiled` = w > 0 (the Hopper kernels at d 64, 128, 192, 256; one slice): rows are grouped in 64-row
 ///   tiles of accum_ld == d columns stored in their register-fragment order for column blocks of width w
 ///   (bwd::accum_tile_offset), so a warp's vector reduction covers whole 128-byte lines; each sequence's
 ///   tiles start at bwd::accum_row0's padded row.

@@ -15,12 +15,12 @@
 namespace flashport::cuda::hopper_bwd {
 namespace {
 
-// Narrow (d <= 128): 128 keys per CTA, 64 per consumer; d 256: 64 keys shared by both consumers.
+// Narrow (d <= 128): 128 keys per CTA, 64 per consumer; wide (d 192, 256): 64 keys shared by both consumers.
 constexpr const char* kNarrowSource = "cuda/hopper/attn_bwd_sm90.cu";
 constexpr const char* kNarrowEntry = "flashport_attn_bwd_sm90";
 constexpr const char* kWideSource = "cuda/hopper/attn_bwd_sm90_wide.cu";
 constexpr const char* kWideEntry = "flashport_attn_bwd_sm90_wide";
-constexpr int kHeadDims[] = {64, 96, 128, 256};
+constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
 
 constexpr bool tile_table_fits() {
   for (int d : kHeadDims)
@@ -126,7 +126,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.out_type != p.in_type) return "the Hopper backward needs out and dout in the input dtype";
   if (p.d != p.dv) return "the Hopper backward needs d == dv";
   if (std::find(std::begin(kHeadDims), std::end(kHeadDims), p.d) == std::end(kHeadDims))
-    return "the Hopper backward takes head dims 64, 96, 128, 256";
+    return "the Hopper backward takes head dims 64, 96, 128, 192, 256";
   if (p.dropout_p > 0.0f) {
     if (p.softcap != 0.0f || p.alibi != nullptr)
       return "dropout with softcap or ALiBi runs on the portable backward (the Hopper consumers spilled)";
@@ -176,7 +176,7 @@ void launch_main(BwdParams& prm, int arch) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const long long q_rows = varlen ? p.total_q : p.sq, k_rows = varlen ? p.total_k : p.sk;
   const int block_n = block_n_for(d);
-  // FLASHPORT_HOPPER_BWD_PAIR: d 256 in clusters of two (key blocks 2i, 2i + 1) that share their dQ
+  // FLASHPORT_HOPPER_BWD_PAIR: d 192 / 256 in clusters of two (key blocks 2i, 2i + 1) that share their dQ
   // reductions; a grid of whole pairs (a CTA past the keys returns at once, and its peer then works
   // alone). Deterministic runs keep one CTA each: their dQ tiles take key blocks in a fixed order.
   const unsigned cluster = wide_kernel(d) && !p.deterministic && core::tuning().hopper_bwd_pair.get() ? 2 : 1;

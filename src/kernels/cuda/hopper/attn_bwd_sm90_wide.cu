@@ -1,6 +1,7 @@
-// Hopper (sm_90a) FlashAttention backward main kernel for d 256: one CTA per (64-key block, kv head,
-// sequence). dK and dV of 64 keys x 256 columns are 256 fp32 registers per thread of one warpgroup, so
-// both consumer warpgroups hold the same 64 keys and split the work of a step instead:
+// Hopper (sm_90a) FlashAttention backward main kernel for d 256 (and d 192 on 64 zero columns,
+// bwd_chunks): one CTA per (64-key block, kv head, sequence). dK and dV of 64 keys x 256 columns are 256
+// fp32 registers per thread of one warpgroup, so both consumer warpgroups hold the same 64 keys and split the
+// work of a step instead:
 //   S^T = K Q^T, dP^T = V dO^T   by queries: consumer c computes query columns 32c .. 32c + 31, all keys;
 //   P^T, dS^T                    to shared memory (each its 32 columns), then one barrier of both;
 //   dV += P^T dO, dK += dS^T Q   by columns: consumer c owns columns 128c .. 128c + 127 (A from shared);
@@ -76,21 +77,23 @@ constexpr int kConsumerRegs = kDrain ? 232 : 240;
 /// slot (bwd::accum_tile_offset), so one warp's vector reduction covers 256 contiguous bytes, two whole
 /// 128-byte lines. Row-major rows would make it 8 rows x 32 bytes, and L2 takes a reduction per line
 /// touched: the H200 ran this kernel at 289 TFLOPS (d 256, 16k) with row-major and 361 with contiguous
-/// addresses. Rows past the sequence are skipped (their dQ is 0).
+/// addresses. Rows past the sequence are skipped (their dQ is 0), and so are d 192's zero columns (the
+/// accumulator's tiles are 64 x d: consumer 1's block holds its first 64 columns only).
 FP_DEV void add_dq(const BwdSm90Params& prm, const Work& w, const float (&r_dq)[kColsHalf / 2], int h_q,
                    int m0, int c, int tid) {
   const AttnProblem& p = prm.bwd.p;
   const int lane = tid & 31, warp = tid >> 5;
-  float* tile =
-      prm.bwd.dq_accum + ((i64)h_q * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * kPadD;
+  float* tile = prm.bwd.dq_accum +
+                ((i64)h_q * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * kHeadDim;
   float* g = tile + 2 * (c * (kColsHalf / 4) * 128 + tid);  // pair q = 2j + h at + 2 * 128 * q
   const int rows_left = w.seq.len_q - m0 - 16 * warp - (lane >> 2);
 #pragma unroll
   for (int j = 0; j < kColsHalf / 8; ++j) {
+    const bool cols_in = kHeadDim == kPadD || kColsHalf * c + 8 * j < kHeadDim;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int e = 4 * j + 2 * h;
-      red_add_f32x2_if(8 * h < rows_left, g + 256 * (2 * j + h), Float2{r_dq[e], r_dq[e + 1]});
+      red_add_f32x2_if(cols_in && 8 * h < rows_left, g + 256 * (2 * j + h), Float2{r_dq[e], r_dq[e + 1]});
     }
   }
 }
@@ -248,7 +251,7 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
     if (d == 0) {
       float* tile =
           prm.bwd.dq_accum +
-          ((i64)step_head(w, t) * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * kPadD;
+          ((i64)step_head(w, t) * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * kHeadDim;
       constexpr int kHalfFloats = kDqHalfBytes / 4;
       if (shared) {
         sm90::bulk_reduce_add_f32(tile + pp.rank * kHalfFloats, s_q, kDqHalfBytes);

@@ -27,8 +27,8 @@ constexpr int kHeadDim = FP_HEADDIM;            // d == dv
 constexpr int kBlockM = FP_BLOCK_M;             // queries per step: N of S^T = K Q^T, K of dV / dK
 constexpr int kStages = FP_STAGES;              // Q / dO / LSE / D ring depth
 constexpr int kBlockN = block_n_for(kHeadDim);  // keys per CTA
-constexpr int kChunks = head_dim_chunks(kHeadDim);
-constexpr int kPadD = kChunks * 64;  // N of dV / dK: whole 128B-swizzle atoms (d 96: 32 zero columns)
+constexpr int kChunks = bwd_chunks(kHeadDim);
+constexpr int kPadD = kChunks * 64;  // N of dV / dK: whole 128B-swizzle atoms (d 96, 192: zero columns)
 constexpr int kKVChunkBytes = kBlockN * kChunkRowBytes;  // one 64-column chunk of K or V
 constexpr int kQChunkBytes = kBlockM * kChunkRowBytes;   // one 64-column chunk of Q or dO
 constexpr int kQTileBytes = kChunks * kQChunkBytes;

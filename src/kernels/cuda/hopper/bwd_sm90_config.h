@@ -23,7 +23,14 @@ FP_HD constexpr bool wide_kernel(int d) {
   return d > 128;
 }
 
-/// Keys per CTA. Narrow (d <= 128): 128, 64 per consumer warpgroup (the M of one wgmma). Wide (d 256):
+/// 64-column chunks of a Q / K / V / dO row in shared memory: whole 128-byte swizzle atoms, d 96 padded
+/// to 128; the wide kernel's always 4 (256 columns, two column halves of 128 for its consumers), so d 192
+/// runs it on 64 zero columns: its fourth chunk is a TMA box wholly past the row, which TMA fills with zeros.
+FP_HD constexpr int bwd_chunks(int d) {
+  return wide_kernel(d) ? 4 : head_dim_chunks(d);
+}
+
+/// Keys per CTA. Narrow (d <= 128): 128, 64 per consumer warpgroup (the M of one wgmma). Wide (d 192, 256):
 /// 64, shared by both consumers: dK + dV of 64 keys x 256 columns are 128 registers per thread when the
 /// consumers split the columns, 256 if one consumer owned a key's whole row.
 FP_HD constexpr int block_n_for(int d) {
@@ -65,14 +72,15 @@ FP_HD constexpr bool pipe_fits(int d, int general) {
 /// reductions: 232 registers per consumer), and so did dropout beside softcap or ALiBi and 128 queries
 /// per step (28-370 bytes): the portable backward takes them.
 FP_HD constexpr bool dropout_fits(int d, int dq_mode) {
-  return d == 64 || d == 256 || (d == 128 && dq_mode == 1);
+  return d == 64 || wide_kernel(d) || (d == 128 && dq_mode == 1);
 }
 
 /// Whether head dim d's kernel can take dq_mode 1: a tiled accumulator (the staged tile's order is the
-/// accumulator's; hopper_bwd::tiled_accumulator gives d 64, 128 and 256 that layout). The wide kernel
-/// (d 256) stages in the step's freed Q / dO stage and its producer warps 2-3 add (attn_bwd_sm90_wide.cu).
+/// accumulator's; hopper_bwd::tiled_accumulator gives d 64, 128, 192 and 256 that layout). The wide kernel
+/// stages in the step's freed Q / dO stage and its producer warps 2-3 add (attn_bwd_sm90_wide.cu): at
+/// d 256 only, where each consumer's staged half is a whole 32 KB of the accumulator's tile.
 FP_HD constexpr bool bulk_dq_fits(int d) {
-  return d % 64 == 0;
+  return wide_kernel(d) ? d == 256 : d % 64 == 0;
 }
 
 /// Staging buffers for the step's dQ tiles (narrow kernel): two for bulk reduce-adds of 64-query steps,
@@ -87,19 +95,21 @@ FP_HD constexpr int dq_buffers(Tile t) {
 ///   64   128      64      128    32   by query rows (each 64 queries over all 128 keys)
 ///   96   64       128     64     32   by columns (each 64 of the padded 128, all 128 keys)
 ///   128  64       128     64     32   by columns
+///   192  64       128     32     64   as 256, on 64 zero columns (bwd_chunks)
 ///   256  64       128     32     64   by columns (each 128; S^T and dP^T split by queries, 32 each)
 /// d 64 takes FA3's shape (docs/BWD_NOTES.md part 7): 128 queries per step, dQ split by query rows (one
 /// tile per 64 queries: half the reduce-add traffic of a key split), bulk dQ, the serial loop on two
 /// stages, one dQ staging buffer (two exceed 227 KB); H100, bf16, 16k tokens: 1.03-1.13x the 64-query
 /// pipelined loop at 1k-16k. Shared memory: K, V 32 KB, Q / dO 64 KB, dS^T 64 KB, dQ staging 32 KB.
-/// d 192 would need the wide kernel's column split at 96 columns (not a whole swizzle atom): it stays
-/// on the portable kernel.
+/// d 192 runs the wide kernel padded to 256 columns (a column split at 96 would not be whole swizzle
+/// atoms): a third more GEMM work than its FLOPs, and the zero columns' dQ never reduced.
 FP_HD constexpr Tile tile_for(int d) {
   switch (d) {
     case 64:
       return {128, 2, 1, 0};
     case 96:
     case 128:
+    case 192:
     case 256:
       return {64, 2};
     default:
@@ -127,8 +137,8 @@ FP_HD constexpr int smem_bytes(int d, Tile t) {
   const int block_n = block_n_for(d);
   const bool wide = wide_kernel(d);
   const int chunk_rows = block_n * 2 + t.stages * t.block_m * 2;
-  const int tiles = head_dim_chunks(d) * kChunkRowBytes * chunk_rows +
-                    (wide ? 4 * 64 * 64 * 2 : 2 * block_n * t.block_m * 2);
+  const int tiles =
+      bwd_chunks(d) * kChunkRowBytes * chunk_rows + (wide ? 4 * 64 * 64 * 2 : 2 * block_n * t.block_m * 2);
   const int rest = (wide ? 0 : dq_buffers(t) * 2 * 64 * 64 * 4) + t.stages * t.block_m * 4 * 2 +
                    8 * ((wide ? 1 : 1 + 2 * dq_buffers(t)) + 2 * t.stages);
   return (tiles + rest + 1023) / 1024 * 1024 + 1024;
