@@ -69,9 +69,9 @@ struct Tuning {
   Knob<int> bwd_pipe{"FLASHPORT_BWD_PIPE", -1};     // 0..3, -1 when unset
   Knob<int> bwd_stages{"FLASHPORT_BWD_STAGES", 0};  // 1, 2, 0 when unset
   Knob<bool> bwd_general{"FLASHPORT_BWD_GENERAL"};
-  // How the Hopper backward (d 64, 128) adds dQ: 0 producer warps' reductions, 1 (unset) bulk reduce-adds
-  // from a double-buffered staging tile (hopper_bwd::Tile::dq_mode); 2 as 1, and d 256's producer warps
-  // add its dQ by bulk reduce-adds from the step's freed stage instead of its consumers (not default)
+  // How the Hopper backward adds dQ: 1 (unset) bulk reduce-adds (d 64, 128: from a double-buffered
+  // staging tile; d 256: by producer warps from the step's freed Q / dO stage), 0 vector reductions
+  // (producer warps'; d 256: the consumers'; hopper_bwd::Tile::dq_mode)
   Knob<int> hopper_bwd_dq{"FLASHPORT_HOPPER_BWD_DQ", 1};
   // The Hopper d 256 backward in clusters of two CTAs that add each other's dQ half before the global
   // reduction (attn_bwd_sm90_wide.cu); off by default: 0.82-0.91x of one CTA each on an H100

@@ -207,8 +207,7 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   const std::vector<jit::KernelSpec> specs = hopper_bwd::variants(90);
   // {f16, bf16} x (d {64, 128, 256} x dQ modes {0, 1}, d 96, d 192) x score stage {plain, ALiBi,
   // softcap}, plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128
-  // queries), plus dropout's {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192); d 256's
-  // mode 1 (the drain) is FLASHPORT_HOPPER_BWD_DQ=2's
+  // queries), plus dropout's {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192)
   EXPECT_EQ(specs.size(), 66u);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();

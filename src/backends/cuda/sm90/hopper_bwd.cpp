@@ -42,14 +42,11 @@ static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the
 /// knob and block_m 64 ask for tile_64_queries, whose dQ mode and loop the knobs then set.
 Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, bool deterministic = false) {
   Tile t = tile_for(d);
-  const int bulk = dq_mode >= 1 ? 1 : 0;  // knob 2: as 1, and the wide kernel's drain too
-  if (t.block_m == 128 && (bulk != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
+  if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
     t = tile_64_queries(d);
   if (t.block_m == 128) return t;
-  // The wide kernel (d 256) drains only when asked (not measured faster yet, docs/BWD_NOTES.md part 10);
-  // its deterministic turns are taken by its consumers, so those runs keep the consumers' reductions.
-  const bool drain_ok = !wide_kernel(d) || (dq_mode == 2 && !deterministic);
-  t.dq_mode = bulk_dq_fits(d) && drain_ok ? bulk : 0;
+  // The wide kernel's deterministic turns are taken by its consumers: those runs keep their reductions.
+  t.dq_mode = bulk_dq_fits(d) && !(wide_kernel(d) && deterministic) ? dq_mode : 0;
   if (pipe >= 0 && pipe_fits(d, 0)) {  // the knob: loop and stages
     t.pipe = pipe == 1 || pipe == 2;
     t.stages = pipe >= 2 ? 3 : 2;
@@ -213,7 +210,7 @@ std::vector<jit::KernelSpec> variants(int arch) {
   };
   for (int elem_type : {(int)kF16, (int)kBF16})
     for (int d : kHeadDims)
-      for (int dq_knob : {0, 1, 2})  // FLASHPORT_HOPPER_BWD_DQ's values
+      for (int dq_knob : {0, 1})  // FLASHPORT_HOPPER_BWD_DQ's values
         for (int general : {0, 1, 2, 3}) {
           // The table's tile per score transform, and deterministic mode's where it differs
           // (FLASHPORT_HOPPER_BWD_PIPE's other loops are not listed).

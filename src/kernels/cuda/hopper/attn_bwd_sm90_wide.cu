@@ -6,12 +6,14 @@
 //   P^T, dS^T                    to shared memory (each its 32 columns), then one barrier of both;
 //   dV += P^T dO, dK += dS^T Q   by columns: consumer c owns columns 128c .. 128c + 127 (A from shared);
 //   dQ = dS K                    by columns, added to the fp32 accumulator in global memory by the
-//                                consumer itself (no shared memory is left for staging it).
+//                                consumer itself, or staged in the step's Q / dO stage once both
+//                                consumers' GEMMs are done (no other shared memory is left for it).
 // With FLASHPORT_HOPPER_BWD_PAIR=1 (off by default: measured slower) it runs in clusters of two (key
 // blocks 2i and 2i + 1) whose CTAs halve those additions: on the steps both take, CTA r adds column half r
 // of both dQ tiles, the other half arriving from the peer CTA through distributed shared memory (see
-// "dQ of a key-block pair" below). With FLASHPORT_HOPPER_BWD_DQ=2 (off by default) producer warps add
-// the step's dQ instead, by bulk reduce-adds from the step's freed Q / dO stage (kDrain below).
+// "dQ of a key-block pair" below). At d 256 producer warps add the step's dQ instead, by bulk reduce-adds
+// from the step's freed Q / dO stage (kDrain below; the consumers' own reductions with
+// FLASHPORT_HOPPER_BWD_DQ=0, at d 192 and in deterministic runs).
 // No GEMM is computed twice; the price is the S^T / dP^T wgmmas at N = 32 and A operands read from
 // shared memory. The producer warpgroup (TMA thread, LSE / D warp) is bwd_sm90_common.cuh's, as for the
 // narrow kernel.
@@ -26,7 +28,7 @@ namespace flashport::cuda::hopper_bwd {
 // How a step's dQ halves reach the fp32 accumulator (Tile::dq_mode): 0 each consumer's vector reductions
 // (add_dq); 1 staged in the step's Q / dO stage once both consumers' GEMMs are done, and added by
 // producer warps 2-3 with bulk reduce-adds (drain_dq), so the consumers never issue a reduction.
-// Deterministic runs take 0 (the host's launch_tile).
+// Deterministic runs and d 192 take 0 (the host's launch_tile, bulk_dq_fits).
 constexpr bool kDrain = FP_DQ_MODE == 1;
 
 constexpr int kQHalf = kBlockM / 2;                  // queries of one consumer's S^T / dP^T (wgmma N)
