@@ -156,6 +156,11 @@ TEST(HopperFwd, LongCausalAndFull) {
   expect_hopper_accurate(dense(DType::bf16, 1, 1024, 1024, 2, 1, 128));
   for (int64_t d : {64, 128, 256})
     expect_hopper_accurate(with(dense(DType::bf16, 1, 1024, 1024, 2, 2, d), kCausal));
+  // d 256's launch rule: the persistent grid up to 2k keys (4k causal), 128 x 80 tiles past 2k non-causal
+  // (2500 = 31 x 80 + 20: a partial last tile).
+  expect_hopper_accurate(dense(DType::f16, 2, 700, 900, 2, 2, 256));
+  expect_hopper_accurate(with(dense(DType::bf16, 1, 3000, 3000, 2, 1, 256), kCausal));
+  expect_hopper_accurate(dense(DType::bf16, 1, 300, 2500, 2, 1, 256));
   // d 64 past 1k keys: 192-row blocks (three consumer warpgroups), dense on the persistent grid
   // (partial last block: 1300 = 6 x 192 + 148), windowed and varlen with one CTA per block.
   expect_hopper_accurate(with(dense(DType::bf16, 2, 1300, 1300, 3, 1, 64), kCausal));

@@ -91,7 +91,7 @@ constexpr Alternative kAlternatives[] = {
     {64, {{kBlockM, 128, 2}, 0}},  {64, {{kBlockM, 128, 3}, 0}},  {64, {{kBlockM, 128, 2}, 2}},
     {64, {{kBlockM, 128, 2}, 3}},  {64, {{kBlockM, 192, 2}, 2}},  {128, {{kBlockM, 176, 2}, 0}},
     {128, {{kBlockM, 128, 3}, 0}}, {128, {{kBlockM, 128, 2}, 1}}, {64, {{kBlockMTall, 128, 2}, 0}},
-    {256, {{kBlockM, 80, 2}, 0}},  // FA3's d 256 tile; spill-free with nvcc 13 (spilled 20 bytes before)
+    {256, {{kBlockM, 80, 2}, 0}},  // FA3's d 256 tile, the rule's past 2k keys non-causal (rule_shape)
 };
 
 constexpr bool alternatives_fit() {
@@ -166,9 +166,22 @@ bool shape_from_env(int d) {
 /// ahead (58.1 vs 61.9).
 constexpr long long kTallKeys = 1024;
 
-/// FLASHPORT_HOPPER_PERSISTENT=0|1|2 forces the persistent mode (at d 256 on the table's 64-key tile, its
-/// persistent build spill-free with nvcc 13; 2 runs as 1 there: O's staging buffer does not fit);
-/// unset, the launch rule above.
+/// d 256's rule, for 16-bit calls without a score transform, measured on an H100 (2026-12-06, one call,
+/// bf16, batch x seqlen 16k, heads x d 2048, two rounds; docs/HOPPER_NOTES.md, "d 256 launch rule"): up
+/// to kD256PersistentKeys keys non-causal, and kD256PersistentCausalKeys causal, the persistent grid on the
+/// table's 64-key tile (mode 1: O's staging buffer does not fit; +3-5% at 1k-4k non-causal, +4-8% causal,
+/// and -5% causal at 16k); longer non-causal calls one CTA per block on FA3's 128 x 80 tile (+4% at 4k,
+/// +7% at 16k; causal it measured -2% to +2%). Softcap / ALiBi keep the table's tile on one CTA per block
+/// (their persistent and 80-key d 256 builds were never measured), as do fp8 and paged calls.
+constexpr long long kD256PersistentKeys = 2048;
+constexpr long long kD256PersistentCausalKeys = 4096;
+bool d256_rule_applies(const AttnProblem& p) {
+  return p.d == 256 && p.in_type != kE4M3 && p.softcap == 0.0f && p.alibi == nullptr && p.dropout_p == 0.0f &&
+         !p.block_table;
+}
+
+/// FLASHPORT_HOPPER_PERSISTENT=0|1|2 forces the persistent mode (2 runs as 1 where O's staging buffer
+/// does not fit: d 192, 256); unset, the launch rule above.
 int persistent_for(const AttnProblem& p) {
   const int d = (int)p.d;
   if (p.block_table) return 0;  // persistent builds have no paged loads (load_kv_tile)
@@ -176,12 +189,19 @@ int persistent_for(const AttnProblem& p) {
   const bool dense = !p.cu_seqlens_q && !p.seqused_k;  // paged problems returned above
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
   const bool causal_blocks = dense && p.window_left < 0 && p.window_right == 0;
+  if (d == 256)
+    return d256_rule_applies(p) && ((equal_blocks && p.sk <= kD256PersistentKeys) ||
+                                    (causal_blocks && p.sk <= kD256PersistentCausalKeys))
+               ? 1
+               : 0;
   return (equal_blocks || causal_blocks) && (d == 128 || d == 64) ? 2 : 0;
 }
 
 /// The rule's tile for `p` when neither FLASHPORT_HOPPER_TILE nor autotuning chose one.
 Shape rule_shape(const AttnProblem& p) {
   if (p.d == 64) return p.sk > kTallKeys ? Shape{{kBlockMTall, 128, 2}, 0} : Shape{{kBlockM, 128, 2}, 0};
+  if (d256_rule_applies(p) && p.window_left < 0 && p.window_right < 0 && p.sk > kD256PersistentKeys)
+    return {{kBlockM, 80, 2}, 0};
   return {tile_for((int)p.d), 0};
 }
 
@@ -403,9 +423,10 @@ void launch_fp8(const AttnProblem& p, int device) {
   const Shape shape = fp8_shape(p);
   const Tile tile = shape.tile;
   Launch l = launch_base(p, tile, false);
-  // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1.
+  // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1 (fp8 has no
+  // persistent d 256 build: its variants()).
   const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
-  const int persistent = blocks < (1LL << 30) && persistent_for(p) ? 1 : 0;
+  const int persistent = blocks < (1LL << 30) && d <= 128 && persistent_for(p) ? 1 : 0;
   l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m,
                             tile.block_n, tile.stages, shape.exp_emu);
   place_grid(l, p, tile, persistent != 0, device);
