@@ -204,13 +204,15 @@ FP_DEV void send_dq(SharedStorage& s, const PeerPlan& pp, int k, int peer_stage,
 /// kDrain, every step: the step's dQ halves into its stage, in the accumulator's order (pair q of thread
 /// tid at 1024 q + 8 tid): consumer 0's (or a shared step's owner's) into the Q stage, consumer 1's into
 /// the dO stage, a shared step's sender's into the peer's dO stage; then each thread's arrival on
-/// bar_staged. bar_dq_in[stage] completes once per step: the peer's bytes on shared steps (armed by the
-/// owner before it signals the peer), a plain arrival otherwise.
+/// bar_staged. In a pair, bar_dq_in[stage] completes once per step: the peer's bytes on shared steps
+/// (armed by the owner before it signals the peer), a plain arrival otherwise, and the drain waits for
+/// every phase (an arrival nobody waits for is what compute-sanitizer's synccheck reports as a missing
+/// wait); unpaired CTAs leave it alone.
 FP_DEV void stage_dq(SharedStorage& s, const PeerPlan& pp, bool shared, int k, int stage, int peer_stage,
                      const float (&r_dq)[kColsHalf / 2], int c, int tid) {
   const bool owner = shared && c == (int)pp.rank;
   if (tid == 0 && owner) sm90::mbar_arrive_expect_tx(bar_addr(s.bar_dq_in[stage]), kDqHalfBytes);
-  if (tid == 0 && !shared && c == 0) sm90::mbar_arrive(bar_addr(s.bar_dq_in[stage]));
+  if (tid == 0 && pp.on && !shared && c == 0) sm90::mbar_arrive(bar_addr(s.bar_dq_in[stage]));
   if (shared) signal_stage_free(s, pp, k, tid);
   sm90::named_bar_sync(kBarStageDone, 256);  // both consumers' GEMMs done: the stage's Q and dO are dead
   if (shared && !owner) {
@@ -238,8 +240,8 @@ FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, 
     const bool shared = pp.on && mb >= pp.lo && mb < pp.lo + pp.n;
     const u32 s_q = smem_addr(&s.q[stage][0][0][0]), s_do = smem_addr(&s.dout[stage][0][0][0]);
     sm90::mbar_wait(bar_addr(s.bar_staged[stage]), parity);
+    if (pp.on) sm90::mbar_wait_cluster(bar_addr(s.bar_dq_in[stage]), parity);
     if (shared) {
-      sm90::mbar_wait_cluster(bar_addr(s.bar_dq_in[stage]), parity);
 #pragma unroll 2
       for (u32 off = 16u * d; off < kDqHalfBytes; off += 16u * 64) {
         float a[4], b[4];
