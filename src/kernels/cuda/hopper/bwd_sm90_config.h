@@ -45,6 +45,8 @@ FP_HD constexpr int block_n_for(int d) {
 ///   1  one producer thread adds the staged tile with bulk reduce-adds (`cp.reduce.async.bulk`): one
 ///      instruction per 16-32 KB instead of 64-128 warp reductions, L2 taking whole lines; the staging
 ///      tile double-buffered, so the consumers do not wait for the copy to read the previous step's.
+///      The wide kernel (d 256) stages in the step's freed Q / dO stage instead, and its producer warps
+///      2-3 add it (1.02-1.06x its consumers' own reductions on an H100, docs/BWD_NOTES.md part 10).
 ///      d 128 backward +13-21%, d 64 -1 to +3% (docs/BWD_NOTES.md, part 4); one buffer measured 1-3% below
 ///      two at d 64 and the same at d 128.
 ///
@@ -131,7 +133,8 @@ FP_HD constexpr Tile tile_64_queries(int d) {
 /// row d/64 chunks of 128 bytes; stages x (LSE, D) (block_m floats); then
 ///   narrow: two dS^T buffers (block_n keys x block_m queries, 2 bytes), dq_buffers x the step's dQ (two
 ///           64 x 64 fp32 tiles), 1 + 2 x dq_buffers + 2 x stages mbarriers;
-///   wide:   two P^T and two dS^T buffers (64 keys x 64 queries), 1 + 2 x stages mbarriers;
+///   wide:   two P^T and two dS^T buffers (64 keys x 64 queries), 3 + 4 x stages mbarriers (the ring's,
+///           a pair's two and the drain's two per stage);
 /// padded to 1024.
 FP_HD constexpr int smem_bytes(int d, Tile t) {
   const int block_n = block_n_for(d);
@@ -140,7 +143,7 @@ FP_HD constexpr int smem_bytes(int d, Tile t) {
   const int tiles =
       bwd_chunks(d) * kChunkRowBytes * chunk_rows + (wide ? 4 * 64 * 64 * 2 : 2 * block_n * t.block_m * 2);
   const int rest = (wide ? 0 : dq_buffers(t) * 2 * 64 * 64 * 4) + t.stages * t.block_m * 4 * 2 +
-                   8 * ((wide ? 1 : 1 + 2 * dq_buffers(t)) + 2 * t.stages);
+                   8 * (wide ? 3 + 4 * t.stages : 1 + 2 * dq_buffers(t) + 2 * t.stages);
   return (tiles + rest + 1023) / 1024 * 1024 + 1024;
 }
 
