@@ -422,11 +422,11 @@ FP_DEV void init_more_barriers(SharedStorage& s) {
 FP_DEV void sync_peers(const BwdSm90Params&, SharedStorage&) {}
 
 /// Producer warps 2 and 3 drain dQ (bulk mode: thread 64 alone).
-FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
+FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int d) {
   if (kDqBulk) {
-    if (threadIdx.x == 64) bulk_drain_dq(prm, s, w);
-  } else if (threadIdx.x >= 64) {
-    drain_dq(prm, s, w, (int)threadIdx.x - 64);
+    if (d == 0) bulk_drain_dq(prm, s, w);
+  } else {
+    drain_dq(prm, s, w, d);
   }
 }
 

@@ -391,10 +391,8 @@ FP_DEV void init_more_barriers(SharedStorage& s) {
 }
 
 /// Producer warps 2 and 3: the drain (kDrain), else idle.
-FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
-  // run_roles calls this on lanes 1-31 of warp 0 too (thread 0 is the TMA producer): the drain is warps 2-3.
-  if constexpr (kDrain)
-    if (threadIdx.x >= 64) drain_dq(prm, s, w, (int)threadIdx.x - 64);
+FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int d) {
+  if constexpr (kDrain) drain_dq(prm, s, w, d);
 }
 
 }  // namespace flashport::cuda::hopper_bwd

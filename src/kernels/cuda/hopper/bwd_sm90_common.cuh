@@ -199,10 +199,10 @@ FP_DEV void init_ring_barriers(S& s) {
 /// The whole kernel after its parameters: the role split of the 384 threads. Each kernel file supplies,
 /// for its storage type S (found by argument-dependent lookup): init_more_barriers(s), sync_peers(prm, s)
 /// (every thread, once the barriers are initialised: the cluster's CTAs meet there when they exchange
-/// data), produce_more(prm, s, w) for producer warps 2 and 3, and consume(prm, s, w, c, tid) for consumer
-/// warpgroup c. Each role
-/// computes its Work after the split: nothing computed before setmaxnreg stays live across it (that code
-/// is register-allocated for the producer's small budget).
+/// data), produce_more(prm, s, w, d) for producer warps 2 and 3 (d = threadIdx.x - 64, 0..63; lanes 1-31
+/// of warp 0 beside the TMA thread stay idle), and consume(prm, s, w, c, tid) for consumer warpgroup c.
+/// Each role computes its Work after the split: nothing computed before setmaxnreg stays live across it
+/// (that code is register-allocated for the producer's small budget).
 template <class S, int kProducerRegs, int kConsumerRegs>
 FP_DEV void run_roles(const BwdSm90Params& prm, const TmaDesc& tma_q, const TmaDesc& tma_k,
                       const TmaDesc& tma_v, const TmaDesc& tma_do) {
@@ -229,8 +229,8 @@ FP_DEV void run_roles(const BwdSm90Params& prm, const TmaDesc& tma_q, const TmaD
       produce_tiles(prm, s, w, tma_q, tma_k, tma_v, tma_do);
     } else if (threadIdx.x / 32 == 1) {
       produce_rows(prm, s, w, (int)threadIdx.x & 31);
-    } else {
-      produce_more(prm, s, w);
+    } else if (threadIdx.x >= 64) {
+      produce_more(prm, s, w, (int)threadIdx.x - 64);
     }
   } else {
     sm90::setmaxnreg_inc<kConsumerRegs>();
