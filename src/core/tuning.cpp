@@ -185,6 +185,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);
   t.keep_scratch = flag(env, "FLASHPORT_KEEP_SCRATCH", true);
+  t.overlap_launches = flag(env, "FLASHPORT_OVERLAP_LAUNCHES", true);
   t.nvrtc_path = {"FLASHPORT_NVRTC_PATH", text_of(env, "FLASHPORT_NVRTC_PATH")};
   t.jit_defines = jit_defines(env);
   t.hip_runtime = {"FLASHPORT_HIP_RUNTIME", text_of(env, "FLASHPORT_HIP_RUNTIME")};

@@ -96,6 +96,9 @@ struct Tuning {
   // cudaMallocAsync allocator does), so a step that synchronises does not map the scratch again; a
   // threshold someone else set is left alone. 0: the pool is not touched.
   Knob<bool> keep_scratch{"FLASHPORT_KEEP_SCRATCH", true};
+  // 1 (unset): kernels on sm_90+ launch with programmatic stream serialisation, so each starts while the
+  // previous kernel on the stream finishes (kernels/cuda/common/grid_dependency.cuh); 0: plain launches
+  Knob<bool> overlap_launches{"FLASHPORT_OVERLAP_LAUNCHES", true};
   Knob<std::string> nvrtc_path{"FLASHPORT_NVRTC_PATH"};  // any path; "" when unset
   // Extra NVRTC defines for timing ablations (e.g. FP_BWD_ABLATE=1): space-separated NAME[=VALUE] entries
   Knob<std::vector<std::string>> jit_defines{"FLASHPORT_JIT_DEFINES"};

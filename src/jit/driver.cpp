@@ -323,6 +323,7 @@ const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
     check(d.module_function(&function, module, spec.entry.c_str()), who, "cuModuleGetFunction");
     entry->kernel.function = function;
     entry->kernel.device = device;
+    entry->kernel.arch = spec.arch;
     entry->kernel.key = key;
     entry->kernel.label = who;
     entry->loaded = true;
@@ -351,15 +352,25 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
   config.blockDimZ = 1;
   config.sharedMemBytes = static_cast<unsigned>(dynamic_smem);
   config.hStream = static_cast<CUstream>(stream);
-  CUlaunchAttribute cluster{};
+  CUlaunchAttribute attrs[2]{};
+  unsigned num_attrs = 0;
   if (cluster_x > 1) {
+    CUlaunchAttribute& cluster = attrs[num_attrs++];
     cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
     cluster.value.clusterDim.x = cluster_x;
     cluster.value.clusterDim.y = 1;
     cluster.value.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
   }
+  // Kernels built for sm_90+ wait for their predecessors' completion before touching memory
+  // (grid_dependency.cuh; JitVariants checks the instruction is there), so they may launch while those
+  // finish.
+  if (kernel.arch >= 90 && core::tuning().overlap_launches.get()) {
+    CUlaunchAttribute& overlap = attrs[num_attrs++];
+    overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    overlap.value.programmaticStreamSerializationAllowed = 1;
+  }
+  config.attrs = num_attrs > 0 ? attrs : nullptr;
+  config.numAttrs = num_attrs;
   const CUresult rc = d.launch(&config, static_cast<CUfunction>(kernel.function), args, nullptr);
   if (rc != CUDA_SUCCESS) {
     throw Error(who, "cuLaunchKernelEx(grid " + std::to_string(grid_x) + "x" + std::to_string(grid_y) + "x" +

@@ -47,6 +47,7 @@ struct Kernel {
   void* function = nullptr;  ///< CUfunction
   int max_dynamic_smem = 0;  ///< bytes the kernel was configured for
   int device = -1;           ///< GPU ordinal the module was loaded on
+  int arch = 0;              ///< KernelSpec::arch it was compiled for
   std::string key;           ///< KernelSpec::key(), for error messages
   std::string label;         ///< "kernel " + key: the argument name of launch errors
 };
@@ -72,7 +73,10 @@ const Kernel& get_cached(const SpecKey& key, int device, int dynamic_smem, MakeS
 
 /// Launches with cuLaunchKernelEx on `stream` (CUstream, may be null = legacy default stream).
 /// `args` as for cuLaunchKernel. `cluster_x` > 1: thread-block clusters of that many CTAs along x
-/// (sm_90+; grid_x must be a multiple). Never synchronises. Throws flashport::Error on a launch failure.
+/// (sm_90+; grid_x must be a multiple). Kernels compiled for sm_90+ launch with programmatic stream
+/// serialisation (FLASHPORT_OVERLAP_LAUNCHES): they must wait for prior grids first, as
+/// kernels/cuda/common/grid_dependency.cuh says. Never synchronises. Throws flashport::Error on a launch
+/// failure.
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
             int dynamic_smem, void* stream, void** args, unsigned cluster_x = 1);
 

@@ -54,6 +54,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
                                     {"FLASHPORT_KEEP_SCRATCH", ""},
+                                    {"FLASHPORT_OVERLAP_LAUNCHES", ""},
                                     {"FLASHPORT_NVRTC_PATH", ""}}}) {
     const Tuning t = parse(env);
     EXPECT_EQ(t.cuda_forward.get(), "");
@@ -74,6 +75,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
+    EXPECT_TRUE(t.overlap_launches.get());  // sm_90+: kernels launch while their predecessors finish
     EXPECT_EQ(t.nvrtc_path.get(), "");
   }
 }
@@ -100,10 +102,14 @@ TEST(Tuning, KernelChoice) {
 }
 
 TEST(Tuning, SwitchesOnByDefault) {
-  EXPECT_FALSE(parse({{"FLASHPORT_KEEP_SCRATCH", "0"}}).keep_scratch.get());
-  EXPECT_TRUE(parse({{"FLASHPORT_KEEP_SCRATCH", "1"}}).keep_scratch.get());
-  for (const char* bad : {"2", "no", "off"})
-    expect_rejected(parse({{"FLASHPORT_KEEP_SCRATCH", bad}}).keep_scratch, "FLASHPORT_KEEP_SCRATCH", bad);
+  const std::pair<const char*, Knob<bool> Tuning::*> switches[] = {
+      {"FLASHPORT_KEEP_SCRATCH", &Tuning::keep_scratch},
+      {"FLASHPORT_OVERLAP_LAUNCHES", &Tuning::overlap_launches}};
+  for (const auto& [name, field] : switches) {
+    EXPECT_FALSE((parse({{name, "0"}}).*field).get()) << name;
+    EXPECT_TRUE((parse({{name, "1"}}).*field).get()) << name;
+    for (const char* bad : {"2", "no", "off"}) expect_rejected(parse({{name, bad}}).*field, name, bad);
+  }
 }
 
 TEST(Tuning, Switches) {

@@ -1,10 +1,13 @@
-// Every kernel variant the CUDA dispatcher can pick compiles with NVRTC for sm_80 and sm_90a, and
-// the main forward/backward kernels do not spill. Prints the register table.
+// Every kernel variant the CUDA dispatcher can pick compiles with NVRTC for sm_80 and sm_90a, no kernel
+// spills, and every sm_90a kernel keeps the launch-order contract of grid_dependency.cuh. Prints the
+// register table.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -18,6 +21,19 @@ namespace flashport::test {
 namespace {
 
 class JitVariants : public testing::TestWithParam<int> {};
+
+// griddepcontrol.wait (SASS ACQBULK) and griddepcontrol.launch_dependents (PREEXIT) on sm_90: the low 64
+// bits of each 128-bit instruction, which a cubin's text stores little-endian at 16-byte aligned offsets.
+constexpr uint64_t kSassAcqBulk = 0x782e, kSassPreExit = 0x782d;
+
+bool has_instruction(const std::vector<char>& cubin, uint64_t low_word) {
+  for (size_t at = 0; at + 16 <= cubin.size(); at += 16) {
+    uint64_t word;
+    std::memcpy(&word, cubin.data() + at, sizeof word);
+    if (word == low_word) return true;
+  }
+  return false;
+}
 
 TEST_P(JitVariants, AllCompileAndMainKernelsDoNotSpill) {
 #ifndef FLASHPORT_HAVE_VARIANTS
@@ -72,6 +88,11 @@ TEST_P(JitVariants, AllCompileAndMainKernelsDoNotSpill) {
     EXPECT_EQ(row.result.spill_bytes, 0) << (cuda::is_main_kernel(specs[i]) ? "main kernel" : "kernel")
                                          << " spills: " << specs[i].key() << "\n"
                                          << row.result.log;
+    // jit::launch overlaps sm_90 kernels with their predecessors: one that does not wait for them races.
+    const bool waits = has_instruction(row.result.cubin, kSassAcqBulk);
+    const bool releases = has_instruction(row.result.cubin, kSassPreExit);
+    EXPECT_EQ(waits, arch >= 90) << "griddepcontrol.wait: " << specs[i].key();
+    EXPECT_EQ(releases, arch >= 90) << "griddepcontrol.launch_dependents: " << specs[i].key();
   }
 #endif
 }

@@ -360,6 +360,7 @@ using namespace flashport::cuda::bwd;
 ///   s_k is reloaded.
 extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_bwd(const __grid_constant__ BwdParams prm) {
+  order_after_prior_grids();
   const AttnProblem& p = prm.p;
   Cta c;
   c.b = (int)blockIdx.z + prm.batch_offset;

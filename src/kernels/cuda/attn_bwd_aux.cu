@@ -159,9 +159,11 @@ using namespace flashport::cuda;
 using namespace flashport::cuda::bwd;
 
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dot_do_o(const __grid_constant__ BwdParams prm) {
+  order_after_prior_grids();
   dot_do_o<Elem>(prm);
 }
 
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dq_convert(const __grid_constant__ BwdParams prm) {
+  order_after_prior_grids();
   dq_convert<Elem>(prm);
 }

@@ -272,6 +272,7 @@ using namespace flashport::cuda::bwd32;
 /// before the tiles are overwritten.
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     attn_bwd_f32(const __grid_constant__ BwdParams prm) {
+  order_after_prior_grids();
   const AttnProblem& p = prm.p;
   float* smem = dynamic_smem<float>();
   Cta c;

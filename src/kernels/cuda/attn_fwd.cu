@@ -95,6 +95,7 @@ using namespace flashport::cuda::fwd;
 /// heads when packing GQA), z = batch * num_splits. Block: kThreads. Dynamic smem: kSmemBytes.
 extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     attn_fwd(const __grid_constant__ FwdParams prm) {
+  order_after_prior_grids();
   const AttnProblem& p = prm.p;
   u16* s_q = dynamic_smem<u16>();                 // (kBlockM, kPitch)
   u16* s_k = s_q + kSmemQ;                        // kKvRings x kStages x (kBlockN, kPitch)

@@ -74,6 +74,7 @@ using namespace flashport::cuda::fwd32;
 /// packing are not used (the host passes num_splits 1, pack_gqa 1).
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     attn_fwd_f32(const __grid_constant__ FwdParams prm) {
+  order_after_prior_grids();
   const AttnProblem& p = prm.p;
   float* s_k = dynamic_smem<float>();
   float* s_v = s_k + kBlockN * kHeadDim;

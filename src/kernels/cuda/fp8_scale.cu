@@ -31,6 +31,7 @@ FP_DEV long long sequence_of_row(const int* cu, long long batch, long long r) {
 /// Grid (ceil(largest operand's batch * rows * heads * chunks / kThreads), 3), kThreads threads: grid y
 /// is the operand (0 q, 1 k, 2 v); each thread scales one kChunk-column chunk of one (row, head) vector.
 extern "C" __global__ void __launch_bounds__(kThreads) fp8_scale(const __grid_constant__ Fp8ScaleParams prm) {
+  order_after_prior_grids();
   const int which = (int)block_y();
   const Fp8ScaleOperand& op = prm.op[which];
   const i64 chunks = ceil_div(op.cols, kChunk);

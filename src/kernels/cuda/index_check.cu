@@ -35,6 +35,7 @@ FP_DEV void report(FaultRecord* record, int call, const IndexFault& f) {
 /// few load round trips instead of one per 32 entries (one warp walking 8k entries took 100 us).
 extern "C" __global__ void __launch_bounds__(32 * kWarps)
     index_check(const __grid_constant__ IndexCheckParams ip) {
+  order_after_prior_grids();
   const AttnProblem& p = ip.p;
   const i64 b = block_x() * kWarps + warp_id();
   if (b >= p.batch) return;

@@ -2,6 +2,7 @@
 // toolkit header, plain types, core headers by path, inline PTX for what headers would provide).
 
 #include "core/numeric.h"
+#include "cuda/common/grid_dependency.cuh"
 
 #ifndef SELFTEST_SCALE
 #define SELFTEST_SCALE 1.0f
@@ -25,6 +26,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 /// out[i] = bf16(2^(SELFTEST_SCALE * f16_to_f32(in[i]))) for i < n.
 extern "C" __global__ void flashport_jit_selftest(const unsigned short* g_in, unsigned short* g_out, int n) {
+  flashport::cuda::order_after_prior_grids();  // jit::launch may overlap it with the previous kernel
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float x = flashport::num::f16_to_f32(g_in[i]) * SELFTEST_SCALE;

@@ -30,6 +30,7 @@ FP_DEV void copy_elem(void* dst, i64 d_off, const void* src, i64 s_off, bool wid
 /// rows whose slot, rotary position or pool entry is out of range).
 extern "C" __global__ void __launch_bounds__(32 * kWarps)
     kv_append(const __grid_constant__ KvAppendParams kp) {
+  order_after_prior_grids();
   const AttnProblem& a = kp.attn;
   const i64 row_id = block_x() * kWarps + warp_id();
   if (row_id >= a.batch * kp.s_new * a.hk) return;
@@ -52,6 +53,7 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
 /// cache position into the dense scratch kp.q_rot (b, sq, hq, d).
 extern "C" __global__ void __launch_bounds__(32 * kWarps)
     rotate_q(const __grid_constant__ KvAppendParams kp) {
+  order_after_prior_grids();
   const AttnProblem& a = kp.attn;
   const i64 row_id = block_x() * kWarps + warp_id();
   if (row_id >= a.batch * a.sq * a.hq) return;

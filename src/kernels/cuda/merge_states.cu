@@ -15,6 +15,7 @@ constexpr int kWarps = 4;  // one warp per row (b, s, h)
 /// writes the merged one (they may alias); each output element is read and written by one thread.
 extern "C" __global__ void __launch_bounds__(32 * kWarps)
     merge_states(const __grid_constant__ MergeParams mp) {
+  order_after_prior_grids();
   const i64 row = block_x() * kWarps + warp_id();
   if (row >= mp.batch * mp.heads * mp.seqlen) return;
   const int lane = lane_id();

@@ -17,6 +17,7 @@ constexpr int kBatch = 16;       // splits whose partial outputs one lane has in
 /// all splits empty -> O = 0, LSE = -inf.
 extern "C" __global__ void __launch_bounds__(32 * kWarps)
     split_combine(const __grid_constant__ FwdParams prm) {
+  order_after_prior_grids();
   const AttnProblem& p = prm.p;
   __shared__ float s_w[kWarps][kMaxSplits];
   const int warp = warp_id(), lane = lane_id();

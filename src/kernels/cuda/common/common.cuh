@@ -1,7 +1,9 @@
-// Everything under cuda/common/ in one include: types, mma/ldmatrix, cp.async, math, indices.
+// Everything under cuda/common/ in one include: types, mma/ldmatrix, cp.async, launch order, math,
+// indices.
 #pragma once
 
 #include "cuda/common/async_copy.cuh"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/index.cuh"
 #include "cuda/common/math.cuh"
 #include "cuda/common/mma.cuh"

@@ -721,6 +721,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
                             const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_v) {
   using namespace flashport::cuda;
   using namespace flashport::cuda::hopper;
+  order_after_prior_grids();
   const flashport::AttnProblem& p = prm.p;
   Block blk;
 #if !FP_PERSISTENT

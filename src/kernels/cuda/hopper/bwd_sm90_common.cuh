@@ -544,5 +544,6 @@ FP_DEV void release(const u64& bar) {
            const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_v,                    \
            const __grid_constant__ flashport::cuda::hopper::TmaDesc tma_do) {                 \
     using namespace flashport::cuda::hopper_bwd;                                              \
+    flashport::cuda::order_after_prior_grids();                                               \
     run_roles<SharedStorage, kProducerRegs, kConsumerRegs>(prm, tma_q, tma_k, tma_v, tma_do); \
   }

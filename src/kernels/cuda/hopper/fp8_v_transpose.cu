@@ -64,6 +64,7 @@ FP_DEV void transpose_bytes(const u32* in, u32* out) {
 /// (varlen: those slots are the next sequence's).
 extern "C" __global__ void __launch_bounds__(kThreads)
     flashport_fp8_v_transpose(const __grid_constant__ flashport::cuda::hopper::Fp8VtParams prm) {
+  order_after_prior_grids();
   __shared__ Staged staged_keys;
   u8* tile = staged_keys.bytes;
   const AttnProblem& p = prm.p;
