@@ -3,7 +3,8 @@
 # launch of flashport_attn_fwd_sm90 per cell, after warm-up, and scripts/ncu_summary.py turns the raw pages
 # into one markdown table (duration, TFLOPS, tensor pipe, issue slots, XU/FMA, smem, DRAM, L2, stalls).
 # NCU_PASS=bwd profiles the backward's main kernel (flashport_attn_bwd_sm90; torch.autograd.grad per call)
-# instead, into ncu_hopper_bwd.md / .tar.gz.
+# instead, into ncu_hopper_bwd.md / .tar.gz. NCU_IMPL=fa3 profiles FA3's main kernel on the same cells
+# (ncu_fa3_fwd / ncu_fa3_bwd), for a side-by-side reading of the counters.
 #
 # Usage, on the GPU machine after `python3 -m pip install --no-build-isolation --no-deps .`:
 #   OUT=/tmp/ncu-out bash scripts/ncu_hopper_fwd.sh
@@ -20,15 +21,24 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 T0=$SECONDS
 OUT=${OUT:-/tmp/ncu-out}
-WORK=${NCU_WORK:-${TMPDIR:-/tmp}/ncu_hopper_${NCU_PASS:-fwd}.work}
+WORK=${NCU_WORK:-${TMPDIR:-/tmp}/ncu_${NCU_IMPL:-flashport}_${NCU_PASS:-fwd}.work}
 WARMUP=${WARMUP:-3}
 BUDGET=${NCU_BUDGET_S:-230}
 CELL_TIMEOUT=${NCU_CELL_TIMEOUT_S:-90}
 CELLS=${CELLS:-"64:2048:0 64:16384:0 64:16384:1 128:2048:0 128:2048:1 128:16384:1 256:2048:0"}
 PASS=${NCU_PASS:-fwd}
 export NCU_PASS=$PASS
-KERNEL=flashport_attn_${PASS}_sm90
-NAME=ncu_hopper_$PASS
+# NCU_IMPL=fa3: FA3's main kernel instead (flash_attn_interface importable, e.g. PYTHONPATH=/tmp/fa3/hopper);
+# -k and the CSV match its demangled name.
+IMPL=${NCU_IMPL:-flashport}
+export NCU_IMPL=$IMPL
+if [[ $IMPL == fa3 ]]; then
+  KERNEL=$([[ $PASS == bwd ]] && echo FlashAttnBwdSm90 || echo FlashAttnFwdSm90)
+  NAME=ncu_fa3_$PASS
+else
+  KERNEL=flashport_attn_${PASS}_sm90
+  NAME=ncu_hopper_$PASS
+fi
 export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}  # gpu_suite.sh's: reuse its JIT cache
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$WORK"
@@ -115,7 +125,7 @@ NO_COUNTERS="LibraryNotLoaded|ERR_NVGPUCTRPERM|Failed to initialize the profiler
 run_cell() {
   local d=$1 s=$2 c=$3 mode=$4 page=${5:-} tag="d${1}_s${2}_c${3}${5:+_p$5}"
   local args=(--target-processes all --clock-control none --replay-mode kernel --cache-control all
-    -k "regex:$KERNEL" --launch-skip "$WARMUP" --launch-count 1 --export "$WORK/$tag" --force-overwrite)
+    --kernel-name-base demangled -k "regex:$KERNEL" --launch-skip "$WARMUP" --launch-count 1 --export "$WORK/$tag" --force-overwrite)
   case $mode in
     full) args+=("${SECTIONS[@]}" --metrics "$METRICS") ;;
     sections) args+=("${SECTIONS[@]}") ;;

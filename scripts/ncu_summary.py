@@ -24,7 +24,13 @@ import sys
 from kvcache_cells import heads, make_inputs, visible_pairs
 
 BWD = os.environ.get("NCU_PASS", "fwd") == "bwd"  # the backward: torch.autograd.grad of q, k, v
-KERNEL = "flashport_attn_bwd_sm90" if BWD else "flashport_attn_fwd_sm90"
+# NCU_IMPL=fa3: the same cells through FA3's flash_attn_interface (built from ../shared/peers), whose main
+# kernels' demangled names carry these class names.
+FA3 = os.environ.get("NCU_IMPL", "flashport") == "fa3"
+if FA3:
+    KERNEL = "FlashAttnBwdSm90" if BWD else "FlashAttnFwdSm90"
+else:
+    KERNEL = "flashport_attn_bwd_sm90" if BWD else "flashport_attn_fwd_sm90"
 MMA_FLOP_PER_SM_CLK = 4096  # dense bf16 wgmma on sm_90: 989 TFLOPS = 132 SMs * 4096 * 1.83 GHz
 
 # Column -> metric names, first present wins. The legend of the table names the one that was used.
@@ -332,8 +338,16 @@ def cmd_run(args):
         def backward_of(out):  # the backward alone (one launch of KERNEL per call), dq returned
             return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)[0]
 
-        with torch.enable_grad() if BWD else torch.no_grad():
+        if FA3:
+            import flash_attn_interface
+
+            def fwd():
+                out = flash_attn_interface.flash_attn_func(q, k, v, causal=causal)
+                return out[0] if isinstance(out, tuple) else out
+        else:
             fwd = lambda: flashport.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
+        meta["impl"] = "fa3" if FA3 else "flashport"
+        with torch.enable_grad() if BWD else torch.no_grad():
             if BWD:
                 fwd = backward_of(fwd())
             for _ in range(args.warmup):
