@@ -333,7 +333,7 @@ const Kernel& get(const KernelSpec& spec, int device, int dynamic_smem) {
 }
 
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
-            int dynamic_smem, void* stream, void** args, unsigned cluster_x) {
+            int dynamic_smem, void* stream, void** args, unsigned cluster_x, LaunchOrder order) {
   const std::string& who = kernel.label;
   if (dynamic_smem > std::max(kernel.max_dynamic_smem, kDefaultSmemLimit)) {
     throw Error(who, "launch with " + std::to_string(dynamic_smem) +
@@ -364,7 +364,7 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
   // Kernels built for sm_90+ wait for their predecessors' completion before touching memory
   // (grid_dependency.cuh; JitVariants checks the instruction is there), so they may launch while those
   // finish.
-  if (kernel.arch >= 90 && core::tuning().overlap_launches.get()) {
+  if (order == LaunchOrder::overlap_prior && kernel.arch >= 90 && core::tuning().overlap_launches.get()) {
     CUlaunchAttribute& overlap = attrs[num_attrs++];
     overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     overlap.value.programmaticStreamSerializationAllowed = 1;

@@ -71,14 +71,19 @@ struct SpecKey {
 template <class MakeSpec>
 const Kernel& get_cached(const SpecKey& key, int device, int dynamic_smem, MakeSpec&& make_spec);
 
+/// How a launch is ordered after the kernel queued before it on the same stream. `overlap_prior`:
+/// programmatic stream serialisation for kernels built for sm_90+ (unless FLASHPORT_OVERLAP_LAUNCHES=0), so
+/// the kernel launches while its predecessor finishes; every flashport kernel waits for its predecessors
+/// before touching memory (kernels/cuda/common/grid_dependency.cuh), so the order of memory accesses is
+/// that of `serial`, a plain launch. Measured in docs/PERF.md ("Launches that overlap their predecessors").
+enum class LaunchOrder { serial, overlap_prior };
+
 /// Launches with cuLaunchKernelEx on `stream` (CUstream, may be null = legacy default stream).
 /// `args` as for cuLaunchKernel. `cluster_x` > 1: thread-block clusters of that many CTAs along x
-/// (sm_90+; grid_x must be a multiple). Kernels compiled for sm_90+ launch with programmatic stream
-/// serialisation (FLASHPORT_OVERLAP_LAUNCHES): they must wait for prior grids first, as
-/// kernels/cuda/common/grid_dependency.cuh says. Never synchronises. Throws flashport::Error on a launch
-/// failure.
+/// (sm_90+; grid_x must be a multiple). Never synchronises. Throws flashport::Error on a launch failure.
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
-            int dynamic_smem, void* stream, void** args, unsigned cluster_x = 1);
+            int dynamic_smem, void* stream, void** args, unsigned cluster_x = 1,
+            LaunchOrder order = LaunchOrder::serial);
 
 /// The table behind get_cached(): the kernel remembered for (key, device, dynamic_smem), or null.
 const Kernel* find_cached(const SpecKey& key, int device, int dynamic_smem);

@@ -114,6 +114,8 @@ void launch_backward_fp8(const AttnProblem& p) {
 
 }  // namespace
 
+// The backward's kernels launch plainly (jit::LaunchOrder::serial): overlapping them with their
+// predecessors measured 2-4% slower at d 128 and 512-1k tokens, +0-1% at d 64 (H200, docs/PERF.md).
 void launch_backward(const AttnProblem& p) {
   if (p.batch <= 0 || p.hq <= 0) return;
   if (is_fp8_elem(p.in_type)) return launch_backward_fp8(p);

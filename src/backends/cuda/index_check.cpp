@@ -32,7 +32,9 @@ void check_indices_async(const AttnProblem& p, IndexCallKind call) {
   void* args[] = {&prm};
   const long long blocks = (p.batch + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const long long chunks = core::index_check_chunks(p, kIndexCheckColumnsPerWarp, limits(arch).max_grid_yz);
-  jit::launch(kernel, (unsigned)blocks, (unsigned)chunks, 1, 32 * kWarpsPerBlock, 0, p.stream, args);
+  // Launched while its predecessor finishes (jit::LaunchOrder), as the forward-side kernels after it are.
+  jit::launch(kernel, (unsigned)blocks, (unsigned)chunks, 1, 32 * kWarpsPerBlock, 0, p.stream, args, 1,
+              jit::LaunchOrder::overlap_prior);
 }
 
 void synchronize_and_raise(int device) {

@@ -52,7 +52,8 @@ void launch_forward_f32(const AttnProblem& p) {
   void* args[] = {&prm};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     prm.batch_offset = b0;
-    jit::launch(kernel, gx, gy, (unsigned)nb, kF32Threads, smem, p.stream, args);
+    jit::launch(kernel, gx, gy, (unsigned)nb, kF32Threads, smem, p.stream, args, 1,
+                jit::LaunchOrder::overlap_prior);
   });
 }
 

@@ -352,7 +352,8 @@ Launch prepare(const AttnProblem& p, Shape chosen, int device) {
 
 void run(Launch& l, void* stream) {
   void* args[] = {&l.prm, &l.tma_q, &l.tma_k, &l.tma_v};
-  jit::launch(*l.kernel, l.grid[0], l.grid[1], l.grid[2], l.threads, l.smem, stream, args);
+  jit::launch(*l.kernel, l.grid[0], l.grid[1], l.grid[2], l.threads, l.smem, stream, args, 1,
+              jit::LaunchOrder::overlap_prior);
 }
 
 // --- FP8 (e4m3 q, k, v; bf16 / fp16 out) -------------------------------------------------------------
@@ -442,7 +443,8 @@ void launch_fp8(const AttnProblem& p, int device) {
   void* args[] = {&vp};
   const jit::Kernel& transpose = cached_kernel(fp8_transpose_spec, device, 0, 90);
   const long long key_blocks = (p.sk + kFp8VtKeys - 1) / kFp8VtKeys;  // per sequence, at most
-  jit::launch(transpose, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)p.batch, 256, 0, p.stream, args);
+  jit::launch(transpose, (unsigned)key_blocks, (unsigned)p.hk, (unsigned)p.batch, 256, 0, p.stream, args, 1,
+              jit::LaunchOrder::overlap_prior);
   l.tma_v = fp8_vt_map(p, vt, keys);
   run(l, p.stream);
   ws.free();
