@@ -84,6 +84,10 @@ struct Tuning {
   // (hopper_bwd::tile_64_queries) or 128 (bulk dQ; not in deterministic mode or with dropout); 0 (unset):
   // the tile table's (128)
   Knob<int> hopper_bwd_block_m{"FLASHPORT_HOPPER_BWD_BLOCK_M", 0};
+  // The narrow Hopper backward's serial loop (FP_BWD_ORDER, attn_bwd_sm90.cu): 0 (unset) each step's GEMMs
+  // in two groups, each waited for whole; 1 in overlapping groups (P^T's exponentials beside dP^T's GEMM,
+  // the dQ staging beside dK's)
+  Knob<int> hopper_bwd_order{"FLASHPORT_HOPPER_BWD_ORDER", 0};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};

@@ -72,6 +72,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_FALSE(t.hopper_bwd_pair.get());     // d 256: one CTA per key block (pairs measured slower)
     EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);    // unset: the tile table's loop and stages
     EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);  // unset: the tile table's queries per step
+    EXPECT_EQ(t.hopper_bwd_order.get(), 0);    // unset: each step's GEMM groups waited for whole
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -149,6 +150,11 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"4", "-1", "on"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_PIPE", bad}}).hopper_bwd_pipe, "FLASHPORT_HOPPER_BWD_PIPE",
                     bad);
+  for (int v : {0, 1})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_ORDER", std::to_string(v)}}).hopper_bwd_order.get(), v);
+  for (const char* bad : {"2", "-1", "fa3"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_ORDER", bad}}).hopper_bwd_order,
+                    "FLASHPORT_HOPPER_BWD_ORDER", bad);
   for (int v : {64, 128})
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_BLOCK_M", std::to_string(v)}}).hopper_bwd_block_m.get(), v);
   for (const char* bad : {"32", "0", "-1", "128 "})

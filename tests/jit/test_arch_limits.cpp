@@ -132,7 +132,7 @@ std::string define(const jit::KernelSpec& spec, const std::string& name) {
 /// where they run, else (vector-reduction dQ, deterministic mode) 64 on the pipelined loop on three
 /// stages (softcap: the serial loop on them); the other head dims 64 queries, serial on two.
 TEST(ArchLimits, HopperBwdTileWhereItFits) {
-  int pipelined = 0, wide_steps = 0, dropout = 0;
+  int pipelined = 0, wide_steps = 0, dropout = 0, ordered = 0;
   for (const jit::KernelSpec& spec : hopper_bwd::variants(90)) {
     const bool d64 = define(spec, "FP_HEADDIM") == "64";
     // softcap (2) and dropout (3): the serial loop
@@ -150,10 +150,22 @@ TEST(ArchLimits, HopperBwdTileWhereItFits) {
     EXPECT_EQ(define(spec, "FP_STAGES"), d64 && !m128 ? "3" : "2") << spec.key();
     pipelined += define(spec, "FP_BWD_PIPE") == "1";
     wide_steps += m128;
+    // FLASHPORT_HOPPER_BWD_ORDER=1: a second copy of every serial-loop variant of the narrow kernel
+    if (define(spec, "FP_BWD_ORDER") != "(unset)") {
+      ++ordered;
+      EXPECT_EQ(define(spec, "FP_BWD_ORDER"), "1") << spec.key();
+      EXPECT_EQ(define(spec, "FP_BWD_PIPE"), "0") << spec.key();
+      EXPECT_LE(std::stoi(define(spec, "FP_HEADDIM")), 128) << spec.key();
+    }
   }
-  EXPECT_EQ(pipelined, 8);   // {f16, bf16} x {dQ mode 0, deterministic bulk dQ} x score stage {plain, ALiBi}
-  EXPECT_EQ(wide_steps, 6);  // {f16, bf16} x score stage {plain, ALiBi, softcap}
-  EXPECT_EQ(dropout, 12);    // {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192)
+  EXPECT_EQ(pipelined, 8);    // {f16, bf16} x {dQ mode 0, deterministic bulk dQ} x score stage {plain, ALiBi}
+  EXPECT_EQ(wide_steps, 10);  // {f16, bf16} x score stage {plain, ALiBi, softcap}, all but softcap x order 1
+  EXPECT_EQ(dropout, 18);     // {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192), d 64
+                              // and 128's also in order 1
+  // {f16, bf16} x (d 64: 128 queries x {plain, ALiBi}, 64 queries serial x {softcap, dropout} x
+  // dQ modes {0, 1}; d 96 x {plain, ALiBi}; d 128 x {plain, ALiBi, softcap} x dQ modes {0, 1},
+  // and dropout on bulk dQ)
+  EXPECT_EQ(ordered, 2 * (2 + 4 + 2 + 7));
   // The table's d 64 tile is the 128-query one; deterministic mode and dQ mode 0 take 64 queries.
   EXPECT_EQ(hopper_bwd::tile_for(64).block_m, 128);
   EXPECT_EQ(hopper_bwd::tile_64_queries(64).block_m, 64);
@@ -174,7 +186,7 @@ TEST(ArchLimits, HopperBwdAblationsCompile) {
     EXPECT_EQ(r.spill_bytes, 0) << spec.key();
     ++compiled;
   }
-  EXPECT_EQ(compiled, 2);  // 128 queries per step, and deterministic mode's 64
+  EXPECT_EQ(compiled, 3);  // 128 queries per step in both orders, deterministic mode's 64 (pipelined)
 }
 
 /// Every 128-query variant (d 64's table tile) compiles for every element type and score stage without
@@ -187,7 +199,7 @@ TEST(ArchLimits, HopperBwd128QueriesCompile) {
     EXPECT_EQ(r.spill_bytes, 0) << spec.key();
     ++compiled;
   }
-  EXPECT_EQ(compiled, 6);  // {f16, bf16} x score stage {plain, ALiBi, softcap}
+  EXPECT_EQ(compiled, 10);  // {f16, bf16} x score stage {plain, ALiBi, softcap}, plain and ALiBi in order 1
 }
 
 }  // namespace

@@ -69,18 +69,30 @@ Tile tile_of(const AttnProblem& p) {
 
 /// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi), 3
 /// dropout (alone).
-jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe, int block_m) {
+jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe, int block_m,
+                          int order) {
   const bool wide = wide_kernel(d);
-  return {wide ? kWideSource : kNarrowSource,
-          wide ? kWideEntry : kNarrowEntry,
-          {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
-           {"FP_HEADDIM", std::to_string(d)},
-           {"FP_BLOCK_M", std::to_string(block_m)},
-           {"FP_STAGES", std::to_string(stages)},
-           {"FP_DQ_MODE", std::to_string(dq_mode)},
-           {"FP_BWD_GENERAL", std::to_string(general)},
-           {"FP_BWD_PIPE", std::to_string(pipe)}},
-          90};
+  jit::KernelSpec spec{wide ? kWideSource : kNarrowSource,
+                       wide ? kWideEntry : kNarrowEntry,
+                       {{"FP_DTYPE", elem_type == kBF16 ? "bf16" : "f16"},
+                        {"FP_HEADDIM", std::to_string(d)},
+                        {"FP_BLOCK_M", std::to_string(block_m)},
+                        {"FP_STAGES", std::to_string(stages)},
+                        {"FP_DQ_MODE", std::to_string(dq_mode)},
+                        {"FP_BWD_GENERAL", std::to_string(general)},
+                        {"FP_BWD_PIPE", std::to_string(pipe)}},
+                       90};
+  // Only order 1 carries its define: order 0's specs (and SASS) stay those of before it existed.
+  if (order == 1) spec.defines.push_back({"FP_BWD_ORDER", "1"});
+  return spec;
+}
+
+/// The serial loop's GEMM order (FLASHPORT_HOPPER_BWD_ORDER) where tile `t` of head dim d with score
+/// stage `general` has one: the narrow kernel's serial loop, except softcap on 128 queries per step and
+/// at d 96 (their dQ tile, live beside dK's GEMM, spilled 8 bytes).
+int order_of(int d, const Tile& t, int general, int knob) {
+  const bool spills = general == 2 && (t.block_m == 128 || d == 96);
+  return !wide_kernel(d) && !t.pipe && !spills ? knob : 0;
 }
 
 struct Plans {
@@ -190,8 +202,9 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
+  const int order = order_of(d, tile, general, core::tuning().hopper_bwd_order.get());
   const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general,
-                                            tile.stages, tile.pipe, tile.block_m);
+                                            tile.stages, tile.pipe, tile.block_m, order);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
@@ -217,7 +230,9 @@ std::vector<jit::KernelSpec> variants(int arch) {
           for (const bool deterministic : {false, true}) {
             const Tile t = launch_tile(d, general, dq_knob, -1, 0, deterministic);
             if (general == 3 && !dropout_fits(d, t.dq_mode)) continue;
-            add(make_spec(elem_type, d, t.dq_mode, general, t.stages, t.pipe, t.block_m));
+            for (int order_knob : {0, 1})  // FLASHPORT_HOPPER_BWD_ORDER's values
+              add(make_spec(elem_type, d, t.dq_mode, general, t.stages, t.pipe, t.block_m,
+                            order_of(d, t, general, order_knob)));
           }
         }
   return specs;

@@ -34,6 +34,15 @@ constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE, FP_BWD_PIPE};
 constexpr bool kPipe = FP_BWD_PIPE != 0;  // Tile::pipe: the next step's S^T / dP^T issued ahead
 static_assert(!kPipe || (pipe_fits(kHeadDim, FP_BWD_GENERAL) && kDqSplitKeys),
               "the pipelined loop's registers fit at d 64 without softcap or dropout");
+// FP_BWD_ORDER 1 (Tile::order): the serial loop's GEMMs in overlapping groups. S^T and dP^T are two
+// commit groups, P^T's exponentials run while dP^T's GEMM does (kGradsSplit); then dV, dQ (after both
+// dS^T halves) and dK are three, and the step's dQ tile is staged while dK's GEMM runs. Same GEMMs and
+// elementwise operations as order 0, in another order: the same bits.
+#ifndef FP_BWD_ORDER
+#define FP_BWD_ORDER 0
+#endif
+constexpr bool kOrdered = FP_BWD_ORDER != 0;
+static_assert(!kOrdered || !kPipe, "the overlapping order is one of the serial loop");
 // Timing-only ablations (FLASHPORT_JIT_DEFINES=FP_BWD_ABLATE=n, bit flags; the gradients are then wrong):
 // 1 no dQ reduce-adds to global memory (bulk mode), 2 no dQ GEMM and no dQ staging stores, 4 no elementwise
 // stage (P^T = S^T, dS^T = dP^T), 8 no dS^T stores to shared memory (with 2: no dQ work at all).
@@ -267,11 +276,14 @@ struct Consumer {
   FP_DEV u32 s_q(int t) const { return smem_addr(&s.q[t % kStages][0][0][0]); }
   FP_DEV u32 s_do(int t) const { return smem_addr(&s.dout[t % kStages][0][0][0]); }
 
-  /// Waits for step t's stage, then issues S^T = K Q^T and dP^T = V dO^T (one commit group).
+  /// Waits for step t's stage, then issues S^T = K Q^T and dP^T = V dO^T (one commit group; two with
+  /// `split`, S^T's first).
+  template <bool split = false>
   FP_DEV void issue_scores(int t, float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2]) {
     sm90::mbar_wait(bar_addr(s.bar_full[t % kStages]), (u32)(t / kStages) & 1u);
     sm90::wgmma_fence();
     gemm_keys_by_queries(r_s, desc_k_rows, sm90::smem_desc(s_q(t), 16, 1024));
+    if constexpr (split) sm90::wgmma_commit();
     gemm_keys_by_queries(r_dp, desc_v_rows, sm90::smem_desc(s_do(t), 16, 1024));
     sm90::wgmma_commit();
   }
@@ -281,12 +293,13 @@ struct Consumer {
     if constexpr (kDropout) keep.draw(prm.bwd.p, w, step_head(w, t), step_m0(w, t), key0, tid);
   }
 
-  /// P^T and dS^T of step t from its S^T and dP^T (fp32, in place).
+  /// P^T and dS^T of step t from its S^T and dP^T (fp32, in place), or one part of that (GradsPart).
+  template <int part = kGradsWhole>
   FP_DEV void grads(int t, float (&r_s)[kBlockM / 2], float (&r_dp)[kBlockM / 2],
                     const KeepBits<kBlockM>& keep = {}) {
     if (!(kAblate & 4))
-      scores_to_grads<kBlockM>(r_s, r_dp, prm.bwd.p, s, w, step_head(w, t), t % kStages, step_m0(w, t), 0,
-                               key0, tid, keep);
+      scores_to_grads<kBlockM, part>(r_s, r_dp, prm.bwd.p, s, w, step_head(w, t), t % kStages, step_m0(w, t),
+                                     0, key0, tid, keep);
   }
 
   /// P^T and dS^T packed as register A operands; dS^T also to shared memory for dQ. Stored before the
@@ -294,6 +307,9 @@ struct Consumer {
   FP_DEV void pack(int t, const float (&r_s)[kBlockM / 2], const float (&r_dp)[kBlockM / 2],
                    u32 (&r_p)[kBlockM / 4], u32 (&r_ds)[kBlockM / 4]) {
     pack_operand<kBlockM>(r_s, r_p);
+    pack_grads(t, r_dp, r_ds);
+  }
+  FP_DEV void pack_grads(int t, const float (&r_dp)[kBlockM / 2], u32 (&r_ds)[kBlockM / 4]) {
     pack_operand<kBlockM>(r_dp, r_ds);
     if (kAblate & 8) return;
     store_key_rows<kBlockM, kDsChunkBytes>(smem_addr(&s.ds[t & 1][0][0][0]), r_ds, 64 * c, 0, tid);
@@ -314,11 +330,40 @@ struct Consumer {
     sm90::wgmma_commit();
   }
 
-  /// After step t's accumulating GEMMs completed: release its stage, hand its dQ tile to the drain once
-  /// the buffer's previous use was read (fragment order: consecutive threads, consecutive 8 bytes).
+  /// kOrdered: dV += P^T dO, dQ = dS K (after both dS^T halves), dK += dS^T Q, one commit group each, so
+  /// that dQ can be staged while dK runs (wgmma_wait<1>).
+  FP_DEV void issue_accumulate_ordered(int t, const u32 (&r_p)[kBlockM / 4], const u32 (&r_ds)[kBlockM / 4],
+                                       float (&r_dk)[kPadD / 2], float (&r_dv)[kPadD / 2],
+                                       float (&r_dq)[32]) {
+    sm90::wgmma_fence();
+    gemm_accumulate_kv(r_dv, r_p, sm90::smem_desc(s_do(t), kQChunkBytes, 1024));
+    sm90::wgmma_commit();
+    if (!kDqSplitKeys) sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
+    if (!(kAblate & 2))
+      gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[t & 1][0][0][0]) + ds_off, kDsChunkBytes, 1024),
+              desc_k_dq);
+    sm90::wgmma_commit();
+    gemm_accumulate_kv(r_dk, r_ds, sm90::smem_desc(s_q(t), kQChunkBytes, 1024));
+    sm90::wgmma_commit();
+  }
+
+  /// After step t's accumulating GEMMs completed: release its stage, hand its dQ tile to the drain.
   FP_DEV void finish(int t, const float (&r_dq)[32]) {
     release(s.bar_empty[t % kStages]);
+    stage_dq(t, r_dq);
+  }
+
+  /// Until dQ staging buffer dq_buf has been read by the drain after its use dq_use - 1 (step t's buffer:
+  /// t % kDqBuffers, use t / kDqBuffers).
+  FP_DEV void wait_dq_buffer(int dq_buf, int dq_use) {
+    if (dq_use > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty[dq_buf]), (u32)(dq_use - 1) & 1u);
+  }
+
+  /// Step t's dQ tile to the drain once the buffer's previous use was read (fragment order: consecutive
+  /// threads, consecutive 8 bytes).
+  FP_DEV void stage_dq(int t, const float (&r_dq)[32]) {
     const int dq_buf = t % kDqBuffers, dq_use = t / kDqBuffers;
+    // wait_dq_buffer's body, written out: the call changed order 0's SASS (register allocation only)
     if (dq_use > 0) sm90::mbar_wait(bar_addr(s.bar_dq_empty[dq_buf]), (u32)(dq_use - 1) & 1u);
     u32 s_dq_base = s_dq;
     if constexpr (kDropout) {  // recomputed per step: kept across the loop it spilled (d 96, 128)
@@ -390,6 +435,43 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
       sm90::wgmma_wait<0>();
       pin_accumulate(r_dk, r_dv, r_dq, r_p, r_ds);
       cs.finish(last, r_dq);
+    } else if constexpr (kOrdered) {
+      for (int t = 0; t < w.steps; ++t) {
+        cs.issue_scores<kGradsSplit>(t, r_s, r_dp);
+        KeepBits<kBlockM> keep;
+        cs.draw_keep(t, keep);
+        if constexpr (kGradsSplit) {  // P^T while dP^T's GEMM runs
+          sm90::wgmma_wait<1>();
+          sm90::pin_registers(r_s);
+          cs.grads<kGradsProbs>(t, r_s, r_dp);
+          // ptxas puts a wgmma wait at the top of its basic block, so the wait for dP^T needs a block
+          // boundary after every P^T element: a branch on all of them (P^T >= 0, so always taken unless
+          // all NaN), around a wait the step makes anyway (stage_dq repeats it, at no cost once complete).
+          float low = r_s[0];
+#pragma unroll
+          for (int e = 1; e < kBlockM / 2; ++e) low = fminf(low, r_s[e]);
+          if (low >= 0.0f) cs.wait_dq_buffer(t % kDqBuffers, t / kDqBuffers);
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(r_dp);
+          cs.grads<kGradsFromProbs>(t, r_s, r_dp);
+          cs.pack(t, r_s, r_dp, r_p, r_ds);
+        } else {
+          sm90::wgmma_wait<0>();
+          sm90::pin_registers(r_s);
+          sm90::pin_registers(r_dp);
+          cs.grads(t, r_s, r_dp, keep);
+          cs.pack(t, r_s, r_dp, r_p, r_ds);
+        }
+        cs.issue_accumulate_ordered(t, r_p, r_ds, r_dk, r_dv, r_dq);
+        sm90::wgmma_wait<1>();  // dV and dQ; dK may still run
+        sm90::pin_registers(r_dq);
+        sm90::pin_registers(r_dv);
+        sm90::pin_registers(r_p);
+        cs.stage_dq(t, r_dq);
+        sm90::wgmma_wait<0>();
+        pin_accumulate(r_dk, r_dv, r_dq, r_p, r_ds);
+        release(s.bar_empty[t % kStages]);
+      }
     } else {
       for (int t = 0; t < w.steps; ++t) {
         cs.issue_scores(t, r_s, r_dp);

@@ -400,10 +400,28 @@ struct KeepBits {
 /// tile, branch-free: a branch around it (for tiles every query sees whole) makes ptxas serialise all
 /// wgmmas of the loop (C7512, "insufficient register resources"). Dropout (FP_BWD_GENERAL 3): P^T z and
 /// dS^T = P^T (z dP^T - D) with z = 1 / (1 - p) where kept, 0 where dropped (attn::prob_grad).
-template <int kN, class S>
+/// kPart (kGradsWhole: both at once) splits the stage where P^T needs no more than S^T (kGradsSplit: no
+/// softcap, no dropout; callers split nowhere else): kGradsProbs computes P^T into r_s alone, while dP^T's
+/// GEMM may still run; kGradsFromProbs then dS^T from it. Same operations per element as kGradsWhole, so
+/// the same bits.
+enum GradsPart { kGradsWhole, kGradsProbs, kGradsFromProbs };
+constexpr bool kGradsSplit = !kSoftcap && !kDropout;
+
+template <int kN, int kPart = kGradsWhole, class S>
 FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const AttnProblem& p, const S& s,
                             const Work& w, int h_step, int stage, int m0, int q_off, int key0, int tid,
                             const KeepBits<kN>& keep) {
+  if constexpr (kPart == kGradsFromProbs) {  // dS^T = P^T (dP^T - D)
+    const int t4 = tid & 3;
+    const u32 s_dsum = smem_addr(&s.dsum[stage][0]) + 4u * q_off;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const Float2 dsum = ld_shared_f32x2(s_dsum + 4u * (8 * j + 2 * t4));
+#pragma unroll
+      for (int e = 4 * j; e < 4 * j + 4; ++e) r_dp[e] = r_s[e] * (r_dp[e] - (e % 2 ? dsum.y : dsum.x));
+    }
+    return;
+  }
   const int lane = tid & 31, t4 = lane & 3;
   const int len_q = w.seq.len_q, len_k = w.seq.len_k;
   const float scale_log2 = p.scale * sem::kLog2e;
@@ -435,7 +453,7 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
   for (int j = 0; j < kN / 8; ++j) {
     const u32 col_addr = 4u * (8 * j + 2 * t4);
     const Float2 lse2 = ld_shared_f32x2(s_lse2 + col_addr);
-    const Float2 dsum = ld_shared_f32x2(s_dsum + col_addr);
+    const Float2 dsum = kPart == kGradsWhole ? ld_shared_f32x2(s_dsum + col_addr) : Float2{};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -462,7 +480,7 @@ FP_DEV void scores_to_grads(float (&r_s)[kN / 2], float (&r_dp)[kN / 2], const A
         } else if constexpr (kSoftcap) {  // capped / cap = th: cap 1 and capped th give the factor 1 - th^2
           attn::prob_grad(prob, true, 1.0f, r_dp[e], x ? dsum.y : dsum.x, 1.0f, th, r_s[e], r_dp[e]);
         } else {
-          r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));
+          if constexpr (kPart == kGradsWhole) r_dp[e] = prob * (r_dp[e] - (x ? dsum.y : dsum.x));
           r_s[e] = prob;
         }
       }
