@@ -316,35 +316,26 @@ struct Consumer {
     sm90::fence_proxy_async();
   }
 
-  /// dV += P^T dO, dK += dS^T Q, dQ = dS K (at d 128 after both consumers stored their dS^T halves).
+  /// dV += P^T dO, dK += dS^T Q, dQ = dS K (at d 128 after both consumers stored their dS^T halves): dV and
+  /// dK one commit group, dQ another. `ordered` (kOrdered): dV, dQ, dK one group each, so that dQ can be
+  /// staged while dK runs (wgmma_wait<1>).
+  template <bool ordered = false>
   FP_DEV void issue_accumulate(int t, const u32 (&r_p)[kBlockM / 4], const u32 (&r_ds)[kBlockM / 4],
                                float (&r_dk)[kPadD / 2], float (&r_dv)[kPadD / 2], float (&r_dq)[32]) {
+    const u64 desc_q = sm90::smem_desc(s_q(t), kQChunkBytes, 1024);
     sm90::wgmma_fence();
     gemm_accumulate_kv(r_dv, r_p, sm90::smem_desc(s_do(t), kQChunkBytes, 1024));
-    gemm_accumulate_kv(r_dk, r_ds, sm90::smem_desc(s_q(t), kQChunkBytes, 1024));
+    if constexpr (!ordered) gemm_accumulate_kv(r_dk, r_ds, desc_q);
     sm90::wgmma_commit();
     if (!kDqSplitKeys) sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
     if (!(kAblate & 2))
       gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[t & 1][0][0][0]) + ds_off, kDsChunkBytes, 1024),
               desc_k_dq);
     sm90::wgmma_commit();
-  }
-
-  /// kOrdered: dV += P^T dO, dQ = dS K (after both dS^T halves), dK += dS^T Q, one commit group each, so
-  /// that dQ can be staged while dK runs (wgmma_wait<1>).
-  FP_DEV void issue_accumulate_ordered(int t, const u32 (&r_p)[kBlockM / 4], const u32 (&r_ds)[kBlockM / 4],
-                                       float (&r_dk)[kPadD / 2], float (&r_dv)[kPadD / 2],
-                                       float (&r_dq)[32]) {
-    sm90::wgmma_fence();
-    gemm_accumulate_kv(r_dv, r_p, sm90::smem_desc(s_do(t), kQChunkBytes, 1024));
-    sm90::wgmma_commit();
-    if (!kDqSplitKeys) sm90::named_bar_sync(kBarDs, 256);  // both halves of dS^T are in shared memory
-    if (!(kAblate & 2))
-      gemm_dq(r_dq, sm90::smem_desc(smem_addr(&s.ds[t & 1][0][0][0]) + ds_off, kDsChunkBytes, 1024),
-              desc_k_dq);
-    sm90::wgmma_commit();
-    gemm_accumulate_kv(r_dk, r_ds, sm90::smem_desc(s_q(t), kQChunkBytes, 1024));
-    sm90::wgmma_commit();
+    if constexpr (ordered) {
+      gemm_accumulate_kv(r_dk, r_ds, desc_q);
+      sm90::wgmma_commit();
+    }
   }
 
   /// After step t's accumulating GEMMs completed: release its stage, hand its dQ tile to the drain.
@@ -462,7 +453,7 @@ FP_DEV void consume(const BwdSm90Params& prm, SharedStorage& s, const Work& w, i
           cs.grads(t, r_s, r_dp, keep);
           cs.pack(t, r_s, r_dp, r_p, r_ds);
         }
-        cs.issue_accumulate_ordered(t, r_p, r_ds, r_dk, r_dv, r_dq);
+        cs.issue_accumulate<true>(t, r_p, r_ds, r_dk, r_dv, r_dq);
         sm90::wgmma_wait<1>();  // dV and dQ; dK may still run
         sm90::pin_registers(r_dq);
         sm90::pin_registers(r_dv);
