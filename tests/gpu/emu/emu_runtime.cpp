@@ -421,8 +421,9 @@ void remember_cached(const SpecKey& key, int device, int dynamic_smem, const Ker
   g_cached.emplace(std::make_tuple(key.builder, key.values, device, dynamic_smem), &kernel);
 }
 
+// `order` is moot here: the emulator runs one grid at a time, each to completion.
 void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
-            int dynamic_smem, void*, void** args, unsigned cluster_x) {
+            int dynamic_smem, void*, void** args, unsigned cluster_x, LaunchOrder) {
   if (dynamic_smem > kernel.max_dynamic_smem)
     throw Error("kernel " + kernel.key, "dynamic smem above get()'s");
   // The emulated (portable) kernels are launched without clusters; only the Hopper backward asks for them.
