@@ -100,8 +100,9 @@ struct Tuning {
   // cudaMallocAsync allocator does), so a step that synchronises does not map the scratch again; a
   // threshold someone else set is left alone. 0: the pool is not touched.
   Knob<bool> keep_scratch{"FLASHPORT_KEEP_SCRATCH", true};
-  // 1 (unset): kernels on sm_90+ launch with programmatic stream serialisation, so each starts while the
-  // previous kernel on the stream finishes (kernels/cuda/common/grid_dependency.cuh); 0: plain launches
+  // 1 (unset): launches that ask for it (jit::LaunchOrder::overlap_prior: the forward side) of sm_90+ kernels
+  // use programmatic stream serialisation, each starting while the previous kernel on the stream finishes
+  // (kernels/cuda/common/grid_dependency.cuh); 0: every launch plain
   Knob<bool> overlap_launches{"FLASHPORT_OVERLAP_LAUNCHES", true};
   Knob<std::string> nvrtc_path{"FLASHPORT_NVRTC_PATH"};  // any path; "" when unset
   // Extra NVRTC defines for timing ablations (e.g. FP_BWD_ABLATE=1): space-separated NAME[=VALUE] entries

@@ -1,12 +1,11 @@
 // Programmatic dependent launch (sm_90+). A launch with jit::LaunchOrder::overlap_prior lets a kernel start
 // while the kernel queued before it on the stream is still running (its launch, block scheduling and
 // prologue overlap that kernel's tail; a decode call's index check -> attention -> split combine no longer
-// pay a full launch gap each). The price is this contract, kept by every entry point, whichever way the
-// launcher orders it: wait_prior_grids() comes before the first
-// global-memory access (a predecessor may still be writing what this kernel reads, or reading what it
-// writes), and release_dependent_grids() after it, so a dependent starts only once everything queued
-// before this grid has finished. JitVariants checks that every sm_90 variant has both instructions.
-// Below sm_90 both are empty: no launch there asks for the overlap.
+// pay a full launch gap each). The price is this contract, kept by every entry point however the launcher
+// orders it: wait_prior_grids() comes before the first global-memory access (a predecessor may still be
+// writing what this kernel reads, or reading what it writes), and release_dependent_grids() after it, so
+// a dependent starts only once everything queued before this grid has finished. JitVariants checks that
+// every sm_90 variant has both instructions. Below sm_90 both are empty: no launch there overlaps.
 #pragma once
 
 #include "cuda/common/types.cuh"

@@ -34,10 +34,10 @@ constexpr Tile kTile{kBlockM, kStages, FP_DQ_MODE, FP_BWD_PIPE};
 constexpr bool kPipe = FP_BWD_PIPE != 0;  // Tile::pipe: the next step's S^T / dP^T issued ahead
 static_assert(!kPipe || (pipe_fits(kHeadDim, FP_BWD_GENERAL) && kDqSplitKeys),
               "the pipelined loop's registers fit at d 64 without softcap or dropout");
-// FP_BWD_ORDER 1 (Tile::order): the serial loop's GEMMs in overlapping groups. S^T and dP^T are two
-// commit groups, P^T's exponentials run while dP^T's GEMM does (kGradsSplit); then dV, dQ (after both
-// dS^T halves) and dK are three, and the step's dQ tile is staged while dK's GEMM runs. Same GEMMs and
-// elementwise operations as order 0, in another order: the same bits.
+// FP_BWD_ORDER 1 (the host's order_of, FLASHPORT_HOPPER_BWD_ORDER): the serial loop's GEMMs in overlapping
+// groups. S^T and dP^T are two commit groups, P^T's exponentials run while dP^T's GEMM does (kGradsSplit);
+// then dV, dQ (after both dS^T halves) and dK are three, and the step's dQ tile is staged while dK's GEMM
+// runs. Same GEMMs and elementwise operations as order 0, in another order: the same bits.
 #ifndef FP_BWD_ORDER
 #define FP_BWD_ORDER 0
 #endif
@@ -307,9 +307,6 @@ struct Consumer {
   FP_DEV void pack(int t, const float (&r_s)[kBlockM / 2], const float (&r_dp)[kBlockM / 2],
                    u32 (&r_p)[kBlockM / 4], u32 (&r_ds)[kBlockM / 4]) {
     pack_operand<kBlockM>(r_s, r_p);
-    pack_grads(t, r_dp, r_ds);
-  }
-  FP_DEV void pack_grads(int t, const float (&r_dp)[kBlockM / 2], u32 (&r_ds)[kBlockM / 4]) {
     pack_operand<kBlockM>(r_dp, r_ds);
     if (kAblate & 8) return;
     store_key_rows<kBlockM, kDsChunkBytes>(smem_addr(&s.ds[t & 1][0][0][0]), r_ds, 64 * c, 0, tid);
