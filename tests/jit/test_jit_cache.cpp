@@ -210,8 +210,8 @@ TEST(JitCache, ConcurrentProcessesLeaveOneValidEntry) {
   const std::string exe = self_exe();
   ASSERT_FALSE(exe.empty());
   // Leak checks off in the children (under ASan): what they test is the cache's files, and LeakSanitizer's
-  // exit-time tracer crashed in every child started from this test on one CI kernel (google/sanitizers#1353;
-  // scripts/ctest_lsan_retry.sh cannot see a child's report behind the exit status).
+  // exit-time tracer crash (google/sanitizers#1353) in a child failed every run of this test on one CI
+  // kernel (scripts/ctest_lsan_retry.sh cannot see a child's report behind the exit status).
   const std::string child =
       "ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0\" "
       "FLASHPORT_JIT_TEST_CHILD=1 FLASHPORT_CACHE_DIR='" +
