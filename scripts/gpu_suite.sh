@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build with the CUDA backend, run the jit + gpu suites, the Python suite on the GPU,
 # compute-sanitizer on small shapes, and the GPU benchmark. Logs go to $OUT (the device tool returns them).
-# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,bench,overhead,train,
+# STEPS selects a subset: STEPS=build,jit,gpu,portable,python,prebuild,sanitize,ncu,ncusrc,bench,overhead,train,
 # memory,fuzz,huge,fa3,decode,decodemodes,ab,bwdab,trainprof,sweep,fp8probe,pagedprefill
 # (default: build,jit,gpu,portable,python,sanitize,bench). `overhead` times the per-call host cost (C++
 # alone and through Python, against SDPA; with a pre-change tree in .base/ (carried), that too, for a
@@ -22,6 +22,7 @@
 # narrow the grid; FA3_MODES=fwd,bwd,fp8_fwd times it with bench/gpu_bench.py instead, fp8_fwd against an
 # FA3_FP8=1 build); overhead_bench then imports it too. A warm machine's /tmp/fa3 (a build an earlier
 # call started: `bash .peers/build_fa3.sh` runs on after its call) is reused.
+# `ncusrc` samples where the warps wait per SASS instruction (ncu source page; NCUSRC_CELLS, scripts/ncu_stalls.py).
 # `bwdab` times the backward under each value of one knob (scripts/ab_bwd.py; BWDAB_KNOB, BWDAB_VALUES, BWDAB_ARGS).
 # `sweep` times the Hopper forward per launch setting at training shapes (SWEEP_SHAPES, SWEEP_SETTINGS).
 # BUILD_TARGETS narrows the build step to some ninja targets (e.g. host_overhead_bench).
@@ -236,6 +237,32 @@ if has ncu; then
   step "ncu counters of the Hopper forward"
   need_package
   OUT="$OUT/ncu" bash scripts/ncu_hopper_fwd.sh 2>&1 | tail -30
+fi
+if has ncusrc; then
+  # Where the warps wait, per SASS instruction: one launch per NCUSRC_CELLS entry (pass:d:seqlen:causal;
+  # decode:BxCTX for the decode variant through scripts/ncu_decode.sh) under `--set full --import-source
+  # yes`, its source page summarised by scripts/ncu_stalls.py into ncusrc_<cell>.md.
+  step "ncu source-level stall samples"
+  need_package
+  ncu_bin=$(command -v ncu || printf '%s\n' /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu | sort -V | tail -1)
+  mkdir -p "$OUT/ncusrc"
+  for cell in ${NCUSRC_CELLS:-fwd:128:4096:1 bwd:128:8192:0 decode:1x1024}; do
+    IFS=: read -r pass a b c <<<"$cell"
+    tag=${cell//:/_}
+    if [[ $pass == decode ]]; then
+      OUT="$OUT/ncusrc" CELLS="$a" bash scripts/ncu_decode.sh 2>&1 | tail -2
+      csv="$OUT/ncusrc/decode_${a}_page${PAGE:-0}.sass.csv"
+    else
+      csv="$OUT/ncusrc/$tag.sass.csv"
+      NCU_PASS=$pass timeout 120 "$ncu_bin" --set full --import-source yes --kernel-name-base demangled \
+        -k "regex:flashport_attn_${pass}_sm90" --launch-skip 3 --launch-count 1 -f -o "$OUT/ncusrc/$tag" \
+        python3 scripts/ncu_summary.py run "$a" "$b" "$c" --warmup 3 >"$OUT/ncusrc/$tag.log" 2>&1
+      "$ncu_bin" --import "$OUT/ncusrc/$tag.ncu-rep" --page source --csv --print-source sass >"$csv" 2>>"$OUT/ncusrc/$tag.log"
+    fi
+    python3 scripts/ncu_stalls.py "$csv" >"$OUT/ncusrc_$tag.md" 2>&1 && head -16 "$OUT/ncusrc_$tag.md" || status=1
+    rm -f "$OUT"/ncusrc/*.ncu-rep
+    gzip -f "$csv"
+  done
 fi
 fa3_ready() {  # waits up to FA3_WAIT seconds for the background build
   local waited=0
