@@ -53,6 +53,13 @@ constexpr int kMinBlocks = FP_MIN_BLOCKS;  // CTAs per SM the register cap leave
 /// copies K row r, lane 16 + r V row r) onto per-warp, per-stage mbarriers, where the 16-byte cp.async
 /// copies took kChunks / 2 instructions per lane and operand; the shared layout (kPitch rows) is the same.
 constexpr bool kBulk = FP_BULK;
+#ifndef FP_DECODE_DENSE
+#define FP_DECODE_DENSE 0
+#endif
+/// For A/B timing only (FLASHPORT_JIT_DEFINES=FP_DECODE_DENSE): the decode variant with the block-table
+/// path and the generic row copy compiled out, to time what a leaner binary gains at batch 1 (its fetch was
+/// 30% of the warp samples of a one-round call, docs/PERF.md). A paged or not 16-byte aligned call traps.
+constexpr bool kDenseOnly = kDecode && FP_DECODE_DENSE;
 constexpr int kPitch = kHeadDim + 8;   // smem row pitch in elements: the 16-byte pad puts the 8 rows of
                                        // every ldmatrix 8x8 matrix in distinct bank groups
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
