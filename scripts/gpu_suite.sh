@@ -244,7 +244,8 @@ if has ncusrc; then
   # yes`, its source page summarised by scripts/ncu_stalls.py into ncusrc_<cell>.md.
   step "ncu source-level stall samples"
   need_package
-  ncu_bin=$(command -v ncu || printf '%s\n' /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu | sort -V | tail -1)
+  source scripts/find_ncu.sh
+  ncu_bin=$(find_ncu)
   mkdir -p "$OUT/ncusrc"
   for cell in ${NCUSRC_CELLS:-fwd:128:4096:1 bwd:128:8192:0 decode:1x1024}; do
     IFS=: read -r pass a b c <<<"$cell"

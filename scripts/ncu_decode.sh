@@ -7,8 +7,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ncu-decode}
 mkdir -p "$OUT"
-NCU=${NCU:-$(command -v ncu || printf '%s\n' /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu | sort -V | tail -1)}
-[[ -x "$NCU" ]] || { echo "ncu_decode: no ncu (set NCU)"; exit 0; }
+source scripts/find_ncu.sh
+NCU=$(find_ncu)
+[[ -n "$NCU" ]] || { echo "ncu_decode: no ncu (set NCU)"; exit 0; }
 export FLASHPORT_CACHE_DIR=${FLASHPORT_CACHE_DIR:-/tmp/flashport-cache}
 for cell in ${CELLS:-1x8192 8x32768}; do
   rep="$OUT/decode_${cell}_page${PAGE:-0}"

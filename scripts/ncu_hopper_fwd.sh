@@ -51,14 +51,7 @@ skip_suite() {
   exit 0
 }
 
-find_ncu() {
-  if [[ -n "${NCU:-}" ]]; then [[ -x "$NCU" ]] && echo "$NCU"; return; fi
-  command -v ncu 2>/dev/null && return
-  local c
-  c=$(printf '%s\n' /opt/nvidia/nsight-compute/*/ncu | sort -V | tail -1)
-  [[ -x "$c" ]] && { echo "$c"; return; }
-  [[ -x /usr/local/cuda/bin/ncu ]] && echo /usr/local/cuda/bin/ncu
-}
+source scripts/find_ncu.sh
 NCU_BIN=$(find_ncu)
 [[ -n "$NCU_BIN" ]] ||
   skip_suite "ncu not found (PATH, /opt/nvidia/nsight-compute/*/ncu, /usr/local/cuda/bin/ncu; or set NCU)"
