@@ -149,12 +149,17 @@ if has portable; then
 fi
 if has decodemodes; then
   # The decode variant's other shapes (DECODE_TEST_MODES, FLASHPORT_DECODE values: several CTAs per SM,
-  # bulk row copies) over the decode-shaped tests, small pages, bad table entries and splits included.
+  # bulk row copies; `cluster` / `cluster16`: FLASHPORT_DECODE_CLUSTER=1 / 16, split grids merged in a
+  # cluster of at most 8 / 16 CTAs) over the decode-shaped tests, small pages, bad table entries and
+  # splits included.
   step "gpu decode tests under each FLASHPORT_DECODE shape"
   decode_tests='GpuForwardSmall.*:GpuForward.DecodeShapesUseSplitKv:GpuForwardPaged.*:GpuKvCache*:GpuForwardFp8.SplitKvDecode'
-  for mode in ${DECODE_TEST_MODES:-6 7 8 9}; do
-    echo "--- FLASHPORT_DECODE=$mode"
-    FLASHPORT_DECODE=$mode build-gpu/tests/flashport_tests_gpu --gtest_filter="$decode_tests" \
+  for mode in ${DECODE_TEST_MODES:-6 7 8 9 cluster cluster16}; do
+    knob=FLASHPORT_DECODE=$mode
+    [[ $mode == cluster* ]] && knob=FLASHPORT_DECODE_CLUSTER=${mode#cluster}  # cluster, cluster16: 1, 16
+    [[ $knob == *= ]] && knob+=1
+    echo "--- $knob"
+    env "$knob" build-gpu/tests/flashport_tests_gpu --gtest_filter="$decode_tests" \
       >"$OUT/gpu_decode_mode$mode.log" 2>&1 || status=1
     grep -E "PASSED|FAILED|Failure" "$OUT/gpu_decode_mode$mode.log" | head -20
   done

@@ -29,6 +29,7 @@ jit::KernelSpec forward_spec_for(int arch, int elem_type, int bucket, const FwdT
   if (t.decode) spec.defines.push_back({"FP_DECODE", "1"});
   if (t.min_blocks > 1) spec.defines.push_back({"FP_MIN_BLOCKS", std::to_string(t.min_blocks)});
   if (t.bulk) spec.defines.push_back({"FP_BULK", "1"});
+  if (t.cluster) spec.defines.push_back({"FP_CLUSTER", "1"});
   return spec;
 }
 
@@ -40,6 +41,12 @@ jit::KernelSpec forward_spec(int arch, int elem_type, int bucket) {
 
 jit::KernelSpec decode_spec(int arch, int elem_type, int bucket, int mode) {
   return forward_spec_for(arch, elem_type, bucket, decode_tile(arch, bucket, mode));
+}
+
+jit::KernelSpec decode_cluster_spec(int arch, int elem_type, int bucket) {
+  FwdTile t = decode_tile(arch, bucket, 0);
+  t.cluster = true;
+  return forward_spec_for(arch, elem_type, bucket, t);
 }
 
 jit::KernelSpec split_combine_spec(int arch) {

@@ -15,6 +15,9 @@ jit::KernelSpec forward_spec(int arch, int elem_type, int bucket);
 /// Its decode variant (FP_DECODE=1, the tile of decode_tile for `mode`, FLASHPORT_DECODE's shape
 /// choice; 0: the default): calls whose query rows, GQA heads packed in, fit one 16-row fragment.
 jit::KernelSpec decode_spec(int arch, int elem_type, int bucket, int mode);
+/// The default decode shape with its splits merged in a thread-block cluster (FP_CLUSTER, sm_90+; 2-byte
+/// types, buckets up to 128: decode_cluster_fits in sm80/forward.cpp).
+jit::KernelSpec decode_cluster_spec(int arch, int elem_type, int bucket);
 /// The split-KV combine kernel (element type is a runtime value).
 jit::KernelSpec split_combine_spec(int arch);
 /// kv-cache append and q rotation kernels (runtime element type).

@@ -85,6 +85,97 @@ FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const
   }
 }
 
+#if FP_CLUSTER
+/// The split merge of a cluster launch (kCluster): CTA rank s of the cluster streamed split s and left
+/// its CTA-wide (m, l, O) in slot 0 of its merge scratch `s_merge` (item i of lane l at float 32 i + l:
+/// m[2], l[2], O[kDTiles][4], in fragment order). Every CTA finishes some head-dim tiles of the rows from
+/// all ranks' slots, read over distributed shared memory: tile dt belongs to rank dt % C and, within it,
+/// to warp dt / C (each warp at most kDTiles / (C kWarps) + 1 tiles); rank 0's warp 0 owns tile 0 and
+/// writes the LSE. Each owner folds the row states as the CTA merge does (2^(m_s - common base)) and
+/// stores O / l (with the output scale) in the output dtype; nothing goes through global scratch. The
+/// second cluster barrier keeps every CTA's shared memory alive until all peers have read it.
+FP_DEV void cluster_finish(const FwdParams& prm, const float* s_merge, i64 b, i64 hk,
+                           const attn::RowMap& rows, const int (&query)[2], const int (&head)[2],
+                           i64 packed_len) {
+  constexpr int kMaxRanks = 16;  // the largest (non-portable) cluster; fwd_geometry launches at most this
+  const AttnProblem& p = prm.p;
+  const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
+  const int ranks = (int)sm90::cluster_size(), rank = (int)sm90::cluster_rank();
+  sm90::cluster_sync();  // every rank's slot 0 is written (release / acquire at cluster scope)
+  const int dt0 = rank + ranks * warp;
+  if (dt0 < kDTiles) {  // warp-uniform: this warp owns tiles dt0, dt0 + ranks * kWarps, ...
+    const u32 mine = smem_addr(s_merge + lane);
+    u32 slot[kMaxRanks];
+    float m_s[kMaxRanks][2], l_s[kMaxRanks][2];
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      if (s >= ranks) break;
+      slot[s] = sm90::peer_addr(mine, (u32)s);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        m_s[s][r] = sm90::ld_cluster_f32(slot[s] + 4 * 32 * r),
+        l_s[s][r] = sm90::ld_cluster_f32(slot[s] + 4 * 32 * (2 + r));
+    }
+    attn::RowState<Rows::kRows> st;
+    float scale[kMaxRanks][2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int s = 0; s < kMaxRanks; ++s)
+        if (s < ranks) mx = fmaxf(mx, m_s[s][r]);
+      const float ref = sem::softmax_base(mx);  // every split empty: 2^(-inf - 0) = 0, no NaN
+      float l = 0.0f;
+#pragma unroll
+      for (int s = 0; s < kMaxRanks; ++s)
+        if (s < ranks) scale[s][r] = fast_exp2(m_s[s][r] - ref), l += l_s[s][r] * scale[s][r];
+      st.m[r] = mx, st.l[r] = l;
+    }
+    float fac[2], lse[2];  // finish_rows sums l over the row's four lanes: the whole warp is here
+    attn::finish_rows<Rows>(st, attn::output_scale(p, b, hk, p.dropout_p > 0.0f), fac, lse);
+    bool row_in[2];
+    i64 o_off[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_in[r] = rows.m0 + g + 8 * r < packed_len;
+      o_off[r] = row_in[r] ? q_offset(p, p.o, b, query[r], head[r]) : 0;
+    }
+    for (int dt = dt0; dt < kDTiles; dt += ranks * kWarps) {
+      // Every rank's values are requested before the first is used: the loads are in order, so a use
+      // between them would wait one cluster round trip per rank.
+      float o_s[kMaxRanks][4];
+#pragma unroll
+      for (int s = 0; s < kMaxRanks; ++s) {
+        if (s >= ranks) break;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o_s[s][e] = sm90::ld_cluster_f32(slot[s] + 4 * 32 * (4 + 4 * dt + e));
+      }
+      float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int s = 0; s < kMaxRanks; ++s) {
+        if (s >= ranks) break;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[e] += o_s[s][e] * scale[s][e >> 1];
+      }
+      const int col = dt * 8 + 2 * t4;
+      if (col >= p.dv) continue;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (row_in[r]) {
+          store_as(p.o.ptr, p.out_type, o_off[r] + col, o[2 * r] * fac[r]);
+          store_as(p.o.ptr, p.out_type, o_off[r] + col + 1, o[2 * r + 1] * fac[r]);
+        }
+    }
+    if (dt0 == 0 && p.lse && t4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (row_in[r]) p.lse[lse_offset(p, b, head[r], query[r])] = lse[r];
+    }
+  }
+  sm90::cluster_sync();  // no CTA leaves (its shared memory with it) before every peer has read it
+}
+#endif
+
 }  // namespace flashport::cuda::fwd
 
 using namespace flashport;
@@ -101,9 +192,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
   u16* s_k = s_q + kSmemQ;                        // kKvRings x kStages x (kBlockN, kPitch)
   u16* s_v = s_k + kKvRings * kStages * kSmemKV;  // kKvRings x kStages x (kBlockN, kPitch)
 
-  const i64 m_block = (i64)gridDim.x - 1 - block_x();
-  const i64 b = prm.batch_offset + block_z() / prm.num_splits;
-  const int split = (int)(block_z() % prm.num_splits);
+  // A cluster launch (kCluster) puts the splits on x: one query block (decode), batch on z.
+  const i64 m_block = kCluster ? 0 : (i64)gridDim.x - 1 - block_x();
+  const i64 b = prm.batch_offset + (kCluster ? block_z() : block_z() / prm.num_splits);
+  const int split = kCluster ? (int)block_x() : (int)(block_z() % prm.num_splits);
   const i64 group = prm.pack_gqa;
   const i64 hk = group > 1 ? block_y() : kv_head(p, block_y());
   const attn::RowMap rows = attn::row_map(m_block, block_y(), group, kBlockM);
@@ -360,6 +452,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
       for (int e = 0; e < 4; ++e) fold(4 + 4 * dt + e, e >> 1);
     if (warp == kWarps - 1) fold(2, 0), fold(3, 1);
     __syncthreads();
+#if FP_CLUSTER
+    if (warp == 0) s_merge[lane] = st.m[0], s_merge[32 + lane] = st.m[1];  // slot 0 complete: (m, l, O)
+    return cluster_finish(prm, s_merge, b, hk, rows, ctx.row, ctx.head, packed_len);  // every warp
+#endif
     if (warp > 0) return;  // no barrier follows
 #pragma unroll
     for (int r = 0; r < 2; ++r) st.l[r] = s_merge[32 * (2 + r) + lane];

@@ -23,7 +23,10 @@
 #if FP_FP8
 #include "cuda/fp8_decode.cuh"
 #endif
-#if FP_BULK
+#ifndef FP_CLUSTER
+#define FP_CLUSTER 0
+#endif
+#if FP_BULK || FP_CLUSTER
 #include "cuda/hopper/sm90.cuh"
 #endif
 
@@ -53,6 +56,11 @@ constexpr int kMinBlocks = FP_MIN_BLOCKS;  // CTAs per SM the register cap leave
 /// copies K row r, lane 16 + r V row r) onto per-warp, per-stage mbarriers, where the 16-byte cp.async
 /// copies took kChunks / 2 instructions per lane and operand; the shared layout (kPitch rows) is the same.
 constexpr bool kBulk = FP_BULK;
+/// FP_CLUSTER=1 (decode, sm_90+; FLASHPORT_DECODE_CLUSTER): the splits of one (sequence, kv head) are the
+/// CTAs of one thread-block cluster along grid x (grid: splits, kv heads or heads, batch) and merge their
+/// softmax states over distributed shared memory (cluster_finish in attn_fwd.cu), where split grids
+/// otherwise write fp32 partials to global scratch for a split_combine launch.
+constexpr bool kCluster = FP_CLUSTER;
 #ifndef FP_DECODE_DENSE
 #define FP_DECODE_DENSE 0
 #endif
@@ -69,6 +77,7 @@ static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multi
 static_assert(kBlockN % 16 == 0 && kStages >= 1 && kWarps >= 1, "bad tile");
 static_assert(!kDecode || kStages >= 2, "the decode variant's per-warp ring is double-buffered at least");
 static_assert(!kBulk || (kDecode && kBlockN == 16), "bulk copies: one K and one V row per lane");
+static_assert(!kCluster || kDecode, "the cluster merge is the decode variant's");
 /// fp8 inputs (e4m3fn, e4m3fnuz or e5m2: p.in_type), dequantised to bf16 in load_tile (exact), so the
 /// mma path is the bf16 one; the output goes out in p.out_type (bf16, f16 or f32). No dropout: the host
 /// refuses fp8 with dropout, so the variant leaves the Philox code out.

@@ -16,10 +16,12 @@ int main(int argc, char** argv) {
        bwd ? flashport::cuda::backward_main_variants(arch) : flashport::cuda::forward_variants(arch)) {
     if (spec.entry != entry) continue;
     // The decode variant's bulk row copies (FP_BULK, FLASHPORT_DECODE 8 and 9: cp.async.bulk onto
-    // mbarriers, inline sm_90 PTX) have no emulation; the defaults never take them.
-    bool bulk = false;
-    for (const auto& [k, v] : spec.defines) bulk = bulk || (k == "FP_BULK" && v != "0");
-    if (bulk) continue;
+    // mbarriers) and cluster merge (FP_CLUSTER, FLASHPORT_DECODE_CLUSTER: cluster barriers, distributed
+    // shared memory), inline sm_90 PTX, have no emulation; the defaults never take them.
+    bool sm90_only = false;
+    for (const auto& [k, v] : spec.defines)
+      sm90_only = sm90_only || ((k == "FP_BULK" || k == "FP_CLUSTER") && v != "0");
+    if (sm90_only) continue;
     std::string tag, flags;
     for (const auto& [k, v] : spec.defines) {
       flags += " -D" + k + "=" + v;

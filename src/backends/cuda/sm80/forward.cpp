@@ -61,6 +61,14 @@ struct FwdGeometry {
   int decode_mode;  // FLASHPORT_DECODE's shape choice for the decode variant (decode_tile), 0: default
 };
 
+/// Where decode_cluster_spec exists (forward_variants lists it): sm_90+, the 2-byte types, the twelve-warp
+/// buckets, and 2..`max_splits` splits (8: the portable cluster size; FLASHPORT_DECODE_CLUSTER up to 16;
+/// more keep the scratch and split_combine).
+bool decode_cluster_fits(int arch, int in_type, int bucket, int splits, int max_splits = 8) {
+  return arch >= 90 && (in_type == kF16 || in_type == kBF16) && bucket <= 128 && splits >= 2 &&
+         splits <= max_splits;
+}
+
 }  // namespace
 
 bool decode_sized(const AttnProblem& p) {
@@ -119,6 +127,10 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   splits = std::min<long long>({splits, (long long)kMaxSplits, key_tiles});
   if (p.batch * splits > limits(g.arch).max_grid_yz) splits = 1;
   g.splits = (int)std::max<long long>(splits, 1);
+  const int cluster_knob = core::tuning().decode_cluster.get();
+  g.tile.cluster =
+      decode && g.decode_mode == 0 && cluster_knob > 0 && g.m_blocks == 1 &&
+      decode_cluster_fits(g.arch, p.in_type, g.bucket, g.splits, std::clamp(cluster_knob, 8, 16));
   return g;
 }
 
@@ -152,6 +164,10 @@ std::vector<jit::KernelSpec> forward_variants(int arch) {
       for (int bucket : kHeadDimBuckets)
         if ((mode <= 5 || type == kBF16) && is_new(bucket, mode))
           specs.push_back(decode_spec(arch, type, bucket, mode));
+  for (int type : {kF16, kBF16})
+    for (int bucket : kHeadDimBuckets)
+      if (decode_cluster_fits(arch, type, bucket, 2))
+        specs.push_back(decode_cluster_spec(arch, type, bucket));
   for (jit::KernelSpec& spec : forward_f32_variants(arch)) specs.push_back(std::move(spec));
   return specs;
 }
@@ -175,8 +191,10 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   // Every fp8 format shares one variant (the decode is picked from p.in_type in the kernel): one key.
   const int elem = is_fp8_elem(p.in_type) ? (int)kE4M3 : p.in_type;
   const jit::Kernel& kernel =
-      geo.tile.decode ? cached_kernel(decode_spec, device, smem, geo.arch, elem, geo.bucket, geo.decode_mode)
-                      : cached_kernel(forward_spec, device, smem, geo.arch, elem, geo.bucket);
+      geo.tile.cluster ? cached_kernel(decode_cluster_spec, device, smem, geo.arch, elem, geo.bucket)
+      : geo.tile.decode
+          ? cached_kernel(decode_spec, device, smem, geo.arch, elem, geo.bucket, geo.decode_mode)
+          : cached_kernel(forward_spec, device, smem, geo.arch, elem, geo.bucket);
 
   FwdParams prm{};
   prm.p = p;
@@ -191,6 +209,12 @@ void launch_forward(const AttnProblem& p, int num_splits) {
       prm.batch_offset = b0;
       jit::launch(kernel, gx, gy, (unsigned)nb, threads, smem, p.stream, args, 1, kOverlap);
     });
+    return;
+  }
+  if (geo.tile.cluster) {  // splits on grid x, one cluster each, merged in the kernel (cluster_finish)
+    prm.batch_offset = 0;
+    jit::launch(kernel, (unsigned)prm.num_splits, gy, (unsigned)p.batch, threads, smem, p.stream, args,
+                (unsigned)prm.num_splits, kOverlap);
     return;
   }
   // Split-KV: fp32 partials in stream-ordered scratch, merged by split_combine on the same stream.

@@ -17,6 +17,8 @@ struct FwdTile {
   bool decode = false;
   int min_blocks = 1;
   bool bulk = false;
+  /// Decode split grids merged inside a thread-block cluster (FP_CLUSTER, sm_90+; fwd_geometry decides).
+  bool cluster = false;
   bool operator==(const FwdTile&) const = default;
 };
 

@@ -177,6 +177,13 @@ FP_DEV u32 peer_addr(u32 s_addr, u32 rank) {
   return r;
 }
 
+/// A float of a cluster CTA's shared memory (shared::cluster address from peer_addr).
+FP_DEV float ld_cluster_f32(u32 cluster_addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_addr) : "memory");
+  return v;
+}
+
 /// Arrives once on a peer CTA's mbarrier (release at cluster scope: this thread's earlier accesses,
 /// including completed wgmma reads of shared memory, are ordered before).
 FP_DEV void mbar_arrive_peer(u32 cluster_bar) {
