@@ -5,7 +5,8 @@
 #include "emu_kernels.hpp"
 
 // The registry key is kernel_name(spec): the fp8 variants' spec has FP_FP8=1, the decode variants'
-// FP_DECODE=1 after it, and the decode shapes of several CTAs per SM FP_MIN_BLOCKS=n after that.
+// FP_DECODE=1 after it, the decode shapes of several CTAs per SM FP_MIN_BLOCKS=n after that, and the
+// cluster merge FP_CLUSTER=1 last.
 #if FP_FP8
 #define FP_EMU_FP8_SUFFIX ",FP_FP8=1"
 #else
@@ -22,6 +23,12 @@
 #define FP_EMU_MIN_BLOCKS_SUFFIX ""
 #endif
 
+#if FP_CLUSTER
+#define FP_EMU_CLUSTER_SUFFIX ",FP_CLUSTER=1"
+#else
+#define FP_EMU_CLUSTER_SUFFIX ""
+#endif
+
 namespace {
 void trampoline(const void* p) {
   attn_fwd(*static_cast<const flashport::cuda::FwdParams*>(p));
@@ -29,6 +36,6 @@ void trampoline(const void* p) {
 const flashport::emu::Registrar reg(
     "attn_fwd|FP_DTYPE=" FP_EMU_STR(FP_DTYPE) ",FP_HEADDIM=" FP_EMU_STR(FP_HEADDIM) ",FP_BLOCK_N=" FP_EMU_STR(
         FP_BLOCK_N) ",FP_WARPS=" FP_EMU_STR(FP_WARPS) ",FP_STAGES=" FP_EMU_STR(FP_STAGES)
-        FP_EMU_FP8_SUFFIX FP_EMU_DECODE_SUFFIX FP_EMU_MIN_BLOCKS_SUFFIX,
+        FP_EMU_FP8_SUFFIX FP_EMU_DECODE_SUFFIX FP_EMU_MIN_BLOCKS_SUFFIX FP_EMU_CLUSTER_SUFFIX,
     trampoline);
 }  // namespace

@@ -24,8 +24,10 @@ struct Registrar {
   Registrar(const char* name, KernelFn fn);
 };
 
-/// Runs `launch` over `grid` blocks of `threads` fibers each.
-void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem);
+/// Runs `launch` over `grid` blocks of `threads` fibers each, in clusters of `cluster_x` CTAs along x
+/// (1: none), whose CTAs run together.
+void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem,
+                 unsigned cluster_x = 1);
 
 }  // namespace flashport::emu
 

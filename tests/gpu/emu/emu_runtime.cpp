@@ -66,11 +66,25 @@ struct BlockState {
   int live = 0, arrived = 0;
   unsigned gen = 0;
   std::vector<WarpState> warps;
-  long long releases = 0;  // progress counter for deadlock detection
+  long long releases = 0;           // progress counter for deadlock detection
+  Dim3 index;                       // blockIdx
+  unsigned rank = 0;                // %cluster_ctarank
+  unsigned char* shared = nullptr;  // this CTA's dynamic shared memory
 };
 
-BlockState* g_block = nullptr;
-alignas(128) unsigned char g_shared[kSharedBytes];
+/// The CTAs running together: one, or a thread-block cluster (along grid x), whose barrier counts every
+/// live thread of its CTAs.
+struct ClusterState {
+  std::vector<BlockState>* blocks = nullptr;
+  int live = 0, arrived = 0;
+  unsigned gen = 0;
+};
+
+BlockState* g_block = nullptr;  // the running fiber's CTA; g_shared and g_block_index follow it
+ClusterState g_cluster;
+alignas(128) unsigned char g_shared_single[kSharedBytes];  // a lone CTA's shared memory
+std::vector<std::vector<unsigned char>> g_shared_cluster;  // a cluster's, one buffer per CTA
+unsigned char* g_shared = g_shared_single;
 size_t g_shared_limit = 0;
 bool g_lazy_copies = false;
 std::mt19937 g_sched_rng(12345);
@@ -107,6 +121,33 @@ void sync_block() {
     return;
   }
   while (b.gen == gen) yield();
+}
+
+void sync_cluster() {
+  ClusterState& c = g_cluster;
+  const unsigned gen = c.gen;
+  if (++c.arrived == c.live) {
+    c.arrived = 0, ++c.gen, ++g_block->releases;
+    return;
+  }
+  while (c.gen == gen) yield();
+}
+
+unsigned cluster_rank() {
+  return g_block->rank;
+}
+unsigned cluster_size() {
+  return (unsigned)g_cluster.blocks->size();
+}
+
+float ld_cluster_f32(unsigned cluster_addr) {
+  const unsigned rank = (cluster_addr >> 24) - 1, offset = cluster_addr & 0xffffffu;
+  if (rank >= cluster_size() || offset % 4 != 0 || offset + 4 > g_shared_limit)
+    die("ld.shared::cluster of rank " + std::to_string(rank) + " offset " + std::to_string(offset) +
+        " outside the cluster's shared memory");
+  float v;
+  std::memcpy(&v, (*g_cluster.blocks)[rank].shared + offset, 4);
+  return v;
 }
 
 void sync_warp() {
@@ -259,60 +300,87 @@ void fiber_entry(unsigned lo, unsigned hi) {
   // A thread that exits lets barriers complete without it.
   if (g_block->live > 0 && g_block->arrived == g_block->live) g_block->arrived = 0, ++g_block->gen;
   if (w.live > 0 && w.arrived == w.live) w.arrived = 0, ++w.gen;
+  if (--g_cluster.live > 0 && g_cluster.arrived == g_cluster.live) g_cluster.arrived = 0, ++g_cluster.gen;
   ++g_block->releases;
 }
 
-void run_block(const KernelLaunch& launch, unsigned threads) {
-  BlockState b;
-  b.fibers.resize(threads);
-  b.live = (int)threads;
-  b.warps.resize((threads + 31) / 32);
-  for (unsigned t = 0; t < threads; ++t) b.warps[t / 32].live++;
-  std::memset(g_shared, 0xFF, g_shared_limit);  // NaN everywhere a kernel reads unwritten smem
-  g_block = &b;
+/// Runs the CTAs first.x .. first.x + size - 1 (a cluster of `size` along x; 1: a lone CTA) together,
+/// their threads interleaved in a random order each round.
+void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsigned size) {
+  std::vector<BlockState> blocks(size);
+  if (size > 1 && g_shared_cluster.size() < size) g_shared_cluster.resize(size);
+  g_cluster = {&blocks, (int)(threads * size), 0, 0};
   const uintptr_t ptr = reinterpret_cast<uintptr_t>(&launch);
-  for (unsigned t = 0; t < threads; ++t) {
-    Fiber& f = b.fibers[t];
-    f.tid = {t, 0, 0};
-    f.stack.reset(new char[kStackBytes]);
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = &b.main;
-    makecontext(&f.ctx, (void (*)())fiber_entry, 2, (unsigned)(ptr & 0xffffffffu), (unsigned)(ptr >> 32));
-  }
-  std::vector<int> order(threads);
-  for (unsigned t = 0; t < threads; ++t) order[t] = (int)t;
-  int idle_rounds = 0;
-  while (b.live > 0) {
-    std::shuffle(order.begin(), order.end(), g_sched_rng);  // varied interleavings expose races
-    const long long before = b.releases;
-    for (int t : order) {
-      if (b.fibers[(size_t)t].done) continue;
-      b.current = t;
-      swapcontext(&b.main, &b.fibers[(size_t)t].ctx);
+  std::vector<std::pair<unsigned, unsigned>> order;  // (CTA, thread)
+  for (unsigned k = 0; k < size; ++k) {
+    BlockState& b = blocks[k];
+    b.index = {first.x + k, first.y, first.z};
+    b.rank = k;
+    if (size == 1) {
+      b.shared = g_shared_single;
+    } else {
+      g_shared_cluster[k].resize(g_shared_limit + 16);
+      b.shared = g_shared_cluster[k].data();
     }
-    idle_rounds = b.releases == before ? idle_rounds + 1 : 0;
+    std::memset(b.shared, 0xFF, g_shared_limit);  // NaN everywhere a kernel reads unwritten smem
+    b.fibers.resize(threads);
+    b.live = (int)threads;
+    b.warps.resize((threads + 31) / 32);
+    for (unsigned t = 0; t < threads; ++t) b.warps[t / 32].live++;
+    for (unsigned t = 0; t < threads; ++t) {
+      Fiber& f = b.fibers[t];
+      f.tid = {t, 0, 0};
+      f.stack.reset(new char[kStackBytes]);
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.get();
+      f.ctx.uc_stack.ss_size = kStackBytes;
+      f.ctx.uc_link = &b.main;
+      makecontext(&f.ctx, (void (*)())fiber_entry, 2, (unsigned)(ptr & 0xffffffffu), (unsigned)(ptr >> 32));
+      order.emplace_back(k, t);
+    }
+  }
+  const auto live = [&] {
+    int n = 0;
+    for (const BlockState& b : blocks) n += b.live;
+    return n;
+  };
+  const auto releases = [&] {
+    long long n = 0;
+    for (const BlockState& b : blocks) n += b.releases;
+    return n;
+  };
+  int idle_rounds = 0;
+  while (live() > 0) {
+    std::shuffle(order.begin(), order.end(), g_sched_rng);  // varied interleavings expose races
+    const long long before = releases();
+    for (const auto& [k, t] : order) {
+      BlockState& b = blocks[k];
+      if (b.fibers[t].done) continue;
+      g_block = &b, g_shared = b.shared, g_block_index = b.index;
+      b.current = (int)t;
+      swapcontext(&b.main, &b.fibers[t].ctx);
+    }
+    idle_rounds = releases() == before ? idle_rounds + 1 : 0;
     if (idle_rounds > 3) die("deadlock: threads wait at barriers that can never complete");
   }
-  g_block = nullptr;
+  g_block = nullptr, g_shared = g_shared_single;
+  g_cluster = {};
 }
 
 }  // namespace
 
-void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem) {
+void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem,
+                 unsigned cluster_x) {
   if (dynamic_smem > kSharedBytes) die("dynamic smem " + std::to_string(dynamic_smem) + " above 227 KB");
   const char* lazy = std::getenv("FLASHPORT_EMU_LAZY_COPIES");
   g_lazy_copies = lazy && *lazy == '1';
   g_shared_limit = dynamic_smem;
   g_grid_dim = grid;
   g_block_dim = {threads, 1, 1};
+  if (cluster_x < 1 || grid.x % cluster_x != 0) die("grid x not a multiple of the cluster size");
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        g_block_index = {x, y, z};
-        run_block(launch, threads);
-      }
+      for (unsigned x = 0; x < grid.x; x += cluster_x) run_cluster(launch, threads, {x, y, z}, cluster_x);
 }
 
 }  // namespace flashport::emu
@@ -426,14 +494,12 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
             int dynamic_smem, void*, void** args, unsigned cluster_x, LaunchOrder) {
   if (dynamic_smem > kernel.max_dynamic_smem)
     throw Error("kernel " + kernel.key, "dynamic smem above get()'s");
-  // The emulated (portable) kernels are launched without clusters; only the Hopper backward asks for them.
-  if (cluster_x > 1) throw Error("kernel " + kernel.key, "the emulator has no thread-block clusters");
   static const bool verbose = std::getenv("FLASHPORT_EMU_VERBOSE") != nullptr;
   if (verbose)
     std::fprintf(stderr, "emu launch %s grid (%u,%u,%u) block %u smem %d\n", kernel.key.c_str(), grid_x,
                  grid_y, grid_z, block_x, dynamic_smem);
   const emu::KernelLaunch launch{reinterpret_cast<emu::KernelFn>(kernel.function), args[0]};
-  emu::launch_grid(launch, {grid_x, grid_y, grid_z}, block_x, (size_t)dynamic_smem);
+  emu::launch_grid(launch, {grid_x, grid_y, grid_z}, block_x, (size_t)dynamic_smem, cluster_x);
 }
 
 }  // namespace flashport::jit

@@ -16,16 +16,15 @@ int main(int argc, char** argv) {
        bwd ? flashport::cuda::backward_main_variants(arch) : flashport::cuda::forward_variants(arch)) {
     if (spec.entry != entry) continue;
     // The decode variant's bulk row copies (FP_BULK, FLASHPORT_DECODE 8 and 9: cp.async.bulk onto
-    // mbarriers) and cluster merge (FP_CLUSTER, FLASHPORT_DECODE_CLUSTER: cluster barriers, distributed
-    // shared memory), inline sm_90 PTX, have no emulation; the defaults never take them.
-    bool sm90_only = false;
-    for (const auto& [k, v] : spec.defines)
-      sm90_only = sm90_only || ((k == "FP_BULK" || k == "FP_CLUSTER") && v != "0");
-    if (sm90_only) continue;
+    // mbarriers, inline sm_90 PTX) have no emulation; the defaults never take them. Its cluster merge
+    // (FP_CLUSTER) has: emu/cuda/hopper/sm90.cuh.
+    bool bulk = false;
+    for (const auto& [k, v] : spec.defines) bulk = bulk || (k == "FP_BULK" && v != "0");
+    if (bulk) continue;
     std::string tag, flags;
     for (const auto& [k, v] : spec.defines) {
       flags += " -D" + k + "=" + v;
-      tag += "_" + v;
+      tag += "_" + k.substr(3) + v;  // the name too: values alone collide (FP_FP8=1 / FP_CLUSTER=1)
     }
     std::printf("%s -Dfwd=fwd%s -Dfwd32=fwd32%s -Dbwd32=bwd32%s -D%s=%s%s\n", flags.c_str(), tag.c_str(),
                 tag.c_str(), tag.c_str(), entry.c_str(), entry.c_str(), tag.c_str());
