@@ -149,15 +149,14 @@ if has portable; then
 fi
 if has decodemodes; then
   # The decode variant's other shapes (DECODE_TEST_MODES, FLASHPORT_DECODE values: several CTAs per SM,
-  # bulk row copies; `cluster` / `cluster16`: FLASHPORT_DECODE_CLUSTER=1 / 16, split grids merged in a
-  # cluster of at most 8 / 16 CTAs) over the decode-shaped tests, small pages, bad table entries and
+  # bulk row copies; `nocluster`: FLASHPORT_DECODE_CLUSTER=0, split grids of 2..8 merged through scratch and
+  # split_combine instead of a cluster) over the decode-shaped tests, small pages, bad table entries and
   # splits included.
   step "gpu decode tests under each FLASHPORT_DECODE shape"
   decode_tests='GpuForwardSmall.*:GpuForward.DecodeShapesUseSplitKv:GpuForwardPaged.*:GpuKvCache*:GpuForwardFp8.SplitKvDecode'
-  for mode in ${DECODE_TEST_MODES:-6 7 8 9 cluster cluster16}; do
+  for mode in ${DECODE_TEST_MODES:-6 7 8 9 nocluster}; do
     knob=FLASHPORT_DECODE=$mode
-    [[ $mode == cluster* ]] && knob=FLASHPORT_DECODE_CLUSTER=${mode#cluster}  # cluster, cluster16: 1, 16
-    [[ $knob == *= ]] && knob+=1
+    [[ $mode == nocluster ]] && knob=FLASHPORT_DECODE_CLUSTER=0
     echo "--- $knob"
     env "$knob" build-gpu/tests/flashport_tests_gpu --gtest_filter="$decode_tests" \
       >"$OUT/gpu_decode_mode$mode.log" 2>&1 || status=1

@@ -175,7 +175,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.bwd_pipe = small_int(env, "FLASHPORT_BWD_PIPE", 0, 3, -1);
   t.bwd_stages = small_int(env, "FLASHPORT_BWD_STAGES", 1, 2, 0);
   t.decode_variant = small_int(env, "FLASHPORT_DECODE", 0, 9, 1);
-  t.decode_cluster = small_int(env, "FLASHPORT_DECODE_CLUSTER", 0, 16, 0);
+  t.decode_cluster = flag(env, "FLASHPORT_DECODE_CLUSTER", true);
   t.bwd_general = flag(env, "FLASHPORT_BWD_GENERAL");
   t.hopper_bwd_dq = small_int(env, "FLASHPORT_HOPPER_BWD_DQ", 0, 1, 1);
   t.hopper_bwd_pair = flag(env, "FLASHPORT_HOPPER_BWD_PAIR");

@@ -91,10 +91,9 @@ struct Tuning {
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};
-  // 1: the decode variant's split grids (2..8 splits, sm_90+, 2-byte types, d <= 128) merge inside a
-  // thread-block cluster instead of through fp32 scratch and a split_combine launch; 9..16: up to that
-  // many splits per cluster (non-portable cluster sizes past 8); 0: off
-  Knob<int> decode_cluster{"FLASHPORT_DECODE_CLUSTER", 0};
+  // 1 (unset): the decode variant's split grids (2..8 splits, sm_90+, 2-byte types, d <= 128) merge inside
+  // a thread-block cluster instead of through fp32 scratch and a split_combine launch; 0: the latter
+  Knob<bool> decode_cluster{"FLASHPORT_DECODE_CLUSTER", true};
   Knob<bool> jit_verbose{"FLASHPORT_JIT_VERBOSE"};
   // Device-resident index tensors checked on the GPU before each call's kernels (index_rules.h); 0 skips
   // the extra launch (a bad index is then clamped without a report).

@@ -354,11 +354,6 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
   config.hStream = static_cast<CUstream>(stream);
   CUlaunchAttribute attrs[2]{};
   unsigned num_attrs = 0;
-  if (cluster_x > 8) {  // past the portable size (CUDA's cudaFuncAttributeNonPortableClusterSizeAllowed)
-    check(d.func_set_attribute(static_cast<CUfunction>(kernel.function),
-                               CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-          who, "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
-  }
   if (cluster_x > 1) {
     CUlaunchAttribute& cluster = attrs[num_attrs++];
     cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;

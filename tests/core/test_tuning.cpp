@@ -74,7 +74,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);    // unset: the tile table's loop and stages
     EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);  // unset: the tile table's queries per step
     EXPECT_EQ(t.hopper_bwd_order.get(), 0);    // unset: each step's GEMM groups waited for whole
-    EXPECT_EQ(t.decode_cluster.get(), 0);      // unset: split decode grids merge through split_combine
+    EXPECT_TRUE(t.decode_cluster.get());       // unset: split decode grids of 2..8 merge in a cluster
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -107,7 +107,8 @@ TEST(Tuning, KernelChoice) {
 TEST(Tuning, SwitchesOnByDefault) {
   const std::pair<const char*, Knob<bool> Tuning::*> switches[] = {
       {"FLASHPORT_KEEP_SCRATCH", &Tuning::keep_scratch},
-      {"FLASHPORT_OVERLAP_LAUNCHES", &Tuning::overlap_launches}};
+      {"FLASHPORT_OVERLAP_LAUNCHES", &Tuning::overlap_launches},
+      {"FLASHPORT_DECODE_CLUSTER", &Tuning::decode_cluster}};
   for (const auto& [name, field] : switches) {
     EXPECT_FALSE((parse({{name, "0"}}).*field).get()) << name;
     EXPECT_TRUE((parse({{name, "1"}}).*field).get()) << name;
@@ -143,11 +144,6 @@ TEST(Tuning, SmallIntegers) {
     EXPECT_EQ(parse({{"FLASHPORT_DECODE", std::to_string(v)}}).decode_variant.get(), v);
   for (const char* bad : {"10", "-1", "on"})
     expect_rejected(parse({{"FLASHPORT_DECODE", bad}}).decode_variant, "FLASHPORT_DECODE", bad);
-  for (int v : {0, 1, 8, 16})
-    EXPECT_EQ(parse({{"FLASHPORT_DECODE_CLUSTER", std::to_string(v)}}).decode_cluster.get(), v);
-  for (const char* bad : {"17", "-1", "on"})
-    expect_rejected(parse({{"FLASHPORT_DECODE_CLUSTER", bad}}).decode_cluster, "FLASHPORT_DECODE_CLUSTER",
-                    bad);
   for (int v : {0, 1})
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_DQ", std::to_string(v)}}).hopper_bwd_dq.get(), v);
   for (const char* bad : {"2", "-1", "bulk"})

@@ -97,7 +97,7 @@ FP_DEV void store_output(const FwdParams& prm, float (&acc_o)[kDTiles][4], const
 FP_DEV void cluster_finish(const FwdParams& prm, const float* s_merge, i64 b, i64 hk,
                            const attn::RowMap& rows, const int (&query)[2], const int (&head)[2],
                            i64 packed_len) {
-  constexpr int kMaxRanks = 16;  // the largest (non-portable) cluster; fwd_geometry launches at most this
+  constexpr int kMaxRanks = 8;  // the portable cluster size: fwd_geometry launches at most this many splits
   const AttnProblem& p = prm.p;
   const int warp = warp_id(), lane = lane_id(), g = lane >> 2, t4 = lane & 3;
   const int ranks = (int)sm90::cluster_size(), rank = (int)sm90::cluster_rank();
@@ -227,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
   };
   // Key rows through the shared addressing helper; without a block table it is affine in the key
   // index, so one base per operand (instead of a full k_offset per row) keeps the loaders light.
-  const bool paged = !kDenseOnly && p.block_table != nullptr;
+  const bool paged = p.block_table != nullptr;
   const i64 k_base = paged || blk.len_k == 0 ? 0 : k_offset(p, p.k, b, 0, hk);
   const i64 v_base = paged || blk.len_k == 0 ? 0 : k_offset(p, p.v, b, 0, hk);
   auto kv_offset = [&](const Operand& t, i64 base, i64 j) {  // base < 0: a cache row out of range
@@ -282,11 +282,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     // Up to 16 copies per lane and tile (d <= 128): more, unrolled, spill (d 224's 28 at 255 registers).
     constexpr bool kAffineCopy = !kFp8 && kBlockN * kChunks / 32 <= 16;
     const bool affine =
-        kAffineCopy &&
-        (kDenseOnly || (vec_k && vec_v && (!paged || (p.page_size % kBlockN == 0 && !p.leftpad_k))));
-#if FP_DECODE_DENSE
-    if (kDenseOnly && (p.block_table != nullptr || !vec_k || !vec_v)) __trap();  // not its calls
-#endif
+        kAffineCopy && vec_k && vec_v && (!paged || (p.page_size % kBlockN == 0 && !p.leftpad_k));
     // A paged cache's page of each of this warp's next 32 tiles, one per lane, read in one go (a table
     // read per tile before its copies could be issued put a dependent load in every tile's path).
     int lane_page = -1, page_k0 = -32;

@@ -61,13 +61,6 @@ constexpr bool kBulk = FP_BULK;
 /// softmax states over distributed shared memory (cluster_finish in attn_fwd.cu), where split grids
 /// otherwise write fp32 partials to global scratch for a split_combine launch.
 constexpr bool kCluster = FP_CLUSTER;
-#ifndef FP_DECODE_DENSE
-#define FP_DECODE_DENSE 0
-#endif
-/// For A/B timing only (FLASHPORT_JIT_DEFINES=FP_DECODE_DENSE): the decode variant with the block-table
-/// path and the generic row copy compiled out, to time what a leaner binary gains at batch 1 (its fetch was
-/// 30% of the warp samples of a one-round call, docs/PERF.md). A paged or not 16-byte aligned call traps.
-constexpr bool kDenseOnly = kDecode && FP_DECODE_DENSE;
 constexpr int kPitch = kHeadDim + 8;   // smem row pitch in elements: the 16-byte pad puts the 8 rows of
                                        // every ldmatrix 8x8 matrix in distinct bank groups
 constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row

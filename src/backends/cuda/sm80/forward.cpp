@@ -62,11 +62,10 @@ struct FwdGeometry {
 };
 
 /// Where decode_cluster_spec exists (forward_variants lists it): sm_90+, the 2-byte types, the twelve-warp
-/// buckets, and 2..`max_splits` splits (8: the portable cluster size; FLASHPORT_DECODE_CLUSTER up to 16;
-/// more keep the scratch and split_combine).
-bool decode_cluster_fits(int arch, int in_type, int bucket, int splits, int max_splits = 8) {
-  return arch >= 90 && (in_type == kF16 || in_type == kBF16) && bucket <= 128 && splits >= 2 &&
-         splits <= max_splits;
+/// buckets, and 2..8 splits (the portable cluster size; more keep the scratch and split_combine: clusters
+/// of 16, a non-portable size, ran 20-22% slower at batch 1 x 4k-8k on the H100, docs/PERF.md).
+bool decode_cluster_fits(int arch, int in_type, int bucket, int splits) {
+  return arch >= 90 && (in_type == kF16 || in_type == kBF16) && bucket <= 128 && splits >= 2 && splits <= 8;
 }
 
 }  // namespace
@@ -127,10 +126,11 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
   splits = std::min<long long>({splits, (long long)kMaxSplits, key_tiles});
   if (p.batch * splits > limits(g.arch).max_grid_yz) splits = 1;
   g.splits = (int)std::max<long long>(splits, 1);
-  const int cluster_knob = core::tuning().decode_cluster.get();
-  g.tile.cluster =
-      decode && g.decode_mode == 0 && cluster_knob > 0 && g.m_blocks == 1 &&
-      decode_cluster_fits(g.arch, p.in_type, g.bucket, g.splits, std::clamp(cluster_knob, 8, 16));
+  // Split grids merged in a cluster skip the scratch and the split_combine launch: H100, one token, 32/8
+  // heads, d 128, per call 18.3-18.5 -> 15.9-16.0 us at batch 1 x 1k (6 splits), 33.2-33.5 -> 30.5-30.6 at
+  // 8 x 1k (2 splits); calls of one split or more than 8 are unchanged (docs/PERF.md).
+  g.tile.cluster = decode && g.decode_mode == 0 && core::tuning().decode_cluster.get() && g.m_blocks == 1 &&
+                   decode_cluster_fits(g.arch, p.in_type, g.bucket, g.splits);
   return g;
 }
 

@@ -70,15 +70,6 @@ static_assert(kStages >= 2, "the intra-warpgroup overlap holds K(n) and V(n+1) a
 constexpr int kExpEmu = FP_EXP_EMU;
 static_assert(kExpEmu >= 0 && kExpEmu <= 8, "FP_EXP_EMU counts eighths of the columns");
 
-#ifndef FP_FWD_TREE_MAX
-#define FP_FWD_TREE_MAX 0
-#endif
-/// For A/B timing (FLASHPORT_JIT_DEFINES=FP_FWD_TREE_MAX): a row's tile maximum as a pairwise tree
-/// (log2 of kBlockN / 4 dependent steps) instead of the chain of kBlockN / 8 (the same value: the
-/// maximum does not depend on the order). The source-level counters put the chain's FMNMX at 11.7% of
-/// the forward's warp samples at d 128 (docs/HOPPER_NOTES.md, "FA3's counters beside ours").
-constexpr bool kTreeMax = FP_FWD_TREE_MAX != 0;
-
 /// Exponent growth allowed before O is rescaled: P = exp2(score * to_log2 - m) with the running
 /// maximum m updated only when a row's new maximum exceeds it by more than this, so P <= 2^8 = 256
 /// (exact in bf16/f16 up to their usual relative rounding), row sums <= 256 * sk and |O| <= 256 * sk *
@@ -290,17 +281,6 @@ FP_DEV float exp2_fma(float x) {
   return __uint_as_float(__float_as_uint(t) * (1u << 23) + __float_as_uint(poly));
 }
 
-/// The maximum of this thread's scores kLo .. kLo + kN - 1 of row half h (score k of the row half is
-/// r_s[4 (k / 2) + 2 h + k % 2]) as a pairwise tree: compile-time indices, so the scores stay in registers.
-template <int kLo, int kN>
-FP_DEV float row_max_tree(const float (&r_s)[kBlockN / 2], int h) {
-  if constexpr (kN == 1) {
-    return r_s[4 * (kLo / 2) + 2 * h + kLo % 2];
-  } else {
-    return fmaxf(row_max_tree<kLo, kN / 2>(r_s, h), row_max_tree<kLo + kN / 2, kN - kN / 2>(r_s, h));
-  }
-}
-
 /// Turns the scores of one tile into probabilities exp2(score * to_log2 - m) in place and updates
 /// m and l. Returns whether this warp moved m (then O must be multiplied by alpha[h] per row);
 /// the decision is warp-uniform so warps never diverge in the rescale. -inf rows stay NaN-free:
@@ -310,12 +290,8 @@ FP_DEV bool online_softmax(float (&r_s)[kBlockN / 2], RowState& st, float to_log
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float mx = sem::kNegInf;
-    if constexpr (kTreeMax) {
-      mx = fmaxf(mx, row_max_tree<0, kBlockN / 4>(r_s, h));  // from -inf as the chain: all-NaN gives -inf
-    } else {
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(r_s[4 * j + 2 * h], r_s[4 * j + 2 * h + 1]));
-    }
+    for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(r_s[4 * j + 2 * h], r_s[4 * j + 2 * h + 1]));
     tile_max[h] = quad_max(mx) * to_log2 - kPHeadroom;
   }
   const bool grow = tile_max[0] > st.m[0] + kRescaleSlack || tile_max[1] > st.m[1] + kRescaleSlack;
