@@ -1,7 +1,18 @@
 // CUDA forward_kvcache vs the CPU oracle: append (bit-identical cache contents), rotary on k and q
 // (both styles), cache_batch_idx, left pad, paged caches, split-KV counts; fp16, bf16 and fp32 caches.
+#include <cstdlib>
+#include <string>
+
 #include "common/kvcache_case.hpp"
 #include "gpu/gpu_test_util.hpp"
+
+#ifdef FLASHPORT_GPU_EMU
+#include "jit/jit.hpp"
+
+namespace flashport::emu {
+long long cluster_launches();  // emu_runtime.cpp
+}  // namespace flashport::emu
+#endif
 
 namespace flashport::test::gpu {
 namespace {
@@ -83,6 +94,23 @@ TEST(GpuKvCache, SplitCounts) {
     c.cache_lens = {0};  // everything but the appended token empty: most splits see no key
     expect_kvcache_accurate(c);
   }
+}
+
+TEST(GpuKvCache, SplitDecodeMergesInACluster) {
+  // On sm_90+ a decode call of 2..8 splits merges them inside one thread-block cluster per (sequence, kv
+  // head) unless FLASHPORT_DECODE_CLUSTER=0; both paths are accurate, so only the launch tells them apart,
+  // and launches are visible under the emulator.
+#ifndef FLASHPORT_GPU_EMU
+  GTEST_SKIP() << "which launch a call made is checked under the emulator (tests/gpu/emu)";
+#else
+  const char* knob = std::getenv("FLASHPORT_DECODE_CLUSTER");
+  const bool expect_cluster = jit::device_arch(0) >= 90 && !(knob && std::string(knob) == "0");
+  const long long before = emu::cluster_launches();
+  KvCase c;
+  c.b = 1, c.hq = 8, c.hk = 1, c.d = 128, c.s_cache = 2048, c.cache_lens = {1999}, c.num_splits = 3;
+  expect_kvcache_accurate(c);
+  EXPECT_EQ(emu::cluster_launches() - before, expect_cluster ? 1 : 0);
+#endif
 }
 
 TEST(GpuKvCache, ServingGrid) {

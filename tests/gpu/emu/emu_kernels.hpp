@@ -28,6 +28,8 @@ struct Registrar {
 /// (1: none), whose CTAs run together.
 void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem,
                  unsigned cluster_x = 1);
+/// How many launches so far used thread-block clusters (tests check which path a call took).
+long long cluster_launches();
 
 }  // namespace flashport::emu
 

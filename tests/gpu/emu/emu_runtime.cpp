@@ -369,6 +369,14 @@ void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsig
 
 }  // namespace
 
+namespace {
+long long g_cluster_launches = 0;
+}  // namespace
+
+long long cluster_launches() {
+  return g_cluster_launches;
+}
+
 void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t dynamic_smem,
                  unsigned cluster_x) {
   if (dynamic_smem > kSharedBytes) die("dynamic smem " + std::to_string(dynamic_smem) + " above 227 KB");
@@ -378,6 +386,7 @@ void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t
   g_grid_dim = grid;
   g_block_dim = {threads, 1, 1};
   if (cluster_x < 1 || grid.x % cluster_x != 0) die("grid x not a multiple of the cluster size");
+  if (cluster_x > 1) ++g_cluster_launches;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; x += cluster_x) run_cluster(launch, threads, {x, y, z}, cluster_x);
