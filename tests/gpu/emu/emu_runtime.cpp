@@ -53,9 +53,23 @@ struct Fiber {
   std::vector<std::vector<Copy>> groups{{}};  // committed groups, then the open one (last)
 };
 
-struct WarpState {
+/// A barrier over the live threads of a warp, a CTA or a cluster: each arrival waits until its generation
+/// completes; a thread that exits stops being waited for (`leave`).
+struct Barrier {
   int live = 0, arrived = 0;
   unsigned gen = 0;
+  bool arrive() {  // true when this arrival completes the generation
+    if (++arrived < live) return false;
+    arrived = 0, ++gen;
+    return true;
+  }
+  void leave() {
+    if (--live > 0 && arrived == live) arrived = 0, ++gen;
+  }
+};
+
+struct WarpState {
+  Barrier bar;
   alignas(16) unsigned char slots[32][64];
 };
 
@@ -63,8 +77,7 @@ struct BlockState {
   std::vector<Fiber> fibers;
   ucontext_t main;
   int current = -1;
-  int live = 0, arrived = 0;
-  unsigned gen = 0;
+  Barrier bar;  // __syncthreads; bar.live: the CTA's threads still running
   std::vector<WarpState> warps;
   long long releases = 0;           // progress counter for deadlock detection
   Dim3 index;                       // blockIdx
@@ -76,8 +89,7 @@ struct BlockState {
 /// live thread of its CTAs.
 struct ClusterState {
   std::vector<BlockState>* blocks = nullptr;
-  int live = 0, arrived = 0;
-  unsigned gen = 0;
+  Barrier bar;
 };
 
 BlockState* g_block = nullptr;  // the running fiber's CTA; g_shared and g_block_index follow it
@@ -113,24 +125,23 @@ unsigned char* dynamic_shared() {
   return g_shared;
 }
 
-void sync_block() {
-  BlockState& b = *g_block;
-  const unsigned gen = b.gen;
-  if (++b.arrived == b.live) {
-    b.arrived = 0, ++b.gen, ++b.releases;
+namespace {
+void wait_at(Barrier& bar) {
+  const unsigned gen = bar.gen;
+  if (bar.arrive()) {
+    ++g_block->releases;
     return;
   }
-  while (b.gen == gen) yield();
+  while (bar.gen == gen) yield();
+}
+}  // namespace
+
+void sync_block() {
+  wait_at(g_block->bar);
 }
 
 void sync_cluster() {
-  ClusterState& c = g_cluster;
-  const unsigned gen = c.gen;
-  if (++c.arrived == c.live) {
-    c.arrived = 0, ++c.gen, ++g_block->releases;
-    return;
-  }
-  while (c.gen == gen) yield();
+  wait_at(g_cluster.bar);
 }
 
 unsigned cluster_rank() {
@@ -151,13 +162,7 @@ float ld_cluster_f32(unsigned cluster_addr) {
 }
 
 void sync_warp() {
-  WarpState& w = g_block->warps[me().tid.x / 32];
-  const unsigned gen = w.gen;
-  if (++w.arrived == w.live) {
-    w.arrived = 0, ++w.gen, ++g_block->releases;
-    return;
-  }
-  while (w.gen == gen) yield();
+  wait_at(g_block->warps[me().tid.x / 32].bar);
 }
 
 namespace {
@@ -167,7 +172,7 @@ template <class In, class Body>
 void collective(const In& in, Body body) {
   static_assert(sizeof(In) <= 64, "slot size");
   WarpState& w = g_block->warps[me().tid.x / 32];
-  if (w.live != 32) die("warp collective with " + std::to_string(w.live) + " live lanes");
+  if (w.bar.live != 32) die("warp collective with " + std::to_string(w.bar.live) + " live lanes");
   std::memcpy(w.slots[me().tid.x % 32], &in, sizeof(In));
   sync_warp();
   body(w.slots);
@@ -294,13 +299,10 @@ void fiber_entry(unsigned lo, unsigned hi) {
   for (auto& g : f.groups)
     for (const Copy& c : g) perform(c);
   f.done = true;
-  --g_block->live;
-  WarpState& w = g_block->warps[f.tid.x / 32];
-  --w.live;
   // A thread that exits lets barriers complete without it.
-  if (g_block->live > 0 && g_block->arrived == g_block->live) g_block->arrived = 0, ++g_block->gen;
-  if (w.live > 0 && w.arrived == w.live) w.arrived = 0, ++w.gen;
-  if (--g_cluster.live > 0 && g_cluster.arrived == g_cluster.live) g_cluster.arrived = 0, ++g_cluster.gen;
+  g_block->bar.leave();
+  g_block->warps[f.tid.x / 32].bar.leave();
+  g_cluster.bar.leave();
   ++g_block->releases;
 }
 
@@ -309,7 +311,7 @@ void fiber_entry(unsigned lo, unsigned hi) {
 void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsigned size) {
   std::vector<BlockState> blocks(size);
   if (size > 1 && g_shared_cluster.size() < size) g_shared_cluster.resize(size);
-  g_cluster = {&blocks, (int)(threads * size), 0, 0};
+  g_cluster = {&blocks, {(int)(threads * size), 0, 0}};
   const uintptr_t ptr = reinterpret_cast<uintptr_t>(&launch);
   std::vector<std::pair<unsigned, unsigned>> order;  // (CTA, thread)
   for (unsigned k = 0; k < size; ++k) {
@@ -319,14 +321,14 @@ void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsig
     if (size == 1) {
       b.shared = g_shared_single;
     } else {
-      g_shared_cluster[k].resize(g_shared_limit + 16);
+      g_shared_cluster[k].resize(g_shared_limit);
       b.shared = g_shared_cluster[k].data();
     }
     std::memset(b.shared, 0xFF, g_shared_limit);  // NaN everywhere a kernel reads unwritten smem
     b.fibers.resize(threads);
-    b.live = (int)threads;
+    b.bar.live = (int)threads;
     b.warps.resize((threads + 31) / 32);
-    for (unsigned t = 0; t < threads; ++t) b.warps[t / 32].live++;
+    for (unsigned t = 0; t < threads; ++t) b.warps[t / 32].bar.live++;
     for (unsigned t = 0; t < threads; ++t) {
       Fiber& f = b.fibers[t];
       f.tid = {t, 0, 0};
@@ -341,7 +343,7 @@ void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsig
   }
   const auto live = [&] {
     int n = 0;
-    for (const BlockState& b : blocks) n += b.live;
+    for (const BlockState& b : blocks) n += b.bar.live;
     return n;
   };
   const auto releases = [&] {
