@@ -1,8 +1,10 @@
-"""Kernel time of the CUDA portable forward (prefill, forced with FLASHPORT_CUDA_FORWARD=portable) and of
-the decode variant, for a before/after of a kernel change: run once per tree (the other tree installed
-with `pip install --target DIR`, put first on PYTHONPATH) and in alternating rounds, so drift hits both
-alike; `--compare A.jsonl B.jsonl` prints the ratio table. Inputs have requires_grad unset: this times
-kernels, not the autograd path (bench/overhead_bench.py does that).
+"""Kernel time of the CUDA portable forward (prefill, forced with FLASHPORT_CUDA_FORWARD=portable), of
+the decode variant and of the backward (autograd's backward call alone, its aux kernels included; the
+Hopper kernels on sm_90), for a before/after of a kernel change (`--kinds` picks among them): run once per
+tree (the other tree installed with `pip install --target DIR`, put first on PYTHONPATH) and in
+alternating rounds, so drift hits both alike; `--compare A.jsonl B.jsonl` prints the ratio table. The
+forward cells' inputs have requires_grad unset: this times kernels, not the autograd path
+(bench/overhead_bench.py does that).
 
   FLASHPORT_CUDA_FORWARD=portable python3 scripts/ab_kernels.py --tag new --out new.jsonl
   python3 scripts/ab_kernels.py --compare base.jsonl new.jsonl
@@ -13,15 +15,21 @@ import statistics
 import sys
 
 
-def cells():
-    # Prefill: batch x seqlen = 16k tokens, 2048 = heads x d (BENCH.md's grid), portable kernel.
-    for d in (64, 128):
-        for s in (1024, 4096):
-            for causal in (False, True):
-                yield {"kind": "prefill", "d": d, "s": s, "causal": causal}
-    # Decode: one token, GQA 32/8, d 128; dense caches and pages of 16.
-    for batch, ctx, page in ((1, 8192, 0), (8, 32768, 0), (128, 8192, 0), (8, 32768, 16)):
-        yield {"kind": "decode", "batch": batch, "ctx": ctx, "page": page}
+def cells(kinds):
+    if "prefill" in kinds:
+        # Batch x seqlen = 16k tokens, 2048 = heads x d (BENCH.md's grid), portable kernel.
+        for d in (64, 128):
+            for s in (1024, 4096):
+                for causal in (False, True):
+                    yield {"kind": "prefill", "d": d, "s": s, "causal": causal}
+    if "decode" in kinds:
+        # One token, GQA 32/8, d 128; dense caches and pages of 16.
+        for batch, ctx, page in ((1, 8192, 0), (8, 32768, 0), (128, 8192, 0), (8, 32768, 16)):
+            yield {"kind": "decode", "batch": batch, "ctx": ctx, "page": page}
+    if "backward" in kinds:
+        # GPT-2 small's attention (12 heads, d 64, causal) at the train_gpt shapes, a small call, and d 128.
+        for b, s, h, d in ((8, 1024, 12, 64), (2, 4096, 12, 64), (1, 128, 16, 64), (16, 1024, 16, 128)):
+            yield {"kind": "backward", "batch": b, "s": s, "heads": h, "d": d}
 
 
 def make_call(cell):
@@ -31,6 +39,14 @@ def make_call(cell):
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
+    if cell["kind"] == "backward":
+        b, s, h, d = cell["batch"], cell["s"], cell["heads"], cell["d"]
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=bf, generator=gen, requires_grad=True)
+                   for _ in range(3))
+        out = flashport.flash_attn_func(q, k, v, causal=True)
+        grad = torch.randn_like(out)
+        flops = 10 * b * h * s * s * d // 2  # 2.5x the forward's (SPEC.md), causal
+        return (lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)), flops, 0
     if cell["kind"] == "prefill":
         d, s = cell["d"], cell["s"]
         b, h = 16384 // s, 2048 // d
@@ -101,13 +117,14 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--kinds", default="prefill,decode", help="comma-separated: prefill, decode, backward")
     args = ap.parse_args()
     if args.compare:
         return compare(args.compare)
     import flashport
 
     out = open(args.out, "a") if args.out else None
-    for cell in cells():
+    for cell in cells(args.kinds.split(",")):
         call, flops, nbytes = make_call(cell)
         us = time_call(call)
         rate = f"{flops / us / 1e6:.0f} TFLOPS" if flops else f"{nbytes / us / 1e3:.0f} GB/s"

@@ -1,5 +1,6 @@
-// The two memory-bound kernels around the backward main loop: D = rowsum(dO * O) before it, and the
-// fp32 dQ accumulator (summed over its slices in slice order) -> dq in the input dtype after it.
+// The two memory-bound kernels around the backward main loop: D = rowsum(dO * O) before it (zeroing the
+// dQ accumulator on the way), and the fp32 dQ accumulator (summed over its slices in slice order) -> dq in
+// the input dtype after it.
 // FP_DTYPE f16 / bf16 (16-byte path where rows are aligned) or f32 (scalar path only: the fp32 backward
 // main kernel, attn_bwd_f32.cu, shares these two steps).
 #include "cuda/bwd_params.cuh"
@@ -42,6 +43,19 @@ struct VecLanes {
     return v;
   }
 };
+
+/// Zeroes this CTA's share of prm.zero_words 16-byte words from prm.dq_accum: the CTAs of the whole
+/// (ceil(sq / 16), hq, batch) grid, over every batch chunk, in order, each a contiguous run. Layout-blind,
+/// so every accumulator layout and the tile counters after it are covered alike.
+FP_DEV void zero_accumulator_share(const BwdParams& prm) {
+  const i64 ctas = (i64)gridDim.x * gridDim.y * prm.p.batch;
+  const i64 cta = ((block_z() + prm.batch_offset) * gridDim.y + block_y()) * gridDim.x + block_x();
+  const i64 share = ceil_div(prm.zero_words, ctas);
+  const i64 end = cta * share + share < prm.zero_words ? cta * share + share : prm.zero_words;
+  U32x4* words = reinterpret_cast<U32x4*>(prm.dq_accum);
+  for (i64 w = cta * share + threadIdx.x; w < end; w += blockDim.x)
+    st_global_16(words + w, U32x4{0, 0, 0, 0});
+}
 
 /// Sum of the products of the 8 elements in a and b (16 bytes each).
 template <class E>
@@ -160,6 +174,8 @@ using namespace flashport::cuda::bwd;
 
 extern "C" __global__ void __launch_bounds__(128) attn_bwd_dot_do_o(const __grid_constant__ BwdParams prm) {
   order_after_prior_grids();
+  // The stores first: they need no load, so they leave while the row loads below wait.
+  zero_accumulator_share(prm);
   dot_do_o<Elem>(prm);
 }
 

@@ -11,7 +11,8 @@ namespace flashport::cuda {
 /// Scratch, fp32, allocated stream-ordered by the host:
 /// - `dsum`: D_i = rowsum(dO_i * O_i), laid out like the LSE (lse_offset).
 /// - `dq_accum`: (num_slices, hq, rows_total, accum_ld), row index `(varlen ? cu_seqlens_q[b] : b * sq)
-///   + i`. Zeroed before the main kernel. Non-deterministic mode: one slice, CTAs add with atomics.
+///   + i`. Zeroed before the main kernel (by dot_do_o: `zero_words`). Non-deterministic mode: one slice,
+///   CTAs add with atomics.
 ///   Deterministic mode: the main kernel runs `num_slices` CTAs per (kv head, batch); CTA x owns slice x
 ///   alone and visits key blocks x, x + num_slices, ... in order, adding without atomics; dq_convert
 ///   sums the slices in slice order. Either way dQ = scale * sum(slices).
@@ -34,6 +35,9 @@ struct BwdParams {
   // key blocks have added theirs. Zeroed with dq_accum; each key block waits for its turn (the count
   // of key blocks before it that see the tile), so the additions happen in key-block order.
   int* dq_tile_count;
+  // 16-byte words from dq_accum on (the accumulator, then the tile counters) that dot_do_o zeroes, each
+  // of its CTAs an equal share: the main kernel's memset, without its own launch.
+  long long zero_words;
 };
 
 /// `rows` rounded up to whole 64-row tiles of a tiled dQ accumulator.

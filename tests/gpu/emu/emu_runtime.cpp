@@ -428,8 +428,13 @@ int device_arch(int) {
 int device_sm_count(int) {
   return 132;
 }
+// Stream-ordered scratch arrives filled with NaN bytes (0xff), never zeroed: a kernel that reads scratch
+// nobody wrote (a dQ accumulator left unzeroed, a split's unwritten partial) then fails its test here.
 void* alloc_async(size_t bytes, void*) {
-  return std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  const size_t size = (bytes + 255) / 256 * 256 + 256;
+  void* ptr = std::aligned_alloc(256, size);
+  if (ptr) std::memset(ptr, 0xff, size);
+  return ptr;
 }
 void free_async(void* ptr, void*) {
   std::free(ptr);
