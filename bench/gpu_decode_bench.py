@@ -83,6 +83,8 @@ def main():
     ap.add_argument("--layouts", help=f"comma-separated subset of {','.join(LAYOUTS)}")
     ap.add_argument("--heads", help="comma-separated q/kv head pairs, e.g. 32/8")
     ap.add_argument("--no-peers", action="store_true", help="flashport only (A/B of its own settings)")
+    ap.add_argument("--num-splits", type=int, default=0,
+                    help="flashport's num_splits (0: its heuristic; for a split-count A/B)")
     ap.add_argument("--replot", metavar="JSONL", help="only redraw docs/perf_decode.png from an earlier --out file")
     args = ap.parse_args()
     if args.replot:
@@ -113,7 +115,8 @@ def main():
         # Correctness of the timed configuration, once, against PyTorch's math SDPA in fp32 on the first two
         # sequences (the math path expands K/V to every query head: the whole batch would not fit).
         q, k, v, table = sets[0]
-        out = flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table)
+        out = flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table,
+                                                 num_splits=args.num_splits)
         nb = min(b, 2)
         tb = None if table is None else table[:nb]
         kd, vd = dense_view(k[:nb] if tb is None else k, tb, nb, ctx), dense_view(v[:nb] if tb is None else v, tb, nb, ctx)
@@ -128,7 +131,8 @@ def main():
         def ours():
             q, k, v, table = sets[turn[0] % n_sets]
             turn[0] += 1
-            return flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table)
+            return flashport.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table,
+                                                     num_splits=args.num_splits)
 
         ms = time_ms(ours)
         peers = {}

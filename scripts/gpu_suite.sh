@@ -355,11 +355,20 @@ if has decode; then
   if [[ -f /tmp/fa3_done ]]; then export PYTHONPATH=/tmp/fa3/hopper${PYTHONPATH:+:$PYTHONPATH}; fi
   # DECODE_QUICK_ARGS picks the cells of the per-shape pass (default --quick), DECODE_ROUNDS repeats it
   # (modes alternating, so drift hits them alike); DECODE_GRID=0 skips the full grid.
+  # DECODE_SETTINGS (space-separated) replaces the modes with settings: "rule" (nothing set) or
+  # comma-separated NAME=VALUE knobs, `splits=N` passing num_splits=N (e.g. "rule splits=8
+  # FLASHPORT_DECODE=6,splits=16").
+  settings=${DECODE_SETTINGS:-$(for m in ${DECODE_MODES:-0 1 2 4}; do printf 'FLASHPORT_DECODE=%s ' "$m"; done)}
   for round in $(seq "${DECODE_ROUNDS:-1}"); do
-    for mode in ${DECODE_MODES:-0 1 2 4}; do
-      echo "--- FLASHPORT_DECODE=$mode (round $round)"
-      FLASHPORT_DECODE=$mode python3 bench/gpu_decode_bench.py ${DECODE_QUICK_ARGS:---quick} \
-        --out "$OUT/decode_mode${mode}_r$round.jsonl" 2>&1 | grep -E "^\[" || status=1
+    for setting in $settings; do
+      echo "--- $setting (round $round)"
+      (splits=0
+       IFS=, read -ra kv <<<"$setting"
+       for e in "${kv[@]}"; do
+         case $e in rule) ;; splits=*) splits=${e#splits=} ;; *) export "$e" ;; esac
+       done
+       python3 bench/gpu_decode_bench.py ${DECODE_QUICK_ARGS:---quick} --num-splits "$splits" \
+         --out "$OUT/decode_${setting//[=,]/_}_r$round.jsonl" 2>&1 | grep -E "^\[") || status=1
     done
   done
   if [[ ${DECODE_GRID:-1} != 0 ]]; then
