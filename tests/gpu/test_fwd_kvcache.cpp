@@ -1,6 +1,7 @@
 // CUDA forward_kvcache vs the CPU oracle: append (bit-identical cache contents), rotary on k and q
 // (both styles), cache_batch_idx, left pad, paged caches, split-KV counts; fp16, bf16 and fp32 caches.
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "common/kvcache_case.hpp"
@@ -111,6 +112,60 @@ TEST(GpuKvCache, SplitDecodeMergesInACluster) {
   expect_kvcache_accurate(c);
   EXPECT_EQ(emu::cluster_launches() - before, expect_cluster ? 1 : 0);
 #endif
+}
+
+TEST(GpuKvCache, DenseDecodeChecksItsOwnIndices) {
+  FP_SKIP_WITHOUT_GPU();
+  if (cpu_mode()) GTEST_SKIP() << "host-resident indices are validated by the core";
+  const char* checks = std::getenv("FLASHPORT_DEVICE_CHECKS");
+  if (checks && std::string(checks) == "0")
+    GTEST_SKIP() << "device checks off (the emulator's default: ctest emu.device_checks turns them on)";
+  // A decode call over a dense cache checks cache_seqlens, cache_batch_idx and cache_leftpad in the decode
+  // kernel instead of launching index_check.cu before it; a broken rule is still reported, named, at the
+  // next check. Under the emulator, which has no index_check.cu, a call that still launched it would throw.
+  struct BadCase {
+    const char* argument;
+    std::function<void(KvCase&)> edit;
+    std::function<void(KvInputs&)> edit_inputs;
+  };
+  const auto nothing = [](KvInputs&) {};
+  const BadCase bad[] = {
+      {"cache_seqlens",
+       [](KvCase& c) {
+         c.cache_lens = {10, -7};
+       },
+       nothing},
+      {"cache_seqlens",
+       [](KvCase& c) {
+         c.cache_lens = {300, 10}, c.num_splits = 3;
+       },
+       nothing},  // 301 > 300
+      {"cache_batch_idx", [](KvCase& c) { c.batch_idx = true; },
+       [](KvInputs& in) { in.batch_idx.i32()[1] = 7; }},
+      {"cache_leftpad",
+       [](KvCase& c) {
+         c.leftpad = {0, 205}, c.num_splits = 1;
+       },
+       nothing},  // past 201
+      {nullptr,
+       [](KvCase& c) {
+         c.batch_idx = true, c.leftpad = {3, 150};
+       },
+       nothing},  // valid: no fault
+  };
+  for (const BadCase& t : bad) {
+    KvCase c;  // 2 sequences, one new token each, 4:1 GQA, d 64, 300-token dense cache: decode-sized
+    t.edit(c);
+    SCOPED_TRACE(c.describe());
+    KvInputs in = make_kv_inputs(c);
+    t.edit_inputs(in);
+    const KvResult r = run_kv_gpu(c, in);
+    if (t.argument)
+      expect_recorded_fault(Device{DeviceType::cuda, 0}, "cuda", {t.argument}, "");
+    else
+      EXPECT_NO_THROW(check_device(Device{DeviceType::cuda, 0}));
+    EXPECT_EQ(count_nan(r.out), 0) << "clamped indices still give every output row";
+  }
 }
 
 TEST(GpuKvCache, ServingGrid) {

@@ -89,6 +89,31 @@ def test_long_block_tables_checked_in_chunks():
     flashport.check()
 
 
+@pytest.mark.parametrize("which", ["cache_seqlens", "cache_batch_idx", "cache_leftpad"])
+def test_dense_decode_faults_named(which):
+    """A decode step over a dense cache (no block table) checks its indices inside the decode kernel rather
+    than in a kernel of their own: the faults are named the same way."""
+    q = torch.randn(2, 1, 8, 64, device=DEV, dtype=BF16)
+    new = torch.randn(2, 1, 2, 64, device=DEV, dtype=BF16)
+    k_cache, v_cache = (torch.randn(3, 100, 2, 64, device=DEV, dtype=BF16) for _ in range(2))
+    seqlens = torch.tensor([40, 99], dtype=torch.int32, device=DEV)
+    kwargs = {"cache_batch_idx": torch.tensor([2, 0], dtype=torch.int32, device=DEV)}
+    if which == "cache_seqlens":
+        seqlens[1] = 100  # plus the new token: 101 > 100
+    elif which == "cache_batch_idx":
+        kwargs["cache_batch_idx"][0] = 3  # 3 cache rows
+    else:
+        kwargs["cache_leftpad"] = torch.tensor([0, 120], dtype=torch.int32, device=DEV)  # past the 100 tokens
+    out = flashport.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=seqlens, **kwargs)
+    err = raised_by_check()
+    assert err.argument == which, str(err)
+    assert torch.isfinite(out).all()
+    seqlens[1], kwargs["cache_batch_idx"][0] = 99, 2
+    kwargs.pop("cache_leftpad", None)
+    flashport.flash_attn_with_kvcache(q, k_cache, v_cache, new, new, cache_seqlens=seqlens, **kwargs)
+    flashport.check()
+
+
 @pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k", "paged_cu_seqlens_k", "seqused_k"])
 def test_varlen_faults_named(which):
     h, d = 4, 64

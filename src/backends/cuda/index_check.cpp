@@ -22,11 +22,17 @@ void raise_device_fault(int device) {
   g_records.raise(device, "cuda");  // every CUDA call passes here
 }
 
-void check_indices_async(const AttnProblem& p, IndexCallKind call) {
-  if (!core::wants_device_check(p)) return;
+FaultRecord* in_kernel_fault_record(const AttnProblem& p) {
+  if (!core::wants_device_check(p)) return nullptr;
   const jit::MappedMemory& memory = jit::fault_memory(p.device);
   g_records.publish(p.device, static_cast<FaultRecord*>(memory.host));
-  IndexCheckParams prm{p, static_cast<FaultRecord*>(memory.device), call};
+  return static_cast<FaultRecord*>(memory.device);
+}
+
+void check_indices_async(const AttnProblem& p, IndexCallKind call) {
+  FaultRecord* record = in_kernel_fault_record(p);
+  if (!record) return;
+  IndexCheckParams prm{p, record, call};
   const int arch = jit::device_arch(p.device);
   const jit::Kernel& kernel = cached_kernel(index_check_spec, p.device, 0, arch);
   void* args[] = {&prm};

@@ -1,6 +1,7 @@
 // FlashAttention-2 forward for sm_80+ (mma.sync m16n8k16): one CTA per (query block, head, batch
 // [x split]), K/V streamed through shared memory with cp.async, online softmax in registers.
 #include "cuda/attn_fwd.cuh"
+#include "cuda/index_report.cuh"
 
 namespace flashport::cuda::fwd {
 
@@ -375,6 +376,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     load_q();
     cp_async_commit();
     for (int k = 0; k + 1 < kStages; ++k) load_pair(k);
+    // Sequence b's index rules, checked here instead of by an index_check.cu launch before this kernel
+    // (decode calls without a block table: one launch fewer per step), by one thread of the sequence's
+    // first CTA while the copies above are in flight. The kernel clamps every index either way.
+    if (prm.fault_record && split == 0 && block_y() == 0 && threadIdx.x == 0)
+      report_sequence_fault(prm.fault_record, prm.fault_call, p, b);
     if (bulk)
       cp_async_wait_all();  // Q is the only cp.async group
     else

@@ -1,7 +1,7 @@
 // Kernel arguments of the CUDA forward and split-combine kernels; shared by host launcher and NVRTC.
 #pragma once
 
-#include "core/problem.h"
+#include "core/index_rules.h"
 
 namespace flashport::cuda {
 
@@ -21,6 +21,10 @@ struct FwdParams {
   int pack_gqa;            // 1, or hq / hk: a block's rows are (query, head of the kv head's group) pairs
                            // and grid y runs over kv heads (see RowMap in attn_fwd.cuh)
   int vec;                 // VecFlags
+  // The decode variant's own index check (kvcache calls without a block table; backends/cuda/
+  // index_check.hpp): the device's fault record, or null for none, and the IndexCallKind it reports as.
+  FaultRecord* fault_record;
+  int fault_call;
 };
 
 }  // namespace flashport::cuda

@@ -4,6 +4,7 @@
 // it with them.
 #include "cuda/common/common.cuh"
 #include "cuda/index_check_params.cuh"
+#include "cuda/index_report.cuh"
 
 using namespace flashport;
 using namespace flashport::cuda;
@@ -14,16 +15,6 @@ constexpr int kWarps = 4;  // one warp per sequence (per column chunk)
 constexpr int kColumnsPerLane = 8;
 constexpr int kColumnsPerWarp = 32 * kColumnsPerLane;  // index_check_params.cuh: kIndexCheckColumnsPerWarp
 static_assert(kColumnsPerWarp == kIndexCheckColumnsPerWarp, "the launcher sizes grid y by it");
-
-/// Publishes `f` unless another fault was published first: the claim elects one writer, whose fields
-/// are visible to the host before `kind` (the host reads `kind` first).
-FP_DEV void report(FaultRecord* record, int call, const IndexFault& f) {
-  if (atomicCAS(&record->claim, 0, 1) != 0) return;
-  record->call = call;
-  record->batch = f.batch, record->entry = f.entry, record->value = f.value, record->bound = f.bound;
-  __threadfence_system();
-  record->kind = f.kind;
-}
 
 }  // namespace
 
@@ -42,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   const int lane = lane_id();
   const IndexFault f = sequence_fault(p, b, ip.call == kCallKvCache);
   if (f.kind != kFaultNone) {
-    if (lane == 0 && blockIdx.y == 0) report(ip.record, ip.call, f);
+    if (lane == 0 && blockIdx.y == 0) report_fault(ip.record, ip.call, f);
     return;
   }
   if (!p.block_table) return;
@@ -57,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
     }
     first_bad = __reduce_min_sync(0xffffffffu, first_bad);
     if (first_bad < kColumnsPerWarp) {
-      if (lane == (first_bad & 31)) report(ip.record, ip.call, block_table_fault(p, b, c0 + first_bad));
+      if (lane == (first_bad & 31)) report_fault(ip.record, ip.call, block_table_fault(p, b, c0 + first_bad));
       return;
     }
   }

@@ -41,6 +41,15 @@ unsigned char* dynamic_shared();
 #define __syncthreads() ::flashport::emu::sync_block()
 #define __syncwarp(...) ::flashport::emu::sync_warp()
 
+// Emulated threads take turns (they switch only at barriers), so an atomic is a plain read-modify-write
+// and a fence has nothing left to order (index_report.cuh's fault claim).
+inline int atomicCAS(int* address, int compare, int value) {
+  const int old = *address;
+  if (old == compare) *address = value;
+  return old;
+}
+inline void __threadfence_system() {}
+
 inline float __fadd_rn(float a, float b) {
   return a + b;
 }

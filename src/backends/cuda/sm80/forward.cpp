@@ -6,10 +6,12 @@
 #include <string>
 
 #include "backends/cuda/arch.hpp"
+#include "backends/cuda/index_check.hpp"
 #include "backends/cuda/operand_align.hpp"
 #include "backends/cuda/sm80/forward_f32.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
+#include "core/index_fault.hpp"
 #include "core/split_plan.h"
 #include "core/tuning.hpp"
 #include "flashport/error.hpp"
@@ -180,11 +182,21 @@ int forward_num_splits(const AttnProblem& p, int num_splits) {
   return p.in_type == kF32 ? 1 : fwd_geometry(p, num_splits, p.device).splits;
 }
 
-void launch_forward(const AttnProblem& p, int num_splits) {
-  if (p.in_type == kF32) return launch_forward_f32(p);  // CUDA cores, exact fp32; never split
-  if (p.batch <= 0 || p.hq <= 0 || p.sq <= 0) return;
+bool decode_checks_indices(const AttnProblem& p, int num_splits) {
+  if (p.in_type == kF32 || p.batch <= 0 || p.hq <= 0 || p.sq <= 0 || p.block_table) return false;
+  return core::wants_device_check(p) && fwd_geometry(p, num_splits, p.device).tile.decode;
+}
+
+void launch_forward(const AttnProblem& p, int num_splits, int check_call) {
+  const bool runs = p.in_type != kF32 && p.batch > 0 && p.hq > 0 && p.sq > 0;
   const int device = p.device;
-  const FwdGeometry geo = fwd_geometry(p, num_splits, device);
+  const FwdGeometry geo = runs ? fwd_geometry(p, num_splits, device) : FwdGeometry{};
+  // decode_checks_indices' rule on the geometry at hand; anything else gets index_check.cu first.
+  FaultRecord* const in_kernel =
+      check_call >= 0 && geo.tile.decode && !p.block_table ? in_kernel_fault_record(p) : nullptr;
+  if (check_call >= 0 && !in_kernel) check_indices_async(p, static_cast<IndexCallKind>(check_call));
+  if (p.in_type == kF32) return launch_forward_f32(p);  // CUDA cores, exact fp32; never split
+  if (!runs) return;
   if (p.hq > limits(geo.arch).max_grid_yz)
     throw Error("q", "more than 65535 heads are not supported on CUDA");
   const int smem = fwd_smem_bytes(geo.tile, geo.bucket);
@@ -201,6 +213,7 @@ void launch_forward(const AttnProblem& p, int num_splits) {
   prm.vec = vec_flags(p);
   prm.num_splits = geo.splits;
   prm.pack_gqa = geo.pack_gqa;
+  prm.fault_record = in_kernel, prm.fault_call = check_call;
   const unsigned threads = 32u * (unsigned)geo.tile.warps;
   const unsigned gx = (unsigned)geo.m_blocks, gy = (unsigned)geo.heads;
   void* args[] = {&prm};
