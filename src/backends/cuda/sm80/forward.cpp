@@ -127,12 +127,21 @@ FwdGeometry fwd_geometry(const AttnProblem& p, int num_splits, int device) {
                                     : heuristic_splits(ctas, slots, rounds);
   splits = std::min<long long>({splits, (long long)kMaxSplits, key_tiles});
   if (p.batch * splits > limits(g.arch).max_grid_yz) splits = 1;
+  // Where the one-wave rule asks for more splits than a cluster holds but each would stream only a few
+  // rounds, eight splits merged in a cluster beat the rule's 9-16 through scratch and split_combine: H100,
+  // one token, 32/8 heads, d 128, GB/s, rule / 8 clustered (two rounds): 1 x 2k 443 / 480-504, 4k 707-710
+  // / 784-800, 8k 1050 / 1071-1078 (43 rounds); 16k 1434 / 1434-1438, 32k 1915 / 1780-1787, where the
+  // rule's extra SMs win. Only where the eight splits keep as many CTAs streaming as measured (8 kv heads).
+  const bool cluster_on =
+      decode && g.decode_mode == 0 && core::tuning().decode_cluster.get() && g.m_blocks == 1;
+  if (num_splits == 0 && cluster_on && splits > 8 && rounds <= 48 && ctas * 8 >= 64 &&
+      decode_cluster_fits(g.arch, p.in_type, g.bucket, 8))
+    splits = 8;
   g.splits = (int)std::max<long long>(splits, 1);
   // Split grids merged in a cluster skip the scratch and the split_combine launch: H100, one token, 32/8
   // heads, d 128, per call 18.3-18.5 -> 15.9-16.0 us at batch 1 x 1k (6 splits), 33.2-33.5 -> 30.5-30.6 at
   // 8 x 1k (2 splits); calls of one split or more than 8 are unchanged (docs/PERF.md).
-  g.tile.cluster = decode && g.decode_mode == 0 && core::tuning().decode_cluster.get() && g.m_blocks == 1 &&
-                   decode_cluster_fits(g.arch, p.in_type, g.bucket, g.splits);
+  g.tile.cluster = cluster_on && decode_cluster_fits(g.arch, p.in_type, g.bucket, g.splits);
   return g;
 }
 
