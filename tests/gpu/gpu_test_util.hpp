@@ -330,8 +330,8 @@ struct GpuForwardCall {
 /// flashport::check_device raises the index fault the device recorded, naming one of `args` (sequences
 /// are checked in parallel: with several broken, any may be the one recorded), and then nothing.
 inline void expect_device_fault(std::initializer_list<std::string> args, const std::string& fragment) {
-  // The emulator does not run index_check.cu (its atomics and ballots are not emulated; emu_runtime
-  // turns device checks off), so nothing is recorded there: the in-bounds part of these tests still runs.
+  // The emulator does not run index_check.cu (its warp reductions are not emulated; emu_runtime turns
+  // device checks off), so nothing is recorded there: the in-bounds part of these tests still runs.
   if (kEmulated) return;
   expect_recorded_fault(Device{DeviceType::cuda, 0}, "cuda", args, fragment);
 }

@@ -448,8 +448,9 @@ void copy_to_host(void* dst, const void* src, size_t bytes, void*) {
 void stream_synchronize(void*) {}  // launches run to completion before they return
 void device_synchronize(int) {}
 // The device checks' fault record: plain host memory (the emulator's device memory is host memory).
-// The emulator does not run index_check.cu (its atomics and ballots are not emulated), so device checks
-// are off by default below and this record stays clear.
+// The emulator does not run index_check.cu (its warp reductions are not emulated), so device checks are
+// off by default below; with FLASHPORT_DEVICE_CHECKS=1 (ctest emu.device_checks) the decode kernel's own
+// check reports here.
 const MappedMemory& fault_memory(int) {
   alignas(16) static unsigned char record[kFaultMemoryBytes] = {};
   static const MappedMemory memory{record, record};
