@@ -43,11 +43,14 @@ done < <("$out/list_variants" "$arch" attn_bwd_f32)
 for k in split_combine kvcache merge bwd_aux fp8_scale fp8_v_transpose; do
   jobs+=("$kernel_flags -c $emu/emu_$k.cpp -o $out/$k.o")
 done
+# The backward's D / dQ-convert kernels in bf16 too (their 16-byte path), entry points renamed to link.
+jobs+=("$kernel_flags -DFP_DTYPE=bf16 -Dattn_bwd_dot_do_o=attn_bwd_dot_do_o_bf16 \
+  -Dattn_bwd_dq_convert=attn_bwd_dq_convert_bf16 -c $emu/emu_bwd_aux.cpp -o $out/bwd_aux_bf16.o")
 for f in emu_runtime emu_registry; do
   jobs+=("$common -I$emu -I$cuda_inc -c $emu/$f.cpp -o $out/$f.o")
 done
 for t in "$root"/tests/gpu/test_*.cpp; do
-  case $(basename "$t") in test_fwd_*|test_merge_*|test_bwd_f32*|test_bwd_fp8*) ;; *) continue ;; esac  # the kernels emulated here
+  case $(basename "$t") in test_fwd_*|test_merge_*|test_bwd_f32*|test_bwd_fp8*|test_bwd_aux*) ;; *) continue ;; esac  # the kernels emulated here
   jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I$root/src/kernels -I$cuda_inc -c $t -o $out/$(basename "$t" .cpp).o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} sh -c "$cxx {}"

@@ -1,6 +1,10 @@
-// The emulated D and dQ-convert kernels of the backward, fp32 (the fp32 backward's steps around its main
-// kernel; the 16-bit backward's main kernels are not emulated).
+// The emulated D and dQ-convert kernels of the backward. build.sh compiles this file once per dtype: f32
+// (the fp32 backward's steps around its emulated main kernel) and bf16 (their 16-byte path, which
+// test_bwd_aux.cpp launches on its own: the 16-bit main kernels are not emulated), the second with its
+// entry points renamed (-Dattn_bwd_dot_do_o=...) so the objects link together.
+#ifndef FP_DTYPE
 #define FP_DTYPE f32
+#endif
 #include "cuda/attn_bwd_aux.cu"
 #include "emu_kernels.hpp"
 
@@ -11,6 +15,7 @@ void dot_trampoline(const void* p) {
 void convert_trampoline(const void* p) {
   attn_bwd_dq_convert(*static_cast<const flashport::cuda::BwdParams*>(p));
 }
-const flashport::emu::Registrar dot_reg("attn_bwd_dot_do_o|FP_DTYPE=f32", dot_trampoline);
-const flashport::emu::Registrar convert_reg("attn_bwd_dq_convert|FP_DTYPE=f32", convert_trampoline);
+const flashport::emu::Registrar dot_reg("attn_bwd_dot_do_o|FP_DTYPE=" FP_EMU_STR(FP_DTYPE), dot_trampoline);
+const flashport::emu::Registrar convert_reg("attn_bwd_dq_convert|FP_DTYPE=" FP_EMU_STR(FP_DTYPE),
+                                            convert_trampoline);
 }  // namespace
