@@ -114,7 +114,7 @@ TEST(GpuKvCache, SplitDecodeMergesInACluster) {
 #endif
 }
 
-TEST(GpuKvCache, DenseDecodeChecksItsOwnIndices) {
+TEST(GpuKvCacheSmall, DenseDecodeChecksItsOwnIndices) {
   FP_SKIP_WITHOUT_GPU();
   if (cpu_mode()) GTEST_SKIP() << "host-resident indices are validated by the core";
   const char* checks = std::getenv("FLASHPORT_DEVICE_CHECKS");
