@@ -98,18 +98,19 @@ class CudaBackend final : public core::Backend {
     const int arch = jit::device_arch(kp.attn.device);
     // The attention over the updated cache takes the kernel family a plain forward would (a prefill chunk
     // against a paged or dense cache runs the Hopper kernel where it applies; decode-sized calls, which it
-    // declines, the portable split-KV kernel), unless num_splits > 1 asks for the split-KV kernel.
-    const auto portable = [&](const AttnProblem& a) {
-      return kp.num_splits > 1 || is_fallback(forward_families(), forward_family(a, arch));
-    };
-    // The portable decode variant checks a dense cache's indices itself (one launch fewer per decode
-    // step); every other call queues index_check.cu before its kernels.
-    const bool in_kernel = portable(kp.attn) && decode_checks_indices(kp.attn, kp.num_splits);
-    if (!in_kernel) check_indices_async(kp.attn, kCallKvCache);
+    // declines, the portable split-KV kernel), unless num_splits > 1 asks for the split-KV kernel. The
+    // index check goes with that launch: the portable launcher runs it inside its decode kernel where it
+    // can (dense caches: one launch fewer per decode step), every other launch queues index_check.cu first.
+    bool checked = false;
     launch_forward_kvcache(kp, [&](const AttnProblem& a) {
-      if (!portable(a)) return forward_family(a, arch).launch(a, arch);
-      launch_forward(a, kp.num_splits, in_kernel ? kCallKvCache : -1);
+      checked = true;
+      const ForwardFamily& family = forward_family(a, arch);
+      if (kp.num_splits > 1 || is_fallback(forward_families(), family))
+        return launch_forward(a, kp.num_splits, kCallKvCache);
+      check_indices_async(a, kCallKvCache);
+      family.launch(a, arch);
     });
+    if (!checked) check_indices_async(kp.attn, kCallKvCache);  // no query row: nothing attended
   }
   void merge_states(const core::MergeProblem& mp) const override {
     if (mp.out.ptr) raise_device_fault(jit::pointer_device(mp.out.ptr));

@@ -11,7 +11,6 @@
 #include "backends/cuda/sm80/forward_f32.hpp"
 #include "backends/cuda/sm80/tiles.hpp"
 #include "backends/cuda/variants.hpp"
-#include "core/index_fault.hpp"
 #include "core/split_plan.h"
 #include "core/tuning.hpp"
 #include "flashport/error.hpp"
@@ -191,16 +190,11 @@ int forward_num_splits(const AttnProblem& p, int num_splits) {
   return p.in_type == kF32 ? 1 : fwd_geometry(p, num_splits, p.device).splits;
 }
 
-bool decode_checks_indices(const AttnProblem& p, int num_splits) {
-  if (p.in_type == kF32 || p.batch <= 0 || p.hq <= 0 || p.sq <= 0 || p.block_table) return false;
-  return core::wants_device_check(p) && fwd_geometry(p, num_splits, p.device).tile.decode;
-}
-
 void launch_forward(const AttnProblem& p, int num_splits, int check_call) {
   const bool runs = p.in_type != kF32 && p.batch > 0 && p.hq > 0 && p.sq > 0;
   const int device = p.device;
   const FwdGeometry geo = runs ? fwd_geometry(p, num_splits, device) : FwdGeometry{};
-  // decode_checks_indices' rule on the geometry at hand; anything else gets index_check.cu first.
+  // The decode variant checks a dense cache's sequence rules itself; anything else gets index_check.cu first.
   FaultRecord* const in_kernel =
       check_call >= 0 && geo.tile.decode && !p.block_table ? in_kernel_fault_record(p) : nullptr;
   if (check_call >= 0 && !in_kernel) check_indices_async(p, static_cast<IndexCallKind>(check_call));

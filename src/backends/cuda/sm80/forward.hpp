@@ -13,14 +13,9 @@ namespace flashport::cuda {
 /// Runs attention forward for `p` on the GPU that owns p.q.ptr, on p.stream. `num_splits`: 0 picks
 /// split-KV by a heuristic (dense queries only), 1 disables it, > 1 asks for that many splits
 /// (capped by the number of key tiles; ignored for varlen queries). `check_call` >= 0 (an IndexCallKind):
-/// the call's device index check is still to be made, in the kernel where decode_checks_indices says so,
-/// else by index_check.cu queued first.
+/// the call's device index check is still to be made: by the decode variant itself where it runs without a
+/// block table (it reports a broken sequence rule; index_rules.h), else by index_check.cu queued first.
 void launch_forward(const AttnProblem& p, int num_splits = 0, int check_call = -1);
-
-/// True where launch_forward(p, num_splits, call) runs the device index check of `p` in its kernel (the
-/// decode variant reports a broken sequence rule itself; index_rules.h): a device check is wanted, there
-/// is no block table (whose entries index_check.cu spreads over its grid), and the decode variant runs.
-bool decode_checks_indices(const AttnProblem& p, int num_splits);
 
 /// True for decode-sized calls: query rows (the GQA group's heads packed in) fit one 16-row fragment. The
 /// portable kernel's decode variant takes them (its warps split the keys, split-KV fills the GPU), and the
