@@ -1,9 +1,10 @@
 // The backward's two memory-bound kernels (kernels/cuda/attn_bwd_aux.cu) launched on their own with bf16
 // operands: D = rowsum(dO * O) and the zeroing of the dQ accumulator and turn counters that comes with
 // it; the convert of the fp32 accumulator (its slices summed in order, times the scale) into dq. Dense and
-// varlen rows (an empty sequence), row-major and tiled accumulators, d 64 / 128 / 256 (8, 16 and 32
-// lanes per row in the 16-byte path). The 16-bit backward's main kernels are not emulated, so under the
-// kernel emulator this is where the 16-byte path of both kernels is checked.
+// varlen rows (an empty sequence), row-major and tiled accumulators, d 64 / 96 / 128 / 256 (8, 16 and 32
+// lanes per row in the 16-byte path; 96 leaves 4 of 16 lanes idle), one and several CTAs per sequence. The
+// 16-bit backward's main kernels are not emulated, so under the kernel emulator this is where the 16-byte
+// path of both kernels is checked.
 #include <cmath>
 
 #include "backends/cuda/backward.hpp"
@@ -105,7 +106,8 @@ struct AuxCall {
     const int arch = jit::device_arch(0);
     const jit::Kernel& k = cuda::cached_kernel(spec, 0, 0, arch, (int)kBF16);
     void* args[] = {&prm};
-    jit::launch(k, (unsigned)((sq + 15) / 16), (unsigned)c.hq, (unsigned)batch, 128, 0, nullptr, args);
+    const unsigned ctas_x = (unsigned)((sq + cuda::kBwdAuxRows - 1) / cuda::kBwdAuxRows);
+    jit::launch(k, ctas_x, (unsigned)c.hq, (unsigned)batch, cuda::kBwdAuxThreads, 0, nullptr, args);
   }
 };
 
@@ -116,6 +118,10 @@ const AuxCase kCases[] = {
     {64, {50, 0, 113, 7}, 3, 64, 1},
     {128, {50, 0, 113, 7}, 3, 0, 2},
     {256, {1, 64, 0}, 2, 0, 1},
+    // Several 64-row CTAs, rows past a CTA's last pass group, lanes past d (96: 12 chunks over 16 lanes).
+    {96, {300}, 2, 0, 1},
+    {64, {130, 1, 0, 200}, 2, 64, 1},
+    {128, {190}, 1, 0, 3},
 };
 
 TEST(GpuBackwardAux, DotSumsRowsAndZeroesTheAccumulator) {

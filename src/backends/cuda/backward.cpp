@@ -19,9 +19,6 @@
 namespace flashport::cuda {
 namespace {
 
-constexpr int kAuxRows = 16;  // rows per CTA of the aux kernels (attn_bwd_aux.cu: 4 warps x 4 rows)
-constexpr unsigned kAuxThreads = 128;
-
 const char* type_define(int elem_type) {
   return elem_type == kF32 ? "f32" : elem_type == kBF16 ? "bf16" : "f16";
 }
@@ -150,19 +147,19 @@ void launch_backward(const AttnProblem& p) {
   prm.dq_accum = reinterpret_cast<float*>(scratch + dsum_bytes);
   prm.dq_tile_count = count_bytes ? reinterpret_cast<int*>(scratch + dsum_bytes + accum_bytes) : nullptr;
   prm.zero_words = (long long)((accum_bytes + count_bytes) / 16);
-  const unsigned aux_x = (unsigned)((p.sq + kAuxRows - 1) / kAuxRows);
+  const unsigned aux_x = (unsigned)((p.sq + kBwdAuxRows - 1) / kBwdAuxRows);
   // The dot kernel zeroes the accumulator and counters (BwdParams::zero_words): one launch fewer than a
   // memset before it (H200, GPT-2 at 8 x 1024: the memsets took about 6 us of each layer's backward).
   if (aux_x == 0 && prm.zero_words > 0)
     jit::memset_async(prm.dq_accum, 0, accum_bytes + count_bytes, p.stream);
   if (aux_x > 0) {
     const jit::Kernel& dot = cached_kernel(backward_dot_spec, device, 0, arch, p.in_type);
-    launch_batch_chunks(dot, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, arch);
+    launch_batch_chunks(dot, prm, aux_x, (unsigned)p.hq, (unsigned)kBwdAuxThreads, 0, arch);
   }
   family.launch.main(prm, arch);
   if (aux_x > 0) {
     const jit::Kernel& convert = cached_kernel(backward_convert_spec, device, 0, arch, p.in_type);
-    launch_batch_chunks(convert, prm, aux_x, (unsigned)p.hq, kAuxThreads, 0, arch);
+    launch_batch_chunks(convert, prm, aux_x, (unsigned)p.hq, (unsigned)kBwdAuxThreads, 0, arch);
   }
   ws.free();
 }

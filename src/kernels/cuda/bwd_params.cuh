@@ -40,6 +40,12 @@ struct BwdParams {
   long long zero_words;
 };
 
+/// Grid of the two aux kernels (attn_bwd_aux.cu: D before the main kernel, the dQ convert after it):
+/// (ceil(sq / kBwdAuxRows), hq, batch) CTAs of kBwdAuxThreads. 64 rows per CTA, every thread with several
+/// 16-byte loads in flight: 16-row CTAs with one load pair per thread ran at about half the copy rate.
+constexpr int kBwdAuxRows = 64;
+constexpr int kBwdAuxThreads = 128;
+
 /// `rows` rounded up to whole 64-row tiles of a tiled dQ accumulator.
 FP_HD constexpr long long round_up_tile(long long rows) {
   return (rows + 63) / 64 * 64;
