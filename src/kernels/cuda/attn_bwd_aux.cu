@@ -15,11 +15,8 @@ namespace flashport::cuda::bwd {
 
 using Elem = FP_DTYPE;
 constexpr int kAuxWarps = kBwdAuxThreads / 32;
-constexpr int kAuxRowsPerWarp =
-    kBwdAuxRows / kAuxWarps;  // a CTA covers kBwdAuxRows query rows of one (head, batch entry)
-/// Passes of the 16-byte path whose loads are all issued before the first is used: 4 x 32 bytes in
-/// flight per lane (D), 4 x 32 bytes per slice (convert).
-constexpr int kAuxPassesInFlight = 4;
+// A CTA covers kBwdAuxRows query rows of one (head, batch entry).
+constexpr int kAuxRowsPerWarp = kBwdAuxRows / kAuxWarps;
 
 /// Query row `k` of this warp (grid x covers p.sq in steps of kBwdAuxRows).
 FP_DEV int aux_row(int k) {
@@ -92,28 +89,16 @@ FP_DEV void dot_do_o(const BwdParams& prm) {
   if constexpr (sizeof(S) == 2) {
     if (prm.vec) {
       const VecLanes vl(p.dv);
-      const int c0 = vl.chunk0(), step = vl.lanes * 8;
-      for (int pass0 = 0; pass0 < vl.passes(); pass0 += kAuxPassesInFlight) {
-        int rows[kAuxPassesInFlight];
-        U32x4 o_regs[kAuxPassesInFlight], do_regs[kAuxPassesInFlight];
-#pragma unroll
-        for (int g = 0; g < kAuxPassesInFlight; ++g) {
-          const int i = aux_row(vl.row_k(pass0 + g));
-          rows[g] = pass0 + g < vl.passes() && i < seq.len_q ? i : -1;
-          o_regs[g] = do_regs[g] = U32x4{0, 0, 0, 0};
-          if (rows[g] >= 0 && c0 < p.dv) o_regs[g] = ld_global_16(row_ptr(p.o, i) + c0);
-          if (rows[g] >= 0 && c0 < p.dv) do_regs[g] = ld_global_16(row_ptr(p.dout, i) + c0);
+      for (int pass = 0; pass < vl.passes(); ++pass) {
+        const int i = aux_row(vl.row_k(pass));
+        float acc = 0.0f;
+        if (i < seq.len_q) {  // no early exit: the group sum below needs every lane
+          const S *o = row_ptr(p.o, i), *dout = row_ptr(p.dout, i);
+          for (int c = vl.chunk0(); c < p.dv; c += vl.lanes * 8)
+            acc += dot8<E>(ld_global_16(o + c), ld_global_16(dout + c));
         }
-#pragma unroll
-        for (int g = 0; g < kAuxPassesInFlight; ++g) {
-          float acc = dot8<E>(o_regs[g], do_regs[g]);
-          if (rows[g] >= 0)  // heads wider than one chunk per lane (> 256 channels)
-            for (int c = c0 + step; c < p.dv; c += step)
-              acc += dot8<E>(ld_global_16(row_ptr(p.o, rows[g]) + c),
-                             ld_global_16(row_ptr(p.dout, rows[g]) + c));
-          acc = vl.group_sum(acc);  // every lane, row or not
-          if (rows[g] >= 0 && c0 == 0) prm.dsum[d_row0 + rows[g]] = acc;
-        }
+        acc = vl.group_sum(acc);
+        if (i < seq.len_q && vl.chunk0() == 0) prm.dsum[d_row0 + i] = acc;
       }
       return;
     }
@@ -145,64 +130,39 @@ FP_DEV void dq_convert(const BwdParams& prm) {
   const float* head_accum =
       prm.dq_accum + ((i64)h * prm.rows_total + accum_row0(p, seq, b, tiled)) * prm.accum_ld;
   const VecLanes vl(p.d);
-  // Row i's columns c.. at row_accum(i) + at(i, c) (16-byte aligned for c % 8 == 0: accum_ld % 32 == 0).
-  auto row_accum = [&](int i) { return head_accum + (i64)(tiled ? i & ~63 : i) * prm.accum_ld; };
-  auto at = [&](int i, int c) { return tiled ? accum_tile_offset(i & 63, c, prm.accum_tiled) : c; };
-  auto dq_row = [&](int i) {
-    return static_cast<S*>(p.grad_q.ptr) + row_offset(p.grad_q, varlen, b, seq.q_start, i, h);
-  };
-  if constexpr (kVec16) {
-    if (prm.vec) {  // passes over rows as VecLanes splits them, kAuxPassesInFlight at a time
-      for (int pass0 = 0; pass0 < vl.passes(); pass0 += kAuxPassesInFlight) {
-        int rows[kAuxPassesInFlight];
-#pragma unroll
-        for (int g = 0; g < kAuxPassesInFlight; ++g) {
-          const int i = aux_row(vl.row_k(pass0 + g));
-          rows[g] = pass0 + g < vl.passes() && i < seq.len_q ? i : -1;
-        }
-        for (int c = vl.chunk0(); c < p.d; c += vl.lanes * 8) {  // once, up to 256 channels
-          float s[kAuxPassesInFlight][8] = {};
+  // 16-byte path: pass over rows as VecLanes splits them (no shuffles, so lanes past the end just stop);
+  // the scalar path: one warp per row, kAuxRowsPerWarp rows.
+  const int vec = kVec16 ? prm.vec : 0;
+  const int passes = vec ? vl.passes() : kAuxRowsPerWarp;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int i = aux_row(vec ? vl.row_k(pass) : pass);
+    if (i >= seq.len_q) break;
+    // Row i's columns c.. at acc + at(c) (16-byte aligned for c % 8 == 0: accum_ld % 32 == 0).
+    const float* acc = head_accum + (i64)(tiled ? i & ~63 : i) * prm.accum_ld;
+    auto at = [&](int c) { return tiled ? accum_tile_offset(i & 63, c, prm.accum_tiled) : c; };
+    S* dq = static_cast<S*>(p.grad_q.ptr) + row_offset(p.grad_q, varlen, b, seq.q_start, i, h);
+    if (vec) {
+      if constexpr (kVec16) {
+        for (int c = vl.chunk0(); c < p.d; c += vl.lanes * 8) {
+          float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
           for (int sl = 0; sl < prm.num_slices; ++sl) {
-            U32x4 lo[kAuxPassesInFlight], hi[kAuxPassesInFlight];
-#pragma unroll
-            for (int g = 0; g < kAuxPassesInFlight; ++g) {
-              lo[g] = hi[g] = U32x4{0, 0, 0, 0};
-              if (rows[g] < 0) continue;
-              const float* src = row_accum(rows[g]) + sl * slice_stride + at(rows[g], c);
-              lo[g] = ld_global_16(src), hi[g] = ld_global_16(src + 4);
-            }
-#pragma unroll
-            for (int g = 0; g < kAuxPassesInFlight; ++g) {
-              s[g][0] += u32_as_float(lo[g].x), s[g][1] += u32_as_float(lo[g].y);
-              s[g][2] += u32_as_float(lo[g].z), s[g][3] += u32_as_float(lo[g].w);
-              s[g][4] += u32_as_float(hi[g].x), s[g][5] += u32_as_float(hi[g].y);
-              s[g][6] += u32_as_float(hi[g].z), s[g][7] += u32_as_float(hi[g].w);
-            }
+            const U32x4 lo = ld_global_16(acc + sl * slice_stride + at(c)),
+                        hi = ld_global_16(acc + sl * slice_stride + at(c) + 4);
+            s[0] += u32_as_float(lo.x), s[1] += u32_as_float(lo.y), s[2] += u32_as_float(lo.z);
+            s[3] += u32_as_float(lo.w), s[4] += u32_as_float(hi.x), s[5] += u32_as_float(hi.y);
+            s[6] += u32_as_float(hi.z), s[7] += u32_as_float(hi.w);
           }
           const float sc = p.scale;
-#pragma unroll
-          for (int g = 0; g < kAuxPassesInFlight; ++g) {
-            if (rows[g] < 0) continue;
-            const float* v = s[g];
-            st_global_16(dq_row(rows[g]) + c,
-                         U32x4{E::pack(v[0] * sc, v[1] * sc), E::pack(v[2] * sc, v[3] * sc),
-                               E::pack(v[4] * sc, v[5] * sc), E::pack(v[6] * sc, v[7] * sc)});
-          }
+          st_global_16(dq + c, U32x4{E::pack(s[0] * sc, s[1] * sc), E::pack(s[2] * sc, s[3] * sc),
+                                     E::pack(s[4] * sc, s[5] * sc), E::pack(s[6] * sc, s[7] * sc)});
         }
       }
-      return;
-    }
-  }
-  // The scalar path: one warp per row, kAuxRowsPerWarp rows.
-  for (int k = 0; k < kAuxRowsPerWarp; ++k) {
-    const int i = aux_row(k);
-    if (i >= seq.len_q) break;
-    const float* acc = row_accum(i);
-    S* dq = dq_row(i);
-    for (int c = lane; c < p.d; c += 32) {
-      float s = 0.0f;
-      for (int sl = 0; sl < prm.num_slices; ++sl) s += acc[sl * slice_stride + at(i, c)];
-      dq[c] = E::from_float(s * p.scale);
+    } else {
+      for (int c = lane; c < p.d; c += 32) {
+        float s = 0.0f;
+        for (int sl = 0; sl < prm.num_slices; ++sl) s += acc[sl * slice_stride + at(c)];
+        dq[c] = E::from_float(s * p.scale);
+      }
     }
   }
 }
