@@ -43,7 +43,7 @@ struct BwdParams {
 /// Grid of the two aux kernels (attn_bwd_aux.cu: D before the main kernel, the dQ convert after it):
 /// (ceil(sq / kBwdAuxRows), hq, batch) CTAs of kBwdAuxThreads. 64 rows per CTA with four passes' loads
 /// issued first measured no faster (H100, 2026-12-07: D 18.0 -> 20.1 us, convert 14.9 -> 14.3 us at
-/// GPT-2's 8 x 1024 x 12, d 64): at 16 rows both already run at 85-90% of the copy rate.
+/// GPT-2's 8 x 1024 x 12, d 64): at 16 rows both already run at 85-95% of the copy rate.
 constexpr int kBwdAuxRows = 16;
 constexpr int kBwdAuxThreads = 128;
 
