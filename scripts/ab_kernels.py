@@ -4,7 +4,10 @@ Hopper kernels on sm_90), for a before/after of a kernel change (`--kinds` picks
 tree (the other tree installed with `pip install --target DIR`, put first on PYTHONPATH) and in
 alternating rounds, so drift hits both alike; `--compare A.jsonl B.jsonl` prints the ratio table. The
 forward cells' inputs have requires_grad unset: this times kernels, not the autograd path
-(bench/overhead_bench.py does that).
+(bench/overhead_bench.py does that). Each cell's kernels are also timed one by one under torch.profiler
+(mean device time per launch; `--no-kernels` skips it), and `--compare` lists them too: a call's wall time
+moves by a few percent between rounds, which hides a change to one of its small kernels (the backward's
+D and dQ-convert kernels are 10-20% of it).
 
   FLASHPORT_CUDA_FORWARD=portable python3 scripts/ab_kernels.py --tag new --out new.jsonl
   python3 scripts/ab_kernels.py --compare base.jsonl new.jsonl
@@ -88,18 +91,35 @@ def time_call(call, reps=5, iters=30):
     return statistics.median(per_call)
 
 
+def kernel_times(call, iters=20):
+    """Mean device time per launch of each CUDA kernel `call` runs, us, by kernel name (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            call()
+        torch.cuda.synchronize()
+    return {e.key[:60]: e.device_time_total / e.count for e in prof.key_averages()
+            if e.device_type.name == "CUDA" and e.count and not e.key.startswith("Memcpy")}
+
+
 def key(cell):
     return ",".join(f"{k}={v}" for k, v in cell.items())
 
 
 def compare(paths):
-    runs = []
+    runs, kernel_runs = [], []
     for path in paths:
-        rows = {}
+        rows, kernels = {}, {}
         for line in open(path):
             r = json.loads(line)
             rows.setdefault(r["cell"], []).append(r["us"])
+            for name, us in r.get("kernels", {}).items():
+                kernels.setdefault((r["cell"], name), []).append(us)
         runs.append(rows)
+        kernel_runs.append(kernels)
     base, new = runs
     print(f"| cell | before us | after us | after / before |")
     print("|---|---|---|---|")
@@ -111,6 +131,17 @@ def compare(paths):
         ratios.append(n / b)
         print(f"| {cell} | {b:.1f} | {n:.1f} | {n / b:.3f} |")
     print(f"geometric mean after / before: {statistics.geometric_mean(ratios):.3f} over {len(ratios)} cells")
+    shared = [k for k in kernel_runs[0] if k in kernel_runs[1]]
+    if shared:  # kernels of the same name in both trees; the best round of each
+        print("\n| cell | kernel | before us | after us | after / before |")
+        print("|---|---|---|---|---|")
+        for cell, name in shared:
+            b, n = min(kernel_runs[0][(cell, name)]), min(kernel_runs[1][(cell, name)])
+            print(f"| {cell} | {name} | {b:.2f} | {n:.2f} | {n / b:.3f} |")
+    for tree, kernels, other in (("before", kernel_runs[0], kernel_runs[1]), ("after", kernel_runs[1], kernel_runs[0])):
+        for cell, name in kernels:
+            if (cell, name) not in other:
+                print(f"only {tree}: {cell} {name} {min(kernels[(cell, name)]):.2f} us")
 
 
 def main():
@@ -119,6 +150,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--kinds", default="prefill,decode", help="comma-separated: prefill, decode, backward")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel times (torch.profiler)")
     args = ap.parse_args()
     if args.compare:
         return compare(args.compare)
@@ -130,8 +162,12 @@ def main():
         us = time_call(call)
         rate = f"{flops / us / 1e6:.0f} TFLOPS" if flops else f"{nbytes / us / 1e3:.0f} GB/s"
         print(f"{args.tag:5s} {key(cell):45s} {us:9.1f} us  {rate}  ({flashport.__file__})", flush=True)
+        row = {"tag": args.tag, "cell": key(cell), "us": us}
+        if not args.no_kernels:
+            row["kernels"] = kernel_times(call)
+            print("      " + ", ".join(f"{name} {t:.2f}" for name, t in row["kernels"].items()), flush=True)
         if out:
-            out.write(json.dumps({"tag": args.tag, "cell": key(cell), "us": us}) + "\n")
+            out.write(json.dumps(row) + "\n")
             out.flush()
 
 
