@@ -12,7 +12,8 @@
 # when /tmp/fa3 holds an FA3_DECODE=1 build) after a quick pass per FLASHPORT_DECODE shape (DECODE_MODES,
 # default 0 1 2 4: row-split kernel, default, two stages, four warps; README lists the shapes). `ab` times
 # the portable forward and decode kernels (AB_KINDS, default prefill,decode; `backward` adds the backward
-# call) of this tree and of .base/ (carried: a pre-change tree) in alternating rounds.
+# call; each cell's kernels are timed too) of this tree and of .base/ (carried: a pre-change tree) in
+# alternating rounds.
 # GPU_FILTER narrows the gpu step to gtest filters, run group by group in the order given (space-separated;
 # default: the whole ctest label), one process per test, each stopped after GPU_TEST_TIMEOUT seconds
 # (default 150: a hung kernel then costs that, not the call). A snapshot without
@@ -299,9 +300,9 @@ if has ab && [[ -d .base ]]; then
   wait "$ab_pid" || { tail -20 "$OUT/pip_base.log"; status=1; }
   for round in ${AB_ROUNDS:-1 2}; do
     PYTHONPATH=/tmp/flashport-base FLASHPORT_CUDA_FORWARD=portable \
-      python3 scripts/ab_kernels.py --kinds "${AB_KINDS:-prefill,decode}" --tag "base$round" --out "$OUT/ab_base.jsonl" 2>&1 | tail -12
+      python3 scripts/ab_kernels.py --kinds "${AB_KINDS:-prefill,decode}" --tag "base$round" --out "$OUT/ab_base.jsonl" 2>&1 | tail -24
     FLASHPORT_CUDA_FORWARD=portable python3 scripts/ab_kernels.py --kinds "${AB_KINDS:-prefill,decode}" --tag "new$round" \
-      --out "$OUT/ab_new.jsonl" 2>&1 | tail -12
+      --out "$OUT/ab_new.jsonl" 2>&1 | tail -24
   done
   python3 scripts/ab_kernels.py --compare "$OUT/ab_base.jsonl" "$OUT/ab_new.jsonl" | tee "$OUT/ab.md"
 fi

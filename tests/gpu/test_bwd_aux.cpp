@@ -118,7 +118,7 @@ const AuxCase kCases[] = {
     {64, {50, 0, 113, 7}, 3, 64, 1},
     {128, {50, 0, 113, 7}, 3, 0, 2},
     {256, {1, 64, 0}, 2, 0, 1},
-    // Several 64-row CTAs, rows past a CTA's last pass group, lanes past d (96: 12 chunks over 16 lanes).
+    // Several CTAs per sequence with a partial last one, lanes past d (96: 12 chunks over 16 lanes).
     {96, {300}, 2, 0, 1},
     {64, {130, 1, 0, 200}, 2, 64, 1},
     {128, {190}, 1, 0, 3},

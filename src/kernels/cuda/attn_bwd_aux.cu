@@ -46,8 +46,8 @@ struct VecLanes {
 };
 
 /// Zeroes this CTA's share of prm.zero_words 16-byte words from prm.dq_accum: the CTAs of the whole
-/// (ceil(sq / 16), hq, batch) grid, over every batch chunk, in order, each a contiguous run. Layout-blind,
-/// so every accumulator layout and the tile counters after it are covered alike.
+/// (ceil(sq / kBwdAuxRows), hq, batch) grid, over every batch chunk, in order, each a contiguous run.
+/// Layout-blind, so every accumulator layout and the tile counters after it are covered alike.
 FP_DEV void zero_accumulator_share(const BwdParams& prm) {
   const i64 ctas = (i64)gridDim.x * gridDim.y * prm.p.batch;
   const i64 cta = ((block_z() + prm.batch_offset) * gridDim.y + block_y()) * gridDim.x + block_x();
