@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -104,14 +105,60 @@ void check_index_tensor(const TensorView& t, const char* name, std::initializer_
   require(t.is_contiguous(), name, [&] { return "must be contiguous, got " + t.describe(); });
 }
 
+namespace {
+
+/// Whether some k with |k_i| < count_i for i < n puts sum k_i * stride_i (bytes) within less than an
+/// element of `delta`: the byte distance between the bases of two views of one layout, which then share a
+/// byte. Strides ascend and each steps past everything the smaller ones reach, so for the largest only
+/// the one or two multiples nearest `delta` can be part of a hit.
+bool lattice_hits(int64_t delta, const int64_t* stride, const int64_t* count, int n, int64_t elem) {
+  if (n == 0) return delta > -elem && delta < elem;
+  int64_t reach = elem - 1;  // |sum over the smaller dimensions| + (elem - 1) at most
+  for (int i = 0; i < n - 1; ++i) reach += (count[i] - 1) * stride[i];
+  const int64_t s = stride[n - 1], top = count[n - 1] - 1;
+  auto floor_div = [](int64_t a, int64_t b) { return a / b - (a % b != 0 && (a < 0) != (b < 0)); };
+  const int64_t lo = std::max(-top, -floor_div(reach - delta, s)),
+                hi = std::min(top, floor_div(delta + reach, s));
+  for (int64_t k = lo; k <= hi; ++k)
+    if (lattice_hits(delta - k * s, stride, count, n - 1, elem)) return true;
+  return false;
+}
+
+/// Whether two views with the same shape, strides and dtype share a byte; views that interleave (the
+/// q, k and v slices of one packed qkv tensor, or of its gradient) do not. Views that overlap themselves
+/// count as overlapping.
+bool same_layout_views_overlap(const TensorView& a, const TensorView& b) {
+  const int64_t elem = dtype_size(a.dtype);
+  int64_t stride[kMaxDims], count[kMaxDims];
+  int n = 0;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.shape[d] > 1) stride[n] = a.stride[d] * elem, count[n++] = a.shape[d];
+  for (int i = 1; i < n; ++i)  // insertion sort by stride, count alongside
+    for (int j = i; j > 0 && stride[j - 1] > stride[j]; --j)
+      std::swap(stride[j - 1], stride[j]), std::swap(count[j - 1], count[j]);
+  int64_t reach = elem - 1;
+  for (int i = 0; i < n; ++i) {
+    if (stride[i] <= reach) return true;
+    reach += (count[i] - 1) * stride[i];
+  }
+  const auto base_a = reinterpret_cast<uintptr_t>(a.data), base_b = reinterpret_cast<uintptr_t>(b.data);
+  return lattice_hits(static_cast<int64_t>(base_b - base_a), stride, count, n, elem);
+}
+
+}  // namespace
+
 void check_no_overlap(const TensorView& out, const char* out_name, const TensorView& other,
                       const char* other_name, bool allow_same) {
   if (out.numel() == 0 || other.numel() == 0 || out.device != other.device) return;
-  if (allow_same && out.data == other.data && out.shape == other.shape && out.stride == other.stride &&
-      out.dtype == other.dtype)
-    return;
+  const bool same_layout = out.ndim == other.ndim && out.shape == other.shape && out.stride == other.stride &&
+                           out.dtype == other.dtype;
+  if (allow_same && same_layout && out.data == other.data) return;
   const auto a = out.byte_span(), b = other.byte_span();
-  require(a[1] <= b[0] || b[1] <= a[0], out_name,
+  // byte_span is finite only where every extreme offset fits in int64, which lattice_hits relies on.
+  const bool finite =
+      a[1] != std::numeric_limits<uintptr_t>::max() && b[1] != std::numeric_limits<uintptr_t>::max();
+  require(a[1] <= b[0] || b[1] <= a[0] || (same_layout && finite && !same_layout_views_overlap(out, other)),
+          out_name,
           [&] { return std::string("memory overlaps ") + other_name + " (outputs must not alias inputs)"; });
 }
 

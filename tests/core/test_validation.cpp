@@ -8,6 +8,7 @@
 #include "common/test_util.hpp"
 #include "core/attn_validate.hpp"
 #include "core/backend.hpp"
+#include "core/check.hpp"
 
 namespace flashport::test {
 namespace {
@@ -235,6 +236,101 @@ TEST(Validation, BackwardGradients) {
   b.dq = dq32;
   b.dv = dk;
   expect_error([&] { backward(b); }, "dv", "overlaps dk");
+}
+
+// flash_attn_qkvpacked_func's backward writes dq, dk and dv as the interleaved slices of one dqkv
+// (batch, seqlen, 3, heads, d): their byte ranges overlap, their elements do not. Slices shifted into
+// each other's elements are still refused, and the CPU backend writes the strided slices with the same
+// bits as separate tensors.
+TEST(Validation, BackwardIntoInterleavedSlicesOfOnePackedGradient) {
+  Dense t = dense(2, 6, 6, 3, 3, 16);
+  ForwardArgs fa = t.args();
+  fa.options.causal = true;
+  forward(fa);
+  HostTensor dout = randn(DType::f32, {2, 6, 3, 16});
+  HostTensor packed(DType::f32, {2, 6, 3, 3 * 16});  // (batch, seqlen, 3, heads x d): 4 dimensions at most
+  poison(packed);
+  auto slice = [&](int which, int64_t shift) {
+    return TensorView::strided(static_cast<float*>(packed.tv.data) + which * 3 * 16 + shift, DType::f32,
+                               {2, 6, 3, 16}, {6 * 3 * 48, 3 * 48, 16, 1});
+  };
+  BackwardArgs b;
+  b.dout = dout, b.q = t.q, b.k = t.k, b.v = t.v, b.out = t.out, b.lse = t.lse;
+  b.options.causal = true;
+  b.dq = slice(0, 0), b.dk = slice(1, 0), b.dv = slice(2, 0);
+  backward(b);
+  HostTensor dq(DType::f32, {2, 6, 3, 16}), dk(DType::f32, {2, 6, 3, 16}), dv(DType::f32, {2, 6, 3, 16});
+  BackwardArgs separate = b;
+  separate.dq = dq, separate.dk = dk, separate.dv = dv;
+  backward(separate);
+  const HostTensor* grads[] = {&dq, &dk, &dv};
+  for (int which = 0; which < 3; ++which)
+    for (int64_t row = 0; row < 12; ++row)  // every (batch, token): 3 heads x 16 in both layouts
+      ASSERT_EQ(std::memcmp(static_cast<const float*>(packed.tv.data) + (row * 3 + which) * 48,
+                            static_cast<const float*>(grads[which]->tv.data) + row * 48, 48 * sizeof(float)),
+                0)
+          << "gradient " << which << ", token " << row;
+  b.dv = slice(1, 8);  // half a head into dk's elements of every token
+  expect_error([&] { backward(b); }, "dv", "overlaps dk");
+  b.dv = slice(2, 0), b.dk = slice(0, 3 * 48);  // dq's layout one token later: shares tokens 1..5
+  expect_error([&] { backward(b); }, "dk", "overlaps dq");
+}
+
+// check_no_overlap on two views of one layout (the case it decides element by element) against marking
+// every byte each view covers, over random shapes, strides (overlapping themselves or not), dtypes and
+// offsets.
+TEST(Validation, SameLayoutOverlapMatchesByteMarking) {
+  std::uniform_int_distribution<int> ndim_dist(1, 4), extent(1, 4), stride_dist(0, 24), shift(-160, 160);
+  const DType dtypes[] = {DType::f32, DType::bf16, DType::f64};
+  std::vector<unsigned char> buffer(4096);
+  int refused = 0, allowed = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const DType dt = dtypes[trial % 3];
+    const int64_t elem = dtype_size(dt);
+    TensorView a;
+    a.dtype = dt, a.ndim = ndim_dist(rng());
+    for (int d = 0; d < a.ndim; ++d) a.shape[d] = extent(rng()), a.stride[d] = stride_dist(rng());
+    a.data = buffer.data() + 1024;
+    TensorView b = a;
+    b.data = static_cast<unsigned char*>(a.data) + shift(rng()) * (trial % 7 == 0 ? 1 : elem);
+    std::vector<int> owner(buffer.size(), 0);
+    bool shared = false;
+    for (int pass = 0; pass < 2; ++pass) {
+      const TensorView& t = pass ? b : a;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        int64_t offset = 0, rest = i;
+        for (int d = t.ndim - 1; d >= 0; --d) offset += rest % t.shape[d] * t.stride[d], rest /= t.shape[d];
+        for (int64_t byte = 0; byte < elem; ++byte) {
+          const size_t at = static_cast<unsigned char*>(t.data) - buffer.data() + offset * elem + byte;
+          if (pass == 0) owner[at] = 1;
+          shared |= pass == 1 && owner[at] == 1;
+        }
+      }
+    }
+    bool threw = false;
+    try {
+      core::check_no_overlap(b, "b", a, "a");
+    } catch (const Error&) {
+      threw = true;
+    }
+    // Self-overlapping views whose byte ranges meet are refused (conservative); every other answer is exact.
+    bool self_overlap = false;
+    try {
+      core::check_no_self_overlap(a, "a", "test");
+    } catch (const Error&) {
+      self_overlap = true;
+    }
+    const auto span_a = a.byte_span(), span_b = b.byte_span();
+    if (self_overlap && !shared) {
+      EXPECT_EQ(threw, span_a[0] < span_b[1] && span_b[0] < span_a[1]) << "trial " << trial;
+      continue;
+    }
+    ASSERT_EQ(threw, shared) << "trial " << trial << ": " << a.describe() << " at byte offset "
+                             << static_cast<unsigned char*>(b.data) - static_cast<unsigned char*>(a.data);
+    (threw ? refused : allowed)++;
+  }
+  EXPECT_GT(refused, 100);
+  EXPECT_GT(allowed, 100);
 }
 
 TEST(Validation, BackwardFp8GradientsTakeTheOutputDtype) {
