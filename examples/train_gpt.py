@@ -90,20 +90,26 @@ class Batches:
 
 
 def attention_fn(name: str, dropout: float = 0.0):
-    """(q, k, v, training) with q, k, v in (batch, seqlen, heads, head_dim) -> causal attention output in the
-    same layout, with attention dropout `dropout` while training (each backend draws its own mask)."""
+    """(qkv, training) with qkv in (batch, seqlen, 3, heads, head_dim) -> causal attention output in
+    (batch, seqlen, heads, head_dim), with attention dropout `dropout` while training (each backend draws
+    its own mask). flashport takes the packed tensor as flash-attn's GPT models do
+    (flash_attn_qkvpacked_func: one packed gradient); flashport-unpacked passes its three slices to
+    flash_attn_func, as SDPA gets them (autograd then stacks their gradients into the packed one)."""
     import torch.nn.functional as F
 
+    p = lambda training: dropout if training else 0.0
     if name == "flashport":
         import flashport
 
-        return lambda q, k, v, training: flashport.flash_attn_func(q, k, v, dropout_p=dropout if training else 0.0,
-                                                                   causal=True)
+        return lambda qkv, training: flashport.flash_attn_qkvpacked_func(qkv, dropout_p=p(training), causal=True)
+    if name == "flashport-unpacked":
+        import flashport
+
+        return lambda qkv, training: flashport.flash_attn_func(*qkv.unbind(2), dropout_p=p(training), causal=True)
     # SDPA wants (b, h, s, d); the backend itself is chosen by sdpa_context around the step, which also
     # holds under torch.compile (the compiled graph is traced inside that context).
-    return lambda q, k, v, training: F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout if training else 0.0,
-        is_causal=True).transpose(1, 2)
+    return lambda qkv, training: F.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in qkv.unbind(2)), dropout_p=p(training), is_causal=True).transpose(1, 2)
 
 
 def sdpa_context(name: str):
@@ -133,8 +139,8 @@ def build_model(args):
 
         def forward(self, x):
             b, s, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, heads, width // heads).unbind(2)
-            x = x + self.proj(attend(q, k, v, self.training).reshape(b, s, width))
+            qkv = self.qkv(self.ln1(x)).view(b, s, 3, heads, width // heads)
+            x = x + self.proj(attend(qkv, self.training).reshape(b, s, width))
             return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
     class GPT(nn.Module):
@@ -423,7 +429,8 @@ def plot(paths, out) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--attn", nargs="+", default=["flashport"], choices=["flashport", "sdpa-flash", "sdpa-cudnn", "sdpa-math"],
+    ap.add_argument("--attn", nargs="+", default=["flashport"],
+                    choices=["flashport", "flashport-unpacked", "sdpa-flash", "sdpa-cudnn", "sdpa-math"],
                     help="one backend, or several trained side by side in one process (segments in turn)")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--width", type=int, default=768)

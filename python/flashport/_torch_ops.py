@@ -152,15 +152,26 @@ def run_bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused
             rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
             dropout_p, deterministic):
     """flashport::bwd's implementation: (dq, dk, dv) in the dtypes of q, k, v (contiguous)."""
-    dout, q, k, v, out = _contig(dout), _contig(q), _contig(k), _contig(v), _contig(out)
+    q, k, v = _contig(q), _contig(k), _contig(v)
     dq = torch.empty_like(q, memory_format=_CONTIGUOUS)
     dk = torch.empty_like(k, memory_format=_CONTIGUOUS)
     dv = torch.empty_like(v, memory_format=_CONTIGUOUS)
+    _backward_into(dq, dk, dv, dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                   alibi_slopes, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, dropout_p, deterministic)
+    return dq, dk, dv
+
+
+def _backward_into(dq, dk, dv, dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
+                   alibi_slopes, rng_state, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                   window_right, softcap, dropout_p, deterministic):
+    """run_bwd into caller-allocated gradients (unit last stride; slices of one packed gradient may
+    interleave)."""
+    dout, q, k, v, out = _contig(dout), _contig(q), _contig(k), _contig(v), _contig(out)
     seed, offset = _rng(rng_state)
     _C.backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                 max_seqlen_k, block_table, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                 dropout_p, seed, offset, deterministic, _stream(q))
-    return dq, dk, dv
 
 
 def _bwd_fake(dout, q, k, v, out, softmax_lse, *args):
@@ -283,6 +294,45 @@ class _AttentionOut(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+class _AttentionPacked(torch.autograd.Function):
+    """_AttentionOut over flash-attn's packed layouts: `packed` is qkv (q None) or kv beside q, split
+    along `axis`. Backward writes the slices' gradients straight into one packed gradient, as
+    flash-attn's packed functions do, where autograd through the slicing would stack three separate
+    gradients: a copy of the whole packed tensor per call (about 27 us per layer of GPT-2 small at 8 x
+    1024 tokens). Eager and plain tensors only (call_out_packed); tracing takes the unpacked op."""
+
+    @staticmethod
+    def forward(ctx, q, packed, axis, rest):
+        parts = packed.unbind(axis)
+        q, k, v = parts if q is None else (q, *parts)
+        out, lse, _ = _forward(q, k, v, *rest)
+        _save(ctx, q, k, v, rest, out, lse)
+        ctx.packing = axis, len(parts)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        axis, count = ctx.packing
+        if dout is None or not _direct(dout):  # nothing to write, or a traced backward: the op's gradients
+            dq, dk, dv = _grads(ctx, dout)
+            if dout is None:
+                return None, None, None, None
+            return (dq if count == 2 else None), torch.stack((dq, dk, dv)[3 - count:], axis), None, None
+        saved, p = ctx.saved_tensors, ctx.params
+        q, k = saved[0], saved[1]
+        shape = list(k.shape)
+        shape.insert(axis, count)
+        dpacked = k.new_empty(shape)
+        grads = dpacked.unbind(axis)
+        dq = grads[0] if count == 3 else torch.empty_like(q, memory_format=_CONTIGUOUS)
+        dk, dv = grads[count - 2], grads[count - 1]
+        if len(saved) == 5:
+            _backward_into(dq, dk, dv, dout, *saved, None, None, None, None, None, None, *p)
+        else:
+            _backward_into(dq, dk, dv, dout, *saved, *p)
+        return (dq if count == 2 else None), dpacked, None, None
+
+
 # The eager calls apply their Function through torch's C entry point: torch versions whose
 # Function.apply is a Python classmethod (2.11 among them) spend a few microseconds there on setup_context
 # binding, a functorch check and unwrapping dead functorch wrappers. The eager path only runs with no
@@ -291,6 +341,7 @@ _PY_APPLY = isinstance(torch.autograd.Function.__dict__.get("apply"), classmetho
 _unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 _apply_all = super(torch.autograd.Function, _Attention).apply
 _apply_out = super(torch.autograd.Function, _AttentionOut).apply
+_apply_packed = super(torch.autograd.Function, _AttentionPacked).apply
 
 
 def call_fwd(*inputs):
@@ -316,6 +367,21 @@ def call_out(*inputs):
             q, k, v = _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v)
         return _apply_out(q, k, v, inputs[3:])
     return _forward(*inputs)[0]
+
+
+def call_out_packed(packed, axis, *inputs):
+    """call_out(*inputs) where inputs' q, k, v are the slices of `packed` along `axis` (qkv), or k, v are
+    (kv): eagerly, with a gradient wanted and 16-bit inputs, through _AttentionPacked (one packed
+    gradient, no stacking copy); otherwise exactly call_out."""
+    q = inputs[0]
+    if (not (_grad_enabled() and packed.requires_grad) or q.dtype in _FP8_DTYPES or _tracing(packed)
+            or _tracing(q)):
+        return call_out(*inputs)
+    own_q = None if packed.shape[axis] == 3 else q
+    if _PY_APPLY:
+        packed = _unwrap_if_dead(packed)
+        own_q = own_q if own_q is None else _unwrap_if_dead(own_q)
+    return _apply_packed(own_q, packed, axis, inputs[3:])
 
 
 _grad_enabled = torch.is_grad_enabled

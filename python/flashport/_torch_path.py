@@ -42,8 +42,10 @@ def draw_rng_state(dropout_p: float):
 def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_k=None,
               block_table=None, dropout_p=0.0, softmax_scale_=None, causal=False, window_size=(-1, -1),
               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, q_descale=None,
-              k_descale=None, v_descale=None, fp8_dtype=None):
+              k_descale=None, v_descale=None, fp8_dtype=None, packed=None):
     """Every dense / varlen / paged forward. `fp8_dtype` set: dynamic fp8 quantisation of q, k, v.
+    `packed` (tensor, axis): q, k, v (or k, v) are its slices along axis, and their gradients are
+    written into one packed gradient where the call allows (_torch_ops.call_out_packed).
     flash_attn_func and flash_attn_varlen_func pass their arguments positionally (keyword passing of
     some twenty arguments through two calls cost about a microsecond)."""
     varlen = cu_seqlens_q is not None
@@ -80,6 +82,11 @@ def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max
                                                 alibi_slopes, q_descale, k_descale, v_descale, rng_state,
                                                 max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr, softcap,
                                                 dropout_p, bool(deterministic), return_softmax, None)
+    elif packed is not None and not pad:  # padded heads are copies: no packed gradient to write into
+        return _torch_ops.call_out_packed(packed[0], packed[1], q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                          block_table, alibi_slopes, q_descale, k_descale, v_descale, rng_state,
+                                          max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr, softcap,
+                                          dropout_p, bool(deterministic), False, None)
     else:  # out alone: no non-differentiable outputs, no S_dmask placeholder
         out = _torch_ops.call_out(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table, alibi_slopes,
                                   q_descale, k_descale, v_descale, rng_state, max_seqlen_q, max_seqlen_k, scale,

@@ -104,16 +104,32 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """flash_attn_func with kv (batch, seqlen_k, 2, nheads_k, headdim)."""
     k, v = _unpack(kv, 2, 2, "kv")
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+    if _numpy(q):
+        return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               deterministic, return_attn_probs)
+    return _torch_packed(kv, 2, q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                         alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
-    """flash_attn_func with qkv (batch, seqlen, 3, nheads, headdim)."""
+    """flash_attn_func with qkv (batch, seqlen, 3, nheads, headdim). On torch with autograd, the gradient
+    is written as one packed dqkv (no stacking of dq, dk, dv), as flash-attn does."""
     q, k, v = _unpack(qkv, 3, 2, "qkv")
-    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+    if _numpy(qkv):
+        return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               deterministic, return_attn_probs)
+    return _torch_packed(qkv, 2, q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal, window_size, softcap,
+                         alibi_slopes, deterministic, return_attn_probs)
+
+
+def _torch_packed(packed, axis, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *rest):
+    """The torch path of the packed functions: q, k, v are slices of `packed` (or k, v are), rest is
+    flash_attn_func's arguments from dropout_p to return_attn_probs."""
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        check_head_dim(x, name)
+    return _torch().attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None, *rest,
+                              packed=(packed, axis))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,6 +163,10 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """flash_attn_varlen_func with kv (total_k, 2, nheads_k, headdim)."""
     k, v = _unpack(kv, 2, 1, "kv")
+    if not _numpy(q):
+        return _torch_packed(kv, 1, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                             return_attn_probs)
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs)
@@ -157,6 +177,10 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      return_attn_probs=False):
     """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens for q and k."""
     q, k, v = _unpack(qkv, 3, 1, "qkv")
+    if not _numpy(qkv):
+        return _torch_packed(qkv, 1, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                             softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                             return_attn_probs)
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
                                   causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 

@@ -78,6 +78,59 @@ def test_qkvpacked_gradient(device):
     check_rule(g, g_ref, g_base, factor=3.0, what="dqkv")
 
 
+def _packed_call(kind, x, q, cu, lens, dropout):
+    """One of flash-attn's four packed functions on packed x (and q for kv), causal, with dropout."""
+    kw = {"causal": True, "dropout_p": dropout, "deterministic": True}
+    if kind == "qkv":
+        return flashport.flash_attn_qkvpacked_func(x, **kw)
+    if kind == "kv":
+        return flashport.flash_attn_kvpacked_func(q, x, **kw)
+    if kind == "varlen_qkv":
+        return flashport.flash_attn_varlen_qkvpacked_func(x, cu, max(lens), **kw)
+    return flashport.flash_attn_varlen_kvpacked_func(q, x, cu, cu, max(lens), max(lens), **kw)
+
+
+@pytest.mark.parametrize("kind", ["qkv", "kv", "varlen_qkv", "varlen_kv"])
+@pytest.mark.parametrize("d", [64, 59])
+def test_packed_gradient_written_in_place(device, kind, d):
+    """The packed functions' backward writes one packed gradient (no stacking of dq, dk, dv where the
+    head dim needs no padding) with the same bits as the unpacked call on the same slices: GQA 3:1 for
+    kv, varlen with an empty sequence, dropout from the same seed, deterministic on the GPU."""
+    dtype = work_dtype(device)
+    lens = [7, 0, 12]
+    cu = torch.tensor([0, 7, 7, 19], dtype=torch.int32, device=device)
+    varlen = kind.startswith("varlen")
+    lead = (sum(lens),) if varlen else (2, 11)
+    count, hk = (3, 2) if kind.endswith("qkv") else (2, 1)
+    x = torch.randn(*lead, count, hk, d, dtype=dtype, device=device)
+    q = torch.randn(*lead, 3 * hk if count == 2 else hk, d, dtype=dtype, device=device)
+    dout = torch.randn(*lead, q.shape[-2], d, dtype=dtype, device=device)
+    inputs = [x] if count == 3 else [x, q]
+
+    def run(packed_call):
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        torch.manual_seed(7)  # the same dropout mask both ways
+        out = packed_call(*leaves)
+        return out, torch.autograd.grad(out, leaves, dout)
+
+    out, got = run(lambda x, q=None: _packed_call(kind, x, q, cu, lens, 0.25))
+    assert (type(out.grad_fn).__name__ == "_AttentionPackedBackward") == (d % 8 == 0), type(out.grad_fn).__name__
+
+    def unpacked(x, q=None):  # the same call on the slices, through flash_attn_func / flash_attn_varlen_func
+        axis = 1 if varlen else 2
+        parts = list(x.unbind(axis))
+        qq, k, v = parts if count == 3 else [q] + parts
+        kw = {"causal": True, "dropout_p": 0.25, "deterministic": True}
+        if varlen:
+            return flashport.flash_attn_varlen_func(qq, k, v, cu, cu, max(lens), max(lens), **kw)
+        return flashport.flash_attn_func(qq, k, v, **kw)
+
+    ref_out, want = run(unpacked)
+    assert torch.equal(out, ref_out)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(g, w)
+
+
 def test_philox_known_answers():
     """The test's own Philox against SPEC's known answers (so the mask oracle can be trusted)."""
     vectors = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),

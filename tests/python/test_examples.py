@@ -31,7 +31,7 @@ def records(path, kind):
 
 def test_train_gpt_flashport_matches_sdpa_math(train_gpt, tmp_path, capsys):
     logs = {}
-    for attn in ("flashport", "sdpa-math"):
+    for attn in ("flashport", "flashport-unpacked", "sdpa-math"):
         logs[attn] = str(tmp_path / f"{attn}.jsonl")
         assert train_gpt.main(TINY + ["--attn", attn, "--log", logs[attn]]) == 0
     steps = {attn: [r["loss"] for r in records(path, "step")] for attn, path in logs.items()}
@@ -41,6 +41,8 @@ def test_train_gpt_flashport_matches_sdpa_math(train_gpt, tmp_path, capsys):
     # Same weights and batch at step 0: only the attention kernel differs, so fp32 losses agree closely.
     assert steps["flashport"][0] == pytest.approx(steps["sdpa-math"][0], abs=1e-5)
     assert steps["flashport"] == pytest.approx(steps["sdpa-math"], abs=1e-4)
+    # The packed call's one gradient and the slices' stacked gradients hold the same bits.
+    assert steps["flashport-unpacked"] == steps["flashport"]
     evals = records(logs["flashport"], "eval")
     assert [e["step"] for e in evals] == [0, 2, 3]
     final = records(logs["flashport"], "final")[0]

@@ -137,12 +137,14 @@ def test_opcheck_fp8(device):
 
 
 def attn_step(q, k, v, cu):
-    """A small model step mixing dense and varlen calls (with head-dim padding), for torch.compile."""
+    """A small model step mixing dense, varlen and packed calls, for torch.compile (which traces the packed
+    call through the unpacked op; eagerly it writes one packed gradient)."""
     dense = flashport.flash_attn_func(q, k, v, causal=True, softcap=20.0)
     flat = lambda t: t.reshape(-1, t.shape[2], t.shape[3])
     varlen = flashport.flash_attn_varlen_func(flat(q), flat(k), flat(v), cu, cu, q.shape[1], q.shape[1],
                                               window_size=(3, 3))
-    return dense.sum() + varlen.float().sum()
+    packed = flashport.flash_attn_qkvpacked_func(torch.stack((q, k, v), 2), causal=True)
+    return dense.sum() + varlen.float().sum() + (packed.float() * packed.float()).sum()
 
 
 def test_compile_fullgraph_aot_eager(device):
