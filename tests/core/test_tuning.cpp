@@ -51,6 +51,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_HOPPER_BWD_DQ", ""},
                                     {"FLASHPORT_HOPPER_BWD_PAIR", ""},
                                     {"FLASHPORT_HOPPER_BWD_PIPE", ""},
+                                    {"FLASHPORT_HOPPER_BWD_KEYS_OUTER", ""},
                                     {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_DECODE_CLUSTER", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
@@ -69,12 +70,13 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
-    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);       // bulk reduce-adds
-    EXPECT_FALSE(t.hopper_bwd_pair.get());     // d 256: one CTA per key block (pairs measured slower)
-    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);    // unset: the tile table's loop and stages
-    EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);  // unset: the tile table's queries per step
-    EXPECT_EQ(t.hopper_bwd_order.get(), 0);    // unset: each step's GEMM groups waited for whole
-    EXPECT_TRUE(t.decode_cluster.get());       // unset: split decode grids of 2..8 merge in a cluster
+    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);         // bulk reduce-adds
+    EXPECT_FALSE(t.hopper_bwd_pair.get());       // d 256: one CTA per key block (pairs measured slower)
+    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);      // unset: the tile table's loop and stages
+    EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);    // unset: the tile table's queries per step
+    EXPECT_EQ(t.hopper_bwd_order.get(), 0);      // unset: each step's GEMM groups waited for whole
+    EXPECT_TRUE(t.hopper_bwd_keys_outer.get());  // unset: masked calls start every head's key block 0 first
+    EXPECT_TRUE(t.decode_cluster.get());         // unset: split decode grids of 2..8 merge in a cluster
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -108,7 +110,8 @@ TEST(Tuning, SwitchesOnByDefault) {
   const std::pair<const char*, Knob<bool> Tuning::*> switches[] = {
       {"FLASHPORT_KEEP_SCRATCH", &Tuning::keep_scratch},
       {"FLASHPORT_OVERLAP_LAUNCHES", &Tuning::overlap_launches},
-      {"FLASHPORT_DECODE_CLUSTER", &Tuning::decode_cluster}};
+      {"FLASHPORT_DECODE_CLUSTER", &Tuning::decode_cluster},
+      {"FLASHPORT_HOPPER_BWD_KEYS_OUTER", &Tuning::hopper_bwd_keys_outer}};
   for (const auto& [name, field] : switches) {
     EXPECT_FALSE((parse({{name, "0"}}).*field).get()) << name;
     EXPECT_TRUE((parse({{name, "1"}}).*field).get()) << name;

@@ -38,6 +38,10 @@ struct BwdParams {
   // 16-byte words from dq_accum on (the accumulator, then the tile counters) that dot_do_o zeroes, each
   // of its CTAs an equal share: the main kernel's memset, without its own launch.
   long long zero_words;
+  // The Hopper kernels' grid: 0 (key block, kv head, batch), 1 (kv head, batch, key block). CTAs start
+  // in grid order, x fastest, so 1 starts every head's key block 0 (under a causal mask the longest)
+  // first.
+  int keys_outer;
 };
 
 /// Grid of the two aux kernels (attn_bwd_aux.cu: D before the main kernel, the dQ convert after it):

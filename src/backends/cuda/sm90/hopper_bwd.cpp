@@ -192,9 +192,17 @@ void launch_main(BwdParams& prm, int arch) {
   const long long key_blocks = (p.sk + block_n - 1) / block_n;
   if (key_blocks <= 0 || p.batch <= 0) return;
   const long long grid_x = (key_blocks + cluster - 1) / cluster * cluster;
+  // Key blocks outermost (BwdParams::keys_outer) where a mask makes their work differ: longest first,
+  // the short ones fill the tail. Not in deterministic runs (their turn order dispatches each head's
+  // blocks together, from the last), not for cluster pairs (along x), not past grid z's limit.
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  const bool keys_outer = core::tuning().hopper_bwd_keys_outer.get() && masked && !p.deterministic &&
+                          cluster == 1 && key_blocks <= limits(arch).max_grid_yz &&
+                          keys_outer_fits(tile.block_m, general);
 
   BwdSm90Params kp{};
   kp.bwd = prm;
+  kp.bwd.keys_outer = keys_outer ? 1 : 0;
   kp.dims_q = plans.q.pos, kp.dims_k = plans.k.pos, kp.dims_v = plans.v.pos, kp.dims_do = plans.dout.pos;
   TmaDesc tma_q = hopper::encode("q", plans.q, p.in_type, p.q.ptr, q_rows);
   TmaDesc tma_k = hopper::encode("k", plans.k, p.in_type, p.k.ptr, k_rows);
@@ -208,8 +216,11 @@ void launch_main(BwdParams& prm, int arch) {
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
-    jit::launch(kernel, (unsigned)grid_x, (unsigned)p.hk, (unsigned)nb, kThreads, smem, p.stream, args,
-                cluster);
+    if (keys_outer)
+      jit::launch(kernel, (unsigned)p.hk, (unsigned)nb, (unsigned)grid_x, kThreads, smem, p.stream, args);
+    else
+      jit::launch(kernel, (unsigned)grid_x, (unsigned)p.hk, (unsigned)nb, kThreads, smem, p.stream, args,
+                  cluster);
   });
 }
 

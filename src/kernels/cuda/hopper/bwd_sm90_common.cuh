@@ -69,10 +69,26 @@ FP_DEV int min_int(int a, int b) {
 /// it needs (key_block) and keep key-block order.
 constexpr bool kTurnsFromLast = kHeadDim != 96;
 
-/// This CTA's key block. With kTurnsFromLast, deterministic runs dispatch the key blocks of a (kv head,
-/// sequence) from the last down: a CTA then waits (dq_turn) only on CTAs dispatched before it.
+/// This CTA's grid coordinates (BwdParams::keys_outer, read where keys_outer_fits): key block index,
+/// kv head, batch entry.
+FP_DEV bool grid_keys_outer(const BwdParams& prm) {
+  return keys_outer_fits(kBlockM, FP_BWD_GENERAL) && prm.keys_outer;
+}
+FP_DEV int grid_key_index(const BwdParams& prm) {
+  return grid_keys_outer(prm) ? (int)blockIdx.z : (int)blockIdx.x;
+}
+FP_DEV int grid_kv_head(const BwdParams& prm) {
+  return grid_keys_outer(prm) ? (int)blockIdx.x : (int)blockIdx.y;
+}
+FP_DEV int grid_batch(const BwdParams& prm) {
+  return (grid_keys_outer(prm) ? (int)blockIdx.y : (int)blockIdx.z) + prm.batch_offset;
+}
+
+/// This CTA's key block. With kTurnsFromLast, deterministic runs (always key blocks innermost) dispatch
+/// the key blocks of a (kv head, sequence) from the last down: a CTA then waits (dq_turn) only on CTAs
+/// dispatched before it.
 FP_DEV int key_block(const BwdParams& prm) {
-  return kTurnsFromLast && prm.dq_tile_count ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x;
+  return kTurnsFromLast && prm.dq_tile_count ? (int)gridDim.x - 1 - (int)blockIdx.x : grid_key_index(prm);
 }
 
 /// The query blocks [begin, end) that see a key of [n0, n0 + kBlockN) of sequence `seq` (empty: begin ==
@@ -91,8 +107,8 @@ FP_DEV sem::Tiles<int> seeing_query_blocks(const AttnProblem& p, const bwd::Seq&
 FP_DEV Work make_work(const BwdParams& prm) {
   const AttnProblem& p = prm.p;
   Work w;
-  w.b = (int)blockIdx.z + prm.batch_offset;
-  w.hk = (int)blockIdx.y;
+  w.b = grid_batch(prm);
+  w.hk = grid_kv_head(prm);
   w.n0 = key_block(prm) * kBlockN;
   w.group = (int)gqa_group(p);
   w.seq = bwd::sequence(p, w.b);
@@ -112,7 +128,7 @@ FP_DEV int step_m0(const Work& w, int t) {
 /// False when no key row of this CTA's block exists (nothing to write): the whole CTA returns before
 /// any barrier.
 FP_DEV bool block_has_keys(const BwdParams& prm) {
-  return key_block(prm) * kBlockN < bwd::sequence(prm.p, (int)blockIdx.z + prm.batch_offset).rows_k;
+  return key_block(prm) * kBlockN < bwd::sequence(prm.p, grid_batch(prm)).rows_k;
 }
 
 /// The dynamic shared memory as S, its base rounded up to the 1024-byte swizzle period (the host adds

@@ -68,6 +68,13 @@ FP_HD constexpr bool pipe_fits(int d, int general) {
   return d == 64 && general < 2;
 }
 
+/// Whether a kernel of block_m queries per step with score transform `general` reads its grid with key
+/// blocks outermost where BwdParams::keys_outer asks: not softcap on 128 queries per step, which spilled
+/// 84 bytes with the choice compiled in (its key index no longer rematerialised from the block index).
+FP_HD constexpr bool keys_outer_fits(int block_m, int general) {
+  return !(block_m == 128 && general == 2);
+}
+
 /// Whether dropout (FP_BWD_GENERAL 3, without softcap and ALiBi) runs on the Hopper kernels at head dim d
 /// with dQ mode dq_mode: d 64 (64 queries per step), d 128 with bulk dQ (its producers then need 24
 /// registers, the consumers take 240) and d 256. The others spilled 4-8 bytes (d 96, d 128 with vector
