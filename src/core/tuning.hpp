@@ -88,10 +88,10 @@ struct Tuning {
   // in two groups, each waited for whole; 1 in overlapping groups (P^T's exponentials beside dP^T's GEMM,
   // the dQ staging beside dK's)
   Knob<int> hopper_bwd_order{"FLASHPORT_HOPPER_BWD_ORDER", 0};
-  // The Hopper backward's grid for causal and windowed calls: 1 (unset) key blocks outermost (all kv
-  // heads and sequences of key block 0 dispatch first: under a causal mask the longest CTAs start first
-  // and the short ones fill the tail), 0 key blocks innermost (each head's blocks in turn)
-  Knob<bool> hopper_bwd_keys_outer{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", true};
+  // The Hopper backward's grid for causal and windowed calls (BwdParams::keys_outer): 1 (unset) key blocks
+  // outside kv heads where a batch entry's heads' rows fit L2 (its longest CTAs start first, its short
+  // ones last), 2 wherever it can, 0 never (each head's key blocks in turn)
+  Knob<int> hopper_bwd_keys_outer{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", 1};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};

@@ -70,13 +70,13 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
-    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);         // bulk reduce-adds
-    EXPECT_FALSE(t.hopper_bwd_pair.get());       // d 256: one CTA per key block (pairs measured slower)
-    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);      // unset: the tile table's loop and stages
-    EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);    // unset: the tile table's queries per step
-    EXPECT_EQ(t.hopper_bwd_order.get(), 0);      // unset: each step's GEMM groups waited for whole
-    EXPECT_TRUE(t.hopper_bwd_keys_outer.get());  // unset: masked calls start every head's key block 0 first
-    EXPECT_TRUE(t.decode_cluster.get());         // unset: split decode grids of 2..8 merge in a cluster
+    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);          // bulk reduce-adds
+    EXPECT_FALSE(t.hopper_bwd_pair.get());        // d 256: one CTA per key block (pairs measured slower)
+    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);       // unset: the tile table's loop and stages
+    EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);     // unset: the tile table's queries per step
+    EXPECT_EQ(t.hopper_bwd_order.get(), 0);       // unset: each step's GEMM groups waited for whole
+    EXPECT_EQ(t.hopper_bwd_keys_outer.get(), 1);  // unset: masked calls whose rows fit L2, key blocks outside
+    EXPECT_TRUE(t.decode_cluster.get());          // unset: split decode grids of 2..8 merge in a cluster
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -110,8 +110,7 @@ TEST(Tuning, SwitchesOnByDefault) {
   const std::pair<const char*, Knob<bool> Tuning::*> switches[] = {
       {"FLASHPORT_KEEP_SCRATCH", &Tuning::keep_scratch},
       {"FLASHPORT_OVERLAP_LAUNCHES", &Tuning::overlap_launches},
-      {"FLASHPORT_DECODE_CLUSTER", &Tuning::decode_cluster},
-      {"FLASHPORT_HOPPER_BWD_KEYS_OUTER", &Tuning::hopper_bwd_keys_outer}};
+      {"FLASHPORT_DECODE_CLUSTER", &Tuning::decode_cluster}};
   for (const auto& [name, field] : switches) {
     EXPECT_FALSE((parse({{name, "0"}}).*field).get()) << name;
     EXPECT_TRUE((parse({{name, "1"}}).*field).get()) << name;
@@ -156,6 +155,11 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"4", "-1", "on"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_PIPE", bad}}).hopper_bwd_pipe, "FLASHPORT_HOPPER_BWD_PIPE",
                     bad);
+  for (int v : {0, 1, 2})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", std::to_string(v)}}).hopper_bwd_keys_outer.get(), v);
+  for (const char* bad : {"3", "-1", "on"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", bad}}).hopper_bwd_keys_outer,
+                    "FLASHPORT_HOPPER_BWD_KEYS_OUTER", bad);
   for (int v : {0, 1})
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_ORDER", std::to_string(v)}}).hopper_bwd_order.get(), v);
   for (const char* bad : {"2", "-1", "fa3"})

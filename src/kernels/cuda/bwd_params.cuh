@@ -38,9 +38,9 @@ struct BwdParams {
   // 16-byte words from dq_accum on (the accumulator, then the tile counters) that dot_do_o zeroes, each
   // of its CTAs an equal share: the main kernel's memset, without its own launch.
   long long zero_words;
-  // The Hopper kernels' grid: 0 (key block, kv head, batch), 1 (kv head, batch, key block). CTAs start
-  // in grid order, x fastest, so 1 starts every head's key block 0 (under a causal mask the longest)
-  // first.
+  // The Hopper kernels' grid: 0 (key block, kv head, batch), 1 (kv head, key block, batch). CTAs start
+  // in grid order, x fastest, so with 1 each batch entry starts all its heads' key block 0 (under a
+  // causal mask the longest) first and ends on short blocks, the grid's tail among them.
   int keys_outer;
 };
 

@@ -192,12 +192,19 @@ void launch_main(BwdParams& prm, int arch) {
   const long long key_blocks = (p.sk + block_n - 1) / block_n;
   if (key_blocks <= 0 || p.batch <= 0) return;
   const long long grid_x = (key_blocks + cluster - 1) / cluster * cluster;
-  // Key blocks outermost (BwdParams::keys_outer) where a mask makes their work differ: longest first,
-  // the short ones fill the tail. Not in deterministic runs (their turn order dispatches each head's
-  // blocks together, from the last), not for cluster pairs (along x), not past grid z's limit.
+  // Key blocks outside kv heads (BwdParams::keys_outer) where a mask makes their work differ: each batch
+  // entry's longest CTAs first, its short ones last (the grid's tail among them). Then all of a batch
+  // entry's heads are in flight at once rather than a few key blocks' worth: only where their Q, dO and
+  // fp32 dQ (8 bytes per query row and column) fit kKeysOuterL2Bytes (one section of every head lost up
+  // to 40% at 4k-16k tokens, H100: their rows left L2), unless FLASHPORT_HOPPER_BWD_KEYS_OUTER=2 forces
+  // it. Not in deterministic runs (their turn order dispatches each head's blocks together, from the
+  // last), cluster pairs (along x), or past grid y's limit.
+  constexpr long long kKeysOuterL2Bytes = 32ll << 20;
+  const int keys_outer_knob = core::tuning().hopper_bwd_keys_outer.get();
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  const bool keys_outer = core::tuning().hopper_bwd_keys_outer.get() && masked && !p.deterministic &&
-                          cluster == 1 && key_blocks <= limits(arch).max_grid_yz &&
+  const bool in_l2 = (long long)p.hq * p.sq * p.d * 8 <= kKeysOuterL2Bytes;
+  const bool keys_outer = keys_outer_knob > 0 && (in_l2 || keys_outer_knob == 2) && masked &&
+                          !p.deterministic && cluster == 1 && key_blocks <= limits(arch).max_grid_yz &&
                           keys_outer_fits(tile.block_m, general);
 
   BwdSm90Params kp{};
@@ -217,7 +224,7 @@ void launch_main(BwdParams& prm, int arch) {
   for_batch_chunks(p.batch, arch, [&](long long b0, long long nb) {
     kp.bwd.batch_offset = (int)b0;
     if (keys_outer)
-      jit::launch(kernel, (unsigned)p.hk, (unsigned)nb, (unsigned)grid_x, kThreads, smem, p.stream, args);
+      jit::launch(kernel, (unsigned)p.hk, (unsigned)grid_x, (unsigned)nb, kThreads, smem, p.stream, args);
     else
       jit::launch(kernel, (unsigned)grid_x, (unsigned)p.hk, (unsigned)nb, kThreads, smem, p.stream, args,
                   cluster);

@@ -75,13 +75,13 @@ FP_DEV bool grid_keys_outer(const BwdParams& prm) {
   return keys_outer_fits(kBlockM, FP_BWD_GENERAL) && prm.keys_outer;
 }
 FP_DEV int grid_key_index(const BwdParams& prm) {
-  return grid_keys_outer(prm) ? (int)blockIdx.z : (int)blockIdx.x;
+  return grid_keys_outer(prm) ? (int)blockIdx.y : (int)blockIdx.x;
 }
 FP_DEV int grid_kv_head(const BwdParams& prm) {
   return grid_keys_outer(prm) ? (int)blockIdx.x : (int)blockIdx.y;
 }
 FP_DEV int grid_batch(const BwdParams& prm) {
-  return (grid_keys_outer(prm) ? (int)blockIdx.y : (int)blockIdx.z) + prm.batch_offset;
+  return (int)blockIdx.z + prm.batch_offset;
 }
 
 /// This CTA's key block. With kTurnsFromLast, deterministic runs (always key blocks innermost) dispatch
