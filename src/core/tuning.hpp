@@ -89,8 +89,8 @@ struct Tuning {
   // the dQ staging beside dK's)
   Knob<int> hopper_bwd_order{"FLASHPORT_HOPPER_BWD_ORDER", 0};
   // The Hopper backward's grid for causal and windowed calls (BwdParams::keys_outer): 1 (unset) key blocks
-  // outside kv heads where a batch entry's heads' rows fit L2 (its longest CTAs start first, its short
-  // ones last), 2 wherever it can, 0 never (each head's key blocks in turn)
+  // outside kv heads on grids of a few waves whose batch entries' rows fit L2 (a batch entry's longest
+  // CTAs start first, its short ones last), 2 wherever it can, 0 never (each head's key blocks in turn)
   Knob<int> hopper_bwd_keys_outer{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", 1};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)

@@ -75,7 +75,7 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);       // unset: the tile table's loop and stages
     EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);     // unset: the tile table's queries per step
     EXPECT_EQ(t.hopper_bwd_order.get(), 0);       // unset: each step's GEMM groups waited for whole
-    EXPECT_EQ(t.hopper_bwd_keys_outer.get(), 1);  // unset: masked calls whose rows fit L2, key blocks outside
+    EXPECT_EQ(t.hopper_bwd_keys_outer.get(), 1);  // unset: masked calls on short grids, key blocks outside
     EXPECT_TRUE(t.decode_cluster.get());          // unset: split decode grids of 2..8 merge in a cluster
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());

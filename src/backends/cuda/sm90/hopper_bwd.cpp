@@ -193,17 +193,21 @@ void launch_main(BwdParams& prm, int arch) {
   if (key_blocks <= 0 || p.batch <= 0) return;
   const long long grid_x = (key_blocks + cluster - 1) / cluster * cluster;
   // Key blocks outside kv heads (BwdParams::keys_outer) where a mask makes their work differ: each batch
-  // entry's longest CTAs first, its short ones last (the grid's tail among them). Then all of a batch
-  // entry's heads are in flight at once rather than a few key blocks' worth: only where their Q, dO and
-  // fp32 dQ (8 bytes per query row and column) fit kKeysOuterL2Bytes (one section of every head lost up
-  // to 40% at 4k-16k tokens, H100: their rows left L2), unless FLASHPORT_HOPPER_BWD_KEYS_OUTER=2 forces
-  // it. Not in deterministic runs (their turn order dispatches each head's blocks together, from the
-  // last), cluster pairs (along x), or past grid y's limit.
+  // entry's longest CTAs first, its short ones last, the grid's tail among them. Where the grid is a few
+  // waves that tail is much of the run (2 x 4096 x 12 heads, d 64, causal: 768 CTAs, 1.12x; 8 x 1024 x 12:
+  // 1.05x; H100); over many waves it is not, and a batch entry's heads in flight at once (rather than a
+  // few key blocks' worth) cost L2 hits (16 x 1024 x 32: 0.98x; every head's key block 0 first, at 4k-16k
+  // tokens: 0.55-0.95x). So: at most kKeysOuterWaves waves, and a batch entry's Q, dO and fp32 dQ (8 bytes
+  // per query row and column) within kKeysOuterL2Bytes, unless FLASHPORT_HOPPER_BWD_KEYS_OUTER=2. Not in
+  // deterministic runs (their turn order dispatches each head's blocks together, from the last), cluster
+  // pairs (along x), or past grid y's limit.
   constexpr long long kKeysOuterL2Bytes = 32ll << 20;
+  constexpr long long kKeysOuterWaves = 8;
   const int keys_outer_knob = core::tuning().hopper_bwd_keys_outer.get();
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  const bool in_l2 = (long long)p.hq * p.sq * p.d * 8 <= kKeysOuterL2Bytes;
-  const bool keys_outer = keys_outer_knob > 0 && (in_l2 || keys_outer_knob == 2) && masked &&
+  const bool short_grid = (long long)p.hq * p.sq * p.d * 8 <= kKeysOuterL2Bytes &&
+                          key_blocks * p.hk * p.batch <= kKeysOuterWaves * jit::device_sm_count(p.device);
+  const bool keys_outer = keys_outer_knob > 0 && (short_grid || keys_outer_knob == 2) && masked &&
                           !p.deterministic && cluster == 1 && key_blocks <= limits(arch).max_grid_yz &&
                           keys_outer_fits(tile.block_m, general);
 
