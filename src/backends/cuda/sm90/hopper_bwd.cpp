@@ -196,8 +196,8 @@ void launch_main(BwdParams& prm, int arch) {
   // entry's longest CTAs first, its short ones last, the grid's tail among them. Where the grid is a few
   // waves that tail is much of the run (2 x 4096 x 12 heads, d 64, causal: 768 CTAs, 1.12x; 8 x 1024 x 12:
   // 1.05x; H100); over many waves it is not, and a batch entry's heads in flight at once (rather than a
-  // few key blocks' worth) cost L2 hits (16 x 1024 x 32: 0.98x; every head's key block 0 first, at 4k-16k
-  // tokens: 0.55-0.95x). So: at most kKeysOuterWaves waves, and a batch entry's Q, dO and fp32 dQ (8 bytes
+  // few key blocks' worth) cost L2 hits (16 x 1024 x 32: 0.98x; every head's key block 0 first, at 1k-16k
+  // tokens: 0.51-0.99x). So: at most kKeysOuterWaves waves, and a batch entry's Q, dO and fp32 dQ (8 bytes
   // per query row and column) within kKeysOuterL2Bytes, unless FLASHPORT_HOPPER_BWD_KEYS_OUTER=2. Not in
   // deterministic runs (their turn order dispatches each head's blocks together, from the last), cluster
   // pairs (along x), or past grid y's limit.

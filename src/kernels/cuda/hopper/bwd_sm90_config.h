@@ -69,8 +69,8 @@ FP_HD constexpr bool pipe_fits(int d, int general) {
 }
 
 /// Whether a kernel of block_m queries per step with score transform `general` reads its grid with key
-/// blocks outermost where BwdParams::keys_outer asks: not softcap on 128 queries per step, which spilled
-/// 84 bytes with the choice compiled in (its key index no longer rematerialised from the block index).
+/// blocks outside kv heads where BwdParams::keys_outer asks: not softcap on 128 queries per step, where
+/// ptxas spilled 84 bytes with the choice compiled in (the register budget there is the tightest).
 FP_HD constexpr bool keys_outer_fits(int block_m, int general) {
   return !(block_m == 128 && general == 2);
 }
