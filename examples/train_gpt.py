@@ -94,7 +94,8 @@ def attention_fn(name: str, dropout: float = 0.0):
     (batch, seqlen, heads, head_dim), with attention dropout `dropout` while training (each backend draws
     its own mask). flashport takes the packed tensor as flash-attn's GPT models do
     (flash_attn_qkvpacked_func: one packed gradient); flashport-unpacked passes its three slices to
-    flash_attn_func, as SDPA gets them (autograd then stacks their gradients into the packed one)."""
+    flash_attn_func, as SDPA gets them (flash_attn_func finds that they tile qkv and writes one gradient
+    too; a model's views that do not tile one tensor get theirs stacked by autograd)."""
     import torch.nn.functional as F
 
     p = lambda training: dropout if training else 0.0

@@ -294,36 +294,50 @@ class _AttentionOut(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+def _slices(packed: Tensor, layout):
+    """The operands `packed` holds: its slices along the axis `layout`, or, for a tuple of (size, stride,
+    offset from packed's first element) per operand, those views of a contiguous `packed`."""
+    if type(layout) is int:
+        return packed.unbind(layout)
+    first = packed.storage_offset()
+    return [packed.as_strided(size, stride, first + offset) for size, stride, offset in layout]
+
+
 class _AttentionPacked(torch.autograd.Function):
-    """_AttentionOut over flash-attn's packed layouts: `packed` is qkv (q None) or kv beside q, split
-    along `axis`. Backward writes the slices' gradients straight into one packed gradient, as
-    flash-attn's packed functions do, where autograd through the slicing would stack three separate
-    gradients: a copy of the whole packed tensor per call (about 27 us per layer of GPT-2 small at 8 x
-    1024 tokens). Eager and plain tensors only (call_out_packed); tracing takes the unpacked op."""
+    """_AttentionOut whose q, k, v (or k, v beside q) are slices of one tensor `packed` (_slices: flash-attn's
+    packed layouts, or three views tiling a fused projection's output, packed_base). Backward writes the
+    slices' gradients straight into one packed gradient, as flash-attn's packed functions do, where
+    autograd through the slicing would stack three separate gradients: a copy of the whole packed tensor
+    per call (about 27 us per layer of GPT-2 small at 8 x 1024 tokens). Eager and plain tensors only
+    (call_out_packed); tracing takes the unpacked op."""
 
     @staticmethod
-    def forward(ctx, q, packed, axis, rest):
-        parts = packed.unbind(axis)
+    def forward(ctx, q, packed, layout, rest):
+        parts = _slices(packed, layout)
         q, k, v = parts if q is None else (q, *parts)
         out, lse, _ = _forward(q, k, v, *rest)
         _save(ctx, q, k, v, rest, out, lse)
-        ctx.packing = axis, len(parts)
+        ctx.packing = layout, len(parts), packed.shape
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        axis, count = ctx.packing
+        layout, count, shape = ctx.packing
         if dout is None or not _direct(dout):  # nothing to write, or a traced backward: the op's gradients
-            dq, dk, dv = _grads(ctx, dout)
+            grads = _grads(ctx, dout)
             if dout is None:
                 return None, None, None, None
-            return (dq if count == 2 else None), torch.stack((dq, dk, dv)[3 - count:], axis), None, None
+            if type(layout) is int:
+                dpacked = torch.stack(grads[3 - count:], layout)
+            else:  # the views tile packed whole (packed_base)
+                dpacked = grads[0].new_empty(shape)
+                for part, grad in zip(_slices(dpacked, layout), grads):
+                    part.copy_(grad)
+            return (grads[0] if count == 2 else None), dpacked, None, None
         saved, p = ctx.saved_tensors, ctx.params
         q, k = saved[0], saved[1]
-        shape = list(k.shape)
-        shape.insert(axis, count)
-        dpacked = k.new_empty(shape)
-        grads = dpacked.unbind(axis)
+        dpacked = k.new_empty(shape)  # contiguous, like the packed tensors _slices takes views of
+        grads = _slices(dpacked, layout)
         dq = grads[0] if count == 3 else torch.empty_like(q, memory_format=_CONTIGUOUS)
         dk, dv = grads[count - 2], grads[count - 1]
         if len(saved) == 5:
@@ -331,6 +345,44 @@ class _AttentionPacked(torch.autograd.Function):
         else:
             _backward_into(dq, dk, dv, dout, *saved, *p)
         return (dq if count == 2 else None), dpacked, None, None
+
+
+def packed_base(q: Tensor, k: Tensor, v: Tensor):
+    """(base, layout) when q, k and v are views of one layout that tile a contiguous tensor wanting a
+    gradient, each element in exactly one (a fused qkv projection split three ways, as GPT-2 and nanoGPT
+    do: its rows hold q's, k's and v's heads side by side), with layout _slices' (size, stride, offset)
+    per view; else None. Exact for what it accepts: every view contiguous over its innermost dimensions
+    (E elements), every other stride a multiple of the smallest of them (the period P), the views'
+    offsets modulo P at least E apart (so no two meet), no view overlapping itself, all inside base, and
+    three views' elements as many as base's."""
+    base = q._base
+    if base is None or k._base is not base or v._base is not base or not base.requires_grad:
+        return None
+    shape, stride = q.shape, q.stride()
+    if (k.shape != shape or v.shape != shape or k.stride() != stride or v.stride() != stride
+            or 3 * q.numel() != base.numel() or not base.is_contiguous()):
+        return None
+    if stride[-1] != 1:  # the gradients' slices must take the channel stride 1 the kernels need
+        return None
+    dims = sorted((s, n) for s, n in zip(stride, shape) if n > 1)
+    inner, i = 1, 0  # elements of the contiguous innermost block
+    while i < len(dims) and dims[i][0] == inner:
+        inner *= dims[i][1]
+        i += 1
+    reach = inner - 1  # largest offset in the view
+    period = dims[i][0] if i < len(dims) else base.numel() + inner
+    for s, n in dims[i:]:
+        if s % period or s <= reach:
+            return None
+        reach += (n - 1) * s
+    first = base.storage_offset()
+    offsets = [x.storage_offset() - first for x in (q, k, v)]
+    if min(offsets) < 0 or max(offsets) + reach >= base.numel():
+        return None
+    r = sorted(o % period for o in offsets)
+    if r[1] - r[0] < inner or r[2] - r[1] < inner or r[0] + period - r[2] < inner:
+        return None
+    return base, tuple((shape, stride, o) for o in offsets)
 
 
 # The eager calls apply their Function through torch's C entry point: torch versions whose
@@ -371,17 +423,25 @@ def call_out(*inputs):
 
 def call_out_packed(packed, axis, *inputs):
     """call_out(*inputs) where inputs' q, k, v are the slices of `packed` along `axis` (qkv), or k, v are
-    (kv): eagerly, with a gradient wanted and 16-bit inputs, through _AttentionPacked (one packed
-    gradient, no stacking copy); otherwise exactly call_out."""
+    (kv), or, for packed None, where packed_base finds them tiling one tensor: eagerly, with a gradient
+    wanted and 16-bit inputs, through _AttentionPacked (one packed gradient, no stacking copy); otherwise
+    exactly call_out."""
     q = inputs[0]
-    if (not (_grad_enabled() and packed.requires_grad) or q.dtype in _FP8_DTYPES or _tracing(packed)
-            or _tracing(q)):
+    if not _grad_enabled() or q.dtype in _FP8_DTYPES or _tracing(q):
         return call_out(*inputs)
-    own_q = None if packed.shape[axis] == 3 else q
+    if packed is None:
+        found = packed_base(q, inputs[1], inputs[2])
+        if found is None or _tracing(found[0]):
+            return call_out(*inputs)
+        packed, layout, own_q = found[0], found[1], None
+    else:
+        if not packed.requires_grad or _tracing(packed):
+            return call_out(*inputs)
+        layout, own_q = axis, (None if packed.shape[axis] == 3 else q)
     if _PY_APPLY:
         packed = _unwrap_if_dead(packed)
         own_q = own_q if own_q is None else _unwrap_if_dead(own_q)
-    return _apply_packed(own_q, packed, axis, inputs[3:])
+    return _apply_packed(own_q, packed, layout, inputs[3:])
 
 
 _grad_enabled = torch.is_grad_enabled

@@ -45,7 +45,8 @@ def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max
               k_descale=None, v_descale=None, fp8_dtype=None, packed=None):
     """Every dense / varlen / paged forward. `fp8_dtype` set: dynamic fp8 quantisation of q, k, v.
     `packed` (tensor, axis): q, k, v (or k, v) are its slices along axis, and their gradients are
-    written into one packed gradient where the call allows (_torch_ops.call_out_packed).
+    written into one packed gradient where the call allows (_torch_ops.call_out_packed); views q, k, v
+    that tile one tensor are found without it (_torch_ops.packed_base).
     flash_attn_func and flash_attn_varlen_func pass their arguments positionally (keyword passing of
     some twenty arguments through two calls cost about a microsecond)."""
     varlen = cu_seqlens_q is not None
@@ -82,7 +83,8 @@ def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max
                                                 alibi_slopes, q_descale, k_descale, v_descale, rng_state,
                                                 max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr, softcap,
                                                 dropout_p, bool(deterministic), return_softmax, None)
-    elif packed is not None and not pad:  # padded heads are copies: no packed gradient to write into
+    elif not pad and (packed is not None or q._base is not None):  # padded heads are copies: nothing to write into
+        packed = packed or (None, None)  # q, k, v maybe views of one fused projection (packed_base)
         return _torch_ops.call_out_packed(packed[0], packed[1], q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                           block_table, alibi_slopes, q_descale, k_descale, v_descale, rng_state,
                                           max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr, softcap,

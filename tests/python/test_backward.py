@@ -131,6 +131,59 @@ def test_packed_gradient_written_in_place(device, kind, d):
         assert g.shape == w.shape and torch.equal(g, w)
 
 
+def _fused_views(kind, x, b, s, h, d):
+    """q, k, v as a model takes them from one fused projection's output y = x * 1 (b, s, 3 h d) (or
+    views that must not count as tiling it)."""
+    y = x * 1.0
+    w = h * d
+    if kind == "split":  # nanoGPT / GPT-2: y.split(width, dim=2), each viewed as heads
+        return [t.view(b, s, h, d) for t in y.split(w, dim=2)]
+    if kind == "unbind":
+        return list(y.view(b, s, 3, h, d).unbind(2))
+    if kind == "k_q_v":  # the projection's rows hold k, q, v in that order
+        k, q, v = (t.view(b, s, h, d) for t in y.split(w, dim=2))
+        return [q, k, v]
+    if kind == "same":  # self-attention of one tensor: all three the same view
+        q = y[..., :w].view(b, s, h, d)
+        return [q, q, q]
+    if kind == "overlap":  # k starts half a head into q
+        strided = lambda off: y.as_strided((b, s, h, d), (s * 3 * w, 3 * w, d, 1), y.storage_offset() + off)
+        return [strided(0), strided(d // 2), strided(2 * w)]
+    if kind == "partial":  # a fourth slice (say an MLP's) beside q, k, v in the same projection
+        z = torch.cat([y, y[..., :w]], dim=2)
+        return [t.view(b, s, h, d) for t in z.split(w, dim=2)[:3]]
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["split", "unbind", "k_q_v", "same", "overlap", "partial"])
+def test_fused_projection_views_share_one_gradient(device, kind):
+    """flash_attn_func on views q, k, v that tile one tensor (packed_base) writes their gradients into one
+    gradient of it, with the same bits as the call on copies of them; views that overlap or leave part of
+    the tensor uncovered take the unpacked path (autograd sums or stacks), with the same result."""
+    b, s, h, d = 2, 11, 3, 32
+    dtype = work_dtype(device)
+    x = torch.randn(b, s, 3 * h * d, dtype=dtype, device=device)
+    dout = torch.randn(b, s, h, d, dtype=dtype, device=device)
+
+    def run(copy):
+        leaf = x.detach().requires_grad_()
+        q, k, v = _fused_views(kind, leaf, b, s, h, d)
+        if copy:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = flashport.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        return out, torch.autograd.grad(out, leaf, dout)[0]
+
+    out, got = run(copy=False)
+    tiles = kind in ("split", "unbind", "k_q_v")
+    assert (type(out.grad_fn).__name__ == "_AttentionPackedBackward") == tiles, type(out.grad_fn).__name__
+    ref_out, want = run(copy=True)
+    assert torch.equal(out, ref_out)
+    if tiles:
+        assert torch.equal(got, want)
+    else:  # autograd adds the views' gradients in its own order (q = k = v: three into one)
+        torch.testing.assert_close(got, want)
+
+
 def test_philox_known_answers():
     """The test's own Philox against SPEC's known answers (so the mask oracle can be trusted)."""
     vectors = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
