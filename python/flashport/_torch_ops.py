@@ -348,15 +348,18 @@ class _AttentionPacked(torch.autograd.Function):
 
 
 def packed_base(q: Tensor, k: Tensor, v: Tensor):
-    """(base, layout) when q, k and v are views of one layout that tile a contiguous tensor wanting a
-    gradient, each element in exactly one (a fused qkv projection split three ways, as GPT-2 and nanoGPT
+    """(base, layout) when q, k and v are views of one layout, each passing its gradient to base, that
+    tile a contiguous tensor, each element in exactly one (a fused qkv projection split three ways, as GPT-2 and nanoGPT
     do: its rows hold q's, k's and v's heads side by side), with layout _slices' (size, stride, offset)
     per view; else None. Exact for what it accepts: every view contiguous over its innermost dimensions
     (E elements), every other stride a multiple of the smallest of them (the period P), the views'
     offsets modulo P at least E apart (so no two meet), no view overlapping itself, all inside base, and
     three views' elements as many as base's."""
     base = q._base
-    if base is None or k._base is not base or v._base is not base or not base.requires_grad:
+    # Each view's gradient must reach base through its view chain: a view made under no_grad requires a
+    # gradient but has no grad_fn (autograd keeps its gradient to itself).
+    if (base is None or k._base is not base or v._base is not base or q.grad_fn is None or k.grad_fn is None
+            or v.grad_fn is None):
         return None
     shape, stride = q.shape, q.stride()
     if (k.shape != shape or v.shape != shape or k.stride() != stride or v.stride() != stride

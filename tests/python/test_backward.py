@@ -149,13 +149,17 @@ def _fused_views(kind, x, b, s, h, d):
     if kind == "overlap":  # k starts half a head into q
         strided = lambda off: y.as_strided((b, s, h, d), (s * 3 * w, 3 * w, d, 1), y.storage_offset() + off)
         return [strided(0), strided(d // 2), strided(2 * w)]
+    if kind == "no_grad_q":  # q viewed under no_grad: no gradient may reach y through it
+        with torch.no_grad():
+            q = y[..., :w].view(b, s, h, d)
+        return [q] + [t.view(b, s, h, d) for t in y.split(w, dim=2)[1:]]
     if kind == "partial":  # a fourth slice (say an MLP's) beside q, k, v in the same projection
         z = torch.cat([y, y[..., :w]], dim=2)
         return [t.view(b, s, h, d) for t in z.split(w, dim=2)[:3]]
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["split", "unbind", "k_q_v", "same", "overlap", "partial"])
+@pytest.mark.parametrize("kind", ["split", "unbind", "k_q_v", "same", "overlap", "no_grad_q", "partial"])
 def test_fused_projection_views_share_one_gradient(device, kind):
     """flash_attn_func on views q, k, v that tile one tensor (packed_base) writes their gradients into one
     gradient of it, with the same bits as the call on copies of them; views that overlap or leave part of
