@@ -356,10 +356,14 @@ def packed_base(q: Tensor, k: Tensor, v: Tensor):
     offsets modulo P at least E apart (so no two meet), no view overlapping itself, all inside base, and
     three views' elements as many as base's."""
     base = q._base
-    # Each view's gradient must reach base through its view chain: a view made under no_grad requires a
-    # gradient but has no grad_fn (autograd keeps its gradient to itself).
+    # Each view's gradient must reach base through its view chain (a view made under no_grad requires a
+    # gradient but has no grad_fn: autograd keeps its gradient to itself), and nobody may be watching the
+    # views' own gradients (hooks, retain_grad), which the packed gradient never forms.
     if (base is None or k._base is not base or v._base is not base or q.grad_fn is None or k.grad_fn is None
             or v.grad_fn is None):
+        return None
+    if (q._backward_hooks or k._backward_hooks or v._backward_hooks or q.retains_grad or k.retains_grad
+            or v.retains_grad):
         return None
     shape, stride = q.shape, q.stride()
     if (k.shape != shape or v.shape != shape or k.stride() != stride or v.stride() != stride

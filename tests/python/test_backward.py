@@ -153,13 +153,18 @@ def _fused_views(kind, x, b, s, h, d):
         with torch.no_grad():
             q = y[..., :w].view(b, s, h, d)
         return [q] + [t.view(b, s, h, d) for t in y.split(w, dim=2)[1:]]
+    if kind in ("hooked_k", "retained_v"):  # someone watches one view's own gradient
+        q, k, v = (t.view(b, s, h, d) for t in y.split(w, dim=2))
+        k.register_hook(lambda g: g * 2) if kind == "hooked_k" else v.retain_grad()
+        return [q, k, v]
     if kind == "partial":  # a fourth slice (say an MLP's) beside q, k, v in the same projection
         z = torch.cat([y, y[..., :w]], dim=2)
         return [t.view(b, s, h, d) for t in z.split(w, dim=2)[:3]]
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["split", "unbind", "k_q_v", "same", "overlap", "no_grad_q", "partial"])
+@pytest.mark.parametrize("kind", ["split", "unbind", "k_q_v", "same", "overlap", "no_grad_q", "hooked_k", "retained_v",
+                                  "partial"])
 def test_fused_projection_views_share_one_gradient(device, kind):
     """flash_attn_func on views q, k, v that tile one tensor (packed_base) writes their gradients into one
     gradient of it, with the same bits as the call on copies of them; views that overlap or leave part of
