@@ -83,7 +83,7 @@ def attention(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max
                                                 alibi_slopes, q_descale, k_descale, v_descale, rng_state,
                                                 max_seqlen_q, max_seqlen_k, scale, bool(causal), wl, wr, softcap,
                                                 dropout_p, bool(deterministic), return_softmax, None)
-    elif not pad and (packed is not None or q._base is not None):  # padded heads are copies: not packed
+    elif not pad and (packed is not None or (q._base is not None and q._base is k._base)):  # padded: copies
         packed = packed or (None, None)  # q, k, v maybe views of one fused projection (packed_base)
         return _torch_ops.call_out_packed(packed[0], packed[1], q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                           block_table, alibi_slopes, q_descale, k_descale, v_descale, rng_state,
