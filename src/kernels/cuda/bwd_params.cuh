@@ -6,7 +6,8 @@
 
 namespace flashport::cuda {
 
-/// Arguments of the three backward kernels (dot_do_o, main, dq_convert).
+/// Arguments of the three backward kernels (dot_do_o, main, dq_convert; the Hopper fused convert folds the
+/// last into the main kernel: hopper_bwd::fused_convert).
 ///
 /// Scratch, fp32, allocated stream-ordered by the host:
 /// - `dsum`: D_i = rowsum(dO_i * O_i), laid out like the LSE (lse_offset).
@@ -33,7 +34,9 @@ struct BwdParams {
   // Deterministic mode of a single-slice kernel (the Hopper ones), else null: per 64-query dQ tile of
   // the tiled row numbering (row (h * accum_rows_tiled + bwd::accum_row0(tiled) + m0) / 64), how many
   // key blocks have added theirs. Zeroed with dq_accum; each key block waits for its turn (the count
-  // of key blocks before it that see the tile), so the additions happen in key-block order.
+  // of key blocks before it that see the tile), so the additions happen in key-block order. The fused
+  // convert of the narrow Hopper kernel (FP_BWD_FUSED_CONVERT, never deterministic) counts arrivals in
+  // it instead: the key block whose addition completes a query block's count writes that block's dq.
   int* dq_tile_count;
   // 16-byte words from dq_accum on (the accumulator, then the tile counters) that dot_do_o zeroes, each
   // of its CTAs an equal share: the main kernel's memset, without its own launch.
