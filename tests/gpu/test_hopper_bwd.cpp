@@ -21,6 +21,7 @@
 #include "backends/cuda/sm90/hopper_bwd.hpp"
 #include "backends/cuda/sm90/hopper_fwd.hpp"
 #include "core/attn_validate.hpp"
+#include "core/tuning.hpp"
 #include "gpu/test_bwd_util.hpp"
 
 namespace flashport::test::gpu {
@@ -34,11 +35,11 @@ Operand operand_of(const TensorView& t) {
   return {t.data, 0, t.stride[0], t.stride[1]};
 }
 
-/// Why the Hopper backward declines `c` on an sm_90 device; empty when it takes the case. The problem
-/// is built as backward() builds it (build_attention, attach_lse, dO and gradient operands) from the
-/// device buffers run_gpu_backward uses, so pointers and strides are the ones the dispatcher will see.
-/// The values in the buffers do not matter to the check.
-std::string hopper_declines(const Case& c, const FwdInputs& in) {
+/// The problem backward() builds for `c` (build_attention, attach_lse, dO and gradient operands) from the
+/// device buffers run_gpu_backward uses, so pointers and strides are the ones the dispatcher will see;
+/// `check` gets it while the buffers live. The values in the buffers do not matter.
+template <class Check>
+auto with_problem(const Case& c, const FwdInputs& in, Check check) {
   const GpuBackwardCall call(c, in, HostTensor(c.dtype, out_shape(c)), HostTensor(c.dtype, out_shape(c)),
                              HostTensor(DType::f32, lse_shape(c)));
   const BackwardArgs& a = call.args;
@@ -46,7 +47,30 @@ std::string hopper_declines(const Case& c, const FwdInputs& in) {
   core::attach_lse(p, a.lse, a.q.device);
   p.dout = operand_of(a.dout);
   p.grad_q = operand_of(a.dq), p.grad_k = operand_of(a.dk), p.grad_v = operand_of(a.dv);
-  return hopper_bwd::unsupported(p, 90);
+  return check(p);
+}
+
+/// Why the Hopper backward declines `c` on an sm_90 device; empty when it takes the case.
+std::string hopper_declines(const Case& c, const FwdInputs& in) {
+  return with_problem(c, in, [](const AttnProblem& p) { return hopper_bwd::unsupported(p, 90); });
+}
+
+/// The BwdParams fields hopper_bwd::fused_convert_fits reads, as backward.cpp sets them for a Hopper call
+/// whose operand rows are all 16-byte aligned (`vec`).
+cuda::BwdParams fused_convert_params(const AttnProblem& p, bool vec = true) {
+  cuda::BwdParams prm{};
+  prm.p = p;
+  prm.accum_tiled = hopper_bwd::tiled_accumulator(p);
+  prm.num_slices = 1;
+  prm.vec = vec ? 1 : 0;
+  return prm;
+}
+
+/// Whether the main kernel converts dQ itself for `c` (FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1 and
+/// hopper_bwd::fused_convert_fits; the cases' operands are dense, so all rows are aligned).
+bool fused_convert_serves(const Case& c, const FwdInputs& in) {
+  return with_problem(
+      c, in, [](const AttnProblem& p) { return hopper_bwd::fused_convert(fused_convert_params(p)); });
 }
 
 /// Fails (and returns false) unless the Hopper backward takes `c` with the layouts of `in`.
@@ -208,8 +232,10 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // {f16, bf16} x (d {64, 128, 256} x dQ modes {0, 1}, d 96, d 192) x score stage {plain, ALiBi,
   // softcap}, plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128
   // queries), plus dropout's {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192), plus
-  // FLASHPORT_HOPPER_BWD_ORDER=1's copies of the narrow serial-loop variants (30: test_arch_limits.cpp)
-  EXPECT_EQ(specs.size(), 66u + 30u);
+  // FLASHPORT_HOPPER_BWD_ORDER=1's copies of the narrow serial-loop variants (30: test_arch_limits.cpp),
+  // plus FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1's {f16, bf16} x {plain, ALiBi} x (d 128 in both orders, d 64's
+  // 64-query tile)
+  EXPECT_EQ(specs.size(), 66u + 30u + 12u);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
     for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
@@ -219,6 +245,56 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // is_main_kernel singles out the backward kernel (the no-spill check must not catch the forward).
   for (const auto& spec : cuda::hopper::variants(90))
     EXPECT_FALSE(hopper_bwd::is_main_kernel(spec)) << spec.key();
+}
+
+// Which calls the fused dQ convert (FLASHPORT_HOPPER_BWD_FUSED_CONVERT) may serve: only those where every
+// dq row is written by the main kernel, on the variants that compiled without spills. No GPU needed.
+TEST(HopperBwd, SmallFusedConvertScope) {
+  AttnProblem p{};
+  p.batch = 2, p.hq = 8, p.hk = 2, p.d = 128, p.dv = 128, p.sq = 100, p.sk = 300;
+  p.in_type = p.out_type = kBF16;
+  p.scale = 0.1f;
+  p.window_left = p.window_right = -1;
+  const int* index = reinterpret_cast<const int*>(uintptr_t{1} << 20);  // never read
+  auto fits = [&](auto change, bool vec = true) {
+    AttnProblem x = p;
+    change(x);
+    return hopper_bwd::fused_convert_fits(fused_convert_params(x, vec));
+  };
+  const bool block_m_64 = core::tuning().hopper_bwd_block_m.get() == 64;
+  EXPECT_TRUE(fits([](AttnProblem&) {}));
+  EXPECT_TRUE(fits([](AttnProblem& x) { x.in_type = x.out_type = kF16; }));
+  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 0; }));  // causal, sq <= sk
+  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 0, x.sq = x.sk; }));
+  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 250, x.sq = 500; }));  // row 0 still sees key 0
+  EXPECT_TRUE(fits([=](AttnProblem& x) { x.alibi = reinterpret_cast<const float*>(index); }));
+  // d 64: the 64-query tile only (its producers' 40 registers), under FLASHPORT_HOPPER_BWD_BLOCK_M=64.
+  EXPECT_EQ(fits([](AttnProblem& x) { x.d = x.dv = 64; }), block_m_64);
+  // Rows without keys (causal with sq > sk, left windows, varlen, seqused_k), or no rows or keys at all:
+  // the separate convert, which writes every row.
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.window_right = 0, x.sq = 301; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.window_left = 37, x.window_right = 5; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.window_left = 1000; }));
+  EXPECT_FALSE(fits([=](AttnProblem& x) {
+    x.cu_seqlens_q = x.cu_seqlens_k = index;
+    x.total_q = 150, x.total_k = 400;
+  }));
+  EXPECT_FALSE(fits([=](AttnProblem& x) { x.seqused_k = index; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.sq = 0; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.sk = 0; }));
+  // Deterministic mode (its counters are turns), the variants that spilled (softcap, dropout, d 64's
+  // 128-query tile), d 96 (row-major accumulator), the wide kernel, rows not 16-byte aligned.
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.deterministic = true; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.softcap = 5.0f; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.dropout_p = 0.1f, x.dropout_threshold = 1u << 28; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.d = x.dv = 96; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.d = x.dv = 192; }));
+  EXPECT_FALSE(fits([](AttnProblem& x) { x.d = x.dv = 256; }));
+  EXPECT_FALSE(fits([](AttnProblem&) {}, false));
+  // Off unless the knob is set; dq_tile_counts then sizes the arrival counters as deterministic mode's.
+  const cuda::BwdParams prm = fused_convert_params(p);
+  EXPECT_EQ(hopper_bwd::fused_convert(prm), core::tuning().hopper_bwd_fused_convert.get());
+  EXPECT_EQ(hopper_bwd::dq_tile_counts(prm), hopper_bwd::fused_convert(prm) ? 8 * 2 * 2 : 0);
 }
 
 TEST(HopperBwd, SmallHeadDims) {
@@ -487,6 +563,42 @@ TEST(HopperBwd, SmallDeterministic) {
   };
   for (const Case& c : cases)
     if (expect_goes_to_hopper(c, make_inputs(c))) expect_deterministic(c, 3);
+}
+
+// The fused dQ convert: the main kernel's drain counts each query block's key blocks and warp 3 converts
+// a finished block to dq, instead of the convert launch. Runs only under
+// FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1 (knobs are read once per process; d 64 also needs
+// FLASHPORT_HOPPER_BWD_BLOCK_M=64, its fused tile): d 128 and 64, causal (sq < sk and sq == sk) and not,
+// GQA 4:1, ALiBi, sequence lengths that are not multiples of 64 (the last block's rows past the end must
+// stay unwritten: the gradient buffers' poison is checked), batch 2, several key blocks per query block.
+// Each case must be one the fused convert serves, and match the oracle like any other.
+TEST(HopperBwd, SmallFusedConvert) {
+  FP_SKIP_WITHOUT_SM90();
+  if (!core::tuning().hopper_bwd_fused_convert.get())
+    GTEST_SKIP()
+        << "run with FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1 (and FLASHPORT_HOPPER_BWD_BLOCK_M=64 for d 64)";
+  const bool block_m_64 = core::tuning().hopper_bwd_block_m.get() == 64;
+  const Case cases[] = {
+      dense(DType::bf16, 2, 113, 203, 8, 2, 128),                   // GQA 4:1, batch 2
+      with(dense(DType::f16, 1, 150, 300, 2, 1, 128), kCausal),     // causal, sq < sk
+      with(dense(DType::bf16, 2, 1100, 1100, 8, 2, 128), kCausal),  // several key blocks, GQA
+      with(dense(DType::f16, 1, 257, 300, 4, 2, 128), kAlibi),      // ALiBi
+      dense(DType::bf16, 2, 257, 300, 2, 1, 64),                    // d 64 (64-query tile)
+      with(dense(DType::f16, 1, 1100, 1100, 8, 2, 64), kCausal),    // d 64 causal, GQA 4:1
+      with(dense(DType::bf16, 2, 65, 130, 4, 1, 128), kCausal),     // one row into the last block
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.describe());
+    const FwdInputs in = make_inputs(c);
+    if (!expect_goes_to_hopper(c, in)) continue;
+    if (c.d == 64 && !block_m_64) continue;
+    EXPECT_TRUE(fused_convert_serves(c, in)) << "the fused convert should serve " << c.describe();
+    expect_backward_accurate(c);
+  }
+  // Not served (the convert launch runs): causal with sq > sk, whose first rows see no key.
+  const Case c = with(dense(DType::bf16, 1, 203, 113, 2, 1, 128), kCausal);
+  EXPECT_FALSE(fused_convert_serves(c, make_inputs(c)));
+  expect_hopper_backward(c);
 }
 
 // The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper
