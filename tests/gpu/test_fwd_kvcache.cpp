@@ -114,54 +114,78 @@ TEST(GpuKvCache, SplitDecodeMergesInACluster) {
 #endif
 }
 
-TEST(GpuKvCacheSmall, DenseDecodeChecksItsOwnIndices) {
+TEST(GpuKvCacheSmall, DecodeChecksItsOwnIndices) {
   FP_SKIP_WITHOUT_GPU();
   if (cpu_mode()) GTEST_SKIP() << "host-resident indices are validated by the core";
   const char* checks = std::getenv("FLASHPORT_DEVICE_CHECKS");
   if (checks && std::string(checks) == "0")
     GTEST_SKIP() << "device checks off (the emulator's default: ctest emu.device_checks turns them on)";
-  // A decode call over a dense cache checks cache_seqlens, cache_batch_idx and cache_leftpad in the decode
-  // kernel instead of launching index_check.cu before it; a broken rule is still reported, named, at the
-  // next check. Under the emulator, which has no index_check.cu, a call that still launched it would throw.
+  // A decode call checks cache_seqlens, cache_batch_idx, cache_leftpad and the block-table entries its
+  // sequences use in the decode kernel (each split's CTA a share of the columns) instead of launching
+  // index_check.cu before it; a broken rule is still reported, named, at the next check. Under the
+  // emulator, which has no index_check.cu, a call that still launched it would throw.
   struct BadCase {
-    const char* argument;
+    const char* argument;  // null: a valid call
+    const char* fragment;
     std::function<void(KvCase&)> edit;
     std::function<void(KvInputs&)> edit_inputs;
   };
   const auto nothing = [](KvInputs&) {};
+  // Paged: 2 sequences over pages of 16 (19 columns each, sequence 1 using 13 after its append) or of 1
+  // (300 columns, 201 used); `column` is sequence 1's.
+  const auto pages = [](int64_t page, int splits) {
+    return [=](KvCase& c) { c.page = page, c.s_cache = page == 16 ? 304 : 300, c.num_splits = splits; };
+  };
+  const auto entry = [](int64_t row, int64_t column, int32_t value) {
+    return [=](KvInputs& in) { in.block_table.i32()[row * in.block_table.tv.shape[1] + column] = value; };
+  };
   const BadCase bad[] = {
-      {"cache_seqlens",
+      {"cache_seqlens", "",
        [](KvCase& c) {
          c.cache_lens = {10, -7};
        },
        nothing},
-      {"cache_seqlens",
+      {"cache_seqlens", "",
        [](KvCase& c) {
          c.cache_lens = {300, 10}, c.num_splits = 3;
        },
        nothing},  // 301 > 300
-      {"cache_batch_idx", [](KvCase& c) { c.batch_idx = true; },
+      {"cache_batch_idx", "", [](KvCase& c) { c.batch_idx = true; },
        [](KvInputs& in) { in.batch_idx.i32()[1] = 7; }},
-      {"cache_leftpad",
+      {"cache_leftpad", "",
        [](KvCase& c) {
          c.leftpad = {0, 205}, c.num_splits = 1;
        },
        nothing},  // past 201
-      {nullptr,
+      {nullptr, "",
        [](KvCase& c) {
          c.batch_idx = true, c.leftpad = {3, 150};
        },
-       nothing},  // valid: no fault
+       nothing},
+      // The last column sequence 1 uses, in the third split's share; the first one, with one CTA.
+      {"block_table", "entry [1, 12] = -1", pages(16, 3), entry(1, 12, -1)},
+      {"block_table", "entry [1, 0] = 40 is outside [0, num_blocks = 40)", pages(16, 1), entry(1, 0, 40)},
+      // Two bad columns in one CTA's share: the lower one is reported.
+      {"block_table", "entry [1, 2] = -3", pages(16, 1),
+       [&](KvInputs& in) { entry(1, 11, 99)(in), entry(1, 2, -3)(in); }},
+      {"block_table", "entry [1, 150] = 1000", pages(1, 0), entry(1, 150, 1000)},  // the generic copy
+      {"cache_seqlens", "",
+       [&](KvCase& c) {
+         pages(16, 2)(c), c.cache_lens = {10, -7};
+       },
+       nothing},
+      // Columns no sequence uses (sequence 0 one, sequence 1 thirteen) may hold anything.
+      {nullptr, "", pages(16, 3), [&](KvInputs& in) { entry(1, 15, -5)(in), entry(0, 3, 999)(in); }},
   };
   for (const BadCase& t : bad) {
-    KvCase c;  // 2 sequences, one new token each, 4:1 GQA, d 64, 300-token dense cache: decode-sized
+    KvCase c;  // 2 sequences, one new token each, 4:1 GQA, d 64, 300-token cache: decode-sized
     t.edit(c);
     SCOPED_TRACE(c.describe());
     KvInputs in = make_kv_inputs(c);
     t.edit_inputs(in);
     const KvResult r = run_kv_gpu(c, in);
     if (t.argument)
-      expect_recorded_fault(Device{DeviceType::cuda, 0}, "cuda", {t.argument}, "");
+      expect_recorded_fault(Device{DeviceType::cuda, 0}, "cuda", {t.argument}, t.fragment);
     else
       EXPECT_NO_THROW(check_device(Device{DeviceType::cuda, 0}));
     EXPECT_EQ(count_nan(r.out), 0) << "clamped indices still give every output row";

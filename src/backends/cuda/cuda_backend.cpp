@@ -100,7 +100,7 @@ class CudaBackend final : public core::Backend {
     // against a paged or dense cache runs the Hopper kernel where it applies; decode-sized calls, which it
     // declines, the portable split-KV kernel), unless num_splits > 1 asks for the split-KV kernel. The
     // index check goes with that launch: the portable launcher runs it inside its decode kernel where it
-    // can (dense caches: one launch fewer per decode step), every other launch queues index_check.cu first.
+    // can (one launch fewer per decode step), every other launch queues index_check.cu first.
     bool checked = false;
     launch_forward_kvcache(kp, [&](const AttnProblem& a) {
       checked = true;

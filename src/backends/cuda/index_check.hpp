@@ -13,9 +13,9 @@ void raise_device_fault(int device);
 /// checked mode validated them on the host already or FLASHPORT_DEVICE_CHECKS=0.
 void check_indices_async(const AttnProblem& p, IndexCallKind call);
 
-/// Where a kernel that checks `p`'s sequence rules itself (the decode variant, kvcache calls without a
-/// block table) reports: the device's fault record, published for raise_device_fault; null when `p` wants
-/// no device check (check_indices_async would queue nothing).
+/// Where a kernel that checks `p`'s index tensors itself (the decode variant of kvcache calls) reports: the
+/// device's fault record, published for raise_device_fault; null when `p` wants no device check
+/// (check_indices_async would queue nothing).
 FaultRecord* in_kernel_fault_record(const AttnProblem& p);
 
 /// flashport::check_device: waits for every queued call on `device`, then raise_device_fault.

@@ -376,11 +376,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     load_q();
     cp_async_commit();
     for (int k = 0; k + 1 < kStages; ++k) load_pair(k);
-    // Sequence b's index rules, checked here instead of by an index_check.cu launch before this kernel
-    // (decode calls without a block table: one launch fewer per step), by one thread of the sequence's
-    // first CTA while the copies above are in flight. The kernel clamps every index either way.
-    if (prm.fault_record && split == 0 && block_y() == 0 && threadIdx.x == 0)
-      report_sequence_fault(prm.fault_record, prm.fault_call, p, b);
+    // Sequence b's index rules and block-table entries, checked here instead of by an index_check.cu
+    // launch before this kernel (one launch fewer per decode step), by the last warp (the fewest tiles) of
+    // each of the sequence's CTAs of head 0 while the copies above are in flight. The kernel clamps every
+    // index either way.
+    if (prm.fault_record && block_y() == 0 && m_block == 0 && warp == kWarps - 1)
+      report_decode_faults(prm.fault_record, prm.fault_call, p, b, split, prm.num_splits, lane);
     if (bulk)
       cp_async_wait_all();  // Q is the only cp.async group
     else

@@ -21,7 +21,7 @@ struct FwdParams {
   int pack_gqa;            // 1, or hq / hk: a block's rows are (query, head of the kv head's group) pairs
                            // and grid y runs over kv heads (see RowMap in attn_fwd.cuh)
   int vec;                 // VecFlags
-  // The decode variant's own index check (kvcache calls without a block table; backends/cuda/
+  // The decode variant's own index check (kvcache calls, report_decode_faults; backends/cuda/
   // index_check.hpp): the device's fault record, or null for none, and the IndexCallKind it reports as.
   FaultRecord* fault_record;
   int fault_call;

@@ -11,19 +11,17 @@ using namespace flashport::cuda;
 
 namespace {
 
-constexpr int kWarps = 4;  // one warp per sequence (per column chunk)
-constexpr int kColumnsPerLane = 8;
-constexpr int kColumnsPerWarp = 32 * kColumnsPerLane;  // index_check_params.cuh: kIndexCheckColumnsPerWarp
-static_assert(kColumnsPerWarp == kIndexCheckColumnsPerWarp, "the launcher sizes grid y by it");
+constexpr int kWarps = 4;                                   // one warp per sequence (per column chunk)
+constexpr int kColumnsPerWarp = kIndexCheckColumnsPerWarp;  // report_block_table_chunk's chunk
 
 }  // namespace
 
 /// Grid x: ceil(batch / kWarps), y: block-table column chunks (1 without a block table), block
 /// 32 * kWarps. Warp w checks sequence blockIdx.x * kWarps + w: its scalar rules (reported by the y = 0
 /// warp only), then (when they hold, so the token count is bounded) its chunks of block-table entries,
-/// kColumnsPerWarp at a time, reporting the lowest bad column of the first chunk that has one. A chunk's
-/// loads are independent (each lane takes kColumnsPerLane columns, coalesced), so a long table costs a
-/// few load round trips instead of one per 32 entries (one warp walking 8k entries took 100 us).
+/// kColumnsPerWarp at a time, reporting the lowest bad column of the first chunk that has one
+/// (report_block_table_chunk: one load round trip per chunk, where one warp walking 8k entries 32 at a time
+/// took 100 us).
 extern "C" __global__ void __launch_bounds__(32 * kWarps)
     index_check(const __grid_constant__ IndexCheckParams ip) {
   order_after_prior_grids();
@@ -38,18 +36,6 @@ extern "C" __global__ void __launch_bounds__(32 * kWarps)
   }
   if (!p.block_table) return;
   const i64 columns = block_table_columns(p, b);
-  for (i64 c0 = (i64)blockIdx.y * kColumnsPerWarp; c0 < columns; c0 += (i64)gridDim.y * kColumnsPerWarp) {
-    int first_bad = kColumnsPerWarp;  // offset in the chunk of this lane's lowest bad column
-#pragma unroll
-    for (int k = kColumnsPerLane - 1; k >= 0; --k) {
-      const int offset = 32 * k + lane;
-      if (c0 + offset < columns && block_table_fault(p, b, c0 + offset).kind != kFaultNone)
-        first_bad = offset;
-    }
-    first_bad = __reduce_min_sync(0xffffffffu, first_bad);
-    if (first_bad < kColumnsPerWarp) {
-      if (lane == (first_bad & 31)) report_fault(ip.record, ip.call, block_table_fault(p, b, c0 + first_bad));
-      return;
-    }
-  }
+  for (i64 c0 = (i64)blockIdx.y * kColumnsPerWarp; c0 < columns; c0 += (i64)gridDim.y * kColumnsPerWarp)
+    if (report_block_table_chunk(ip.record, ip.call, p, b, c0, columns, lane)) return;
 }

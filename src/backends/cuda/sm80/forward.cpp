@@ -194,9 +194,9 @@ void launch_forward(const AttnProblem& p, int num_splits, int check_call) {
   const bool runs = p.in_type != kF32 && p.batch > 0 && p.hq > 0 && p.sq > 0;
   const int device = p.device;
   const FwdGeometry geo = runs ? fwd_geometry(p, num_splits, device) : FwdGeometry{};
-  // The decode variant checks a dense cache's sequence rules itself; anything else gets index_check.cu first.
-  FaultRecord* const in_kernel =
-      check_call >= 0 && geo.tile.decode && !p.block_table ? in_kernel_fault_record(p) : nullptr;
+  // The decode variant checks its sequences' rules and block-table entries itself (report_decode_faults);
+  // anything else gets index_check.cu first.
+  FaultRecord* const in_kernel = check_call >= 0 && geo.tile.decode ? in_kernel_fault_record(p) : nullptr;
   if (check_call >= 0 && !in_kernel) check_indices_async(p, static_cast<IndexCallKind>(check_call));
   if (p.in_type == kF32) return launch_forward_f32(p);  // CUDA cores, exact fp32; never split
   if (!runs) return;
