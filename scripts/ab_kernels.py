@@ -26,9 +26,9 @@ def cells(kinds):
                 for causal in (False, True):
                     yield {"kind": "prefill", "d": d, "s": s, "causal": causal}
     if "decode" in kinds:
-        # One token, GQA 32/8, d 128; dense caches and pages of 16.
+        # One token, GQA 32/8, d 128; dense caches, pages of 16 and 256 (batch 1 too: per-call launches).
         for batch, ctx, page in ((1, 1024, 0), (1, 4096, 0), (1, 8192, 0), (8, 32768, 0), (128, 8192, 0),
-                                 (8, 32768, 16)):
+                                 (8, 32768, 16), (1, 1024, 16), (1, 8192, 16), (1, 8192, 256)):
             yield {"kind": "decode", "batch": batch, "ctx": ctx, "page": page}
     if "backward" in kinds:
         # GPT-2 small's attention (12 heads, d 64, causal) at the train_gpt shapes, a small call, and d 128.
