@@ -106,6 +106,18 @@ constexpr int kConsumerRegs = kWideConsumers ? 240 : 232;
 static_assert(!kFusedConvert || (!kWideConsumers && !kSoftcap),
               "the fused convert where it compiled without spills (hopper_bwd::fused_convert_tile)");
 
+/// Thread 64 (bulk mode), after step t's copy is committed: the previous step's staging buffer is free
+/// once its copy has read it (this step's may still be read); a single buffer once this step's copy has.
+FP_DEV void release_dq_buffer(SharedStorage& s, int t) {
+  if (kDqBuffers == 1) {
+    sm90::bulk_wait_read<0>();
+    sm90::mbar_arrive(bar_addr(s.bar_dq_empty[0]));
+  } else if (t > 0) {
+    sm90::bulk_wait_read<1>();
+    sm90::mbar_arrive(bar_addr(s.bar_dq_empty[(t - 1) % kDqBuffers]));
+  }
+}
+
 /// Thread 64 (bulk mode): every step's staged dQ tile added to its accumulator tile by bulk reduce-adds.
 /// The staging order is the accumulator's tile order (see drain_dq), so a step is one contiguous copy:
 /// 32 KB at d 128 (the consumers' column halves side by side), or at d 64 the two consumers' 16 KB
@@ -149,15 +161,7 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
       sm90::fence_proxy_async_global();
       pass_dq_turn(counter);
     }
-    // The previous step's buffer is free once its copy has read it (this step's may still be read); a
-    // single buffer once this step's copy has.
-    if (kDqBuffers == 1) {
-      sm90::bulk_wait_read<0>();
-      sm90::mbar_arrive(bar_addr(s.bar_dq_empty[0]));
-    } else if (t > 0) {
-      sm90::bulk_wait_read<1>();
-      sm90::mbar_arrive(bar_addr(s.bar_dq_empty[(t - 1) % kDqBuffers]));
-    }
+    release_dq_buffer(s, t);
   }
   sm90::bulk_wait_all();
 }
@@ -207,13 +211,7 @@ FP_DEV void bulk_drain_dq_converting(const BwdSm90Params& prm, SharedStorage& s,
       sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes);
     }
     sm90::bulk_commit();
-    if (kDqBuffers == 1) {
-      sm90::bulk_wait_read<0>();
-      sm90::mbar_arrive(bar_addr(s.bar_dq_empty[0]));
-    } else if (t > 0) {
-      sm90::bulk_wait_read<1>();
-      sm90::mbar_arrive(bar_addr(s.bar_dq_empty[(t - 1) % kDqBuffers]));
-    }
+    release_dq_buffer(s, t);
     if (t > 0) arrive(step_head(w, t - 1), step_m0(w, t - 1), false);
   }
   arrive(step_head(w, w.steps - 1), step_m0(w, w.steps - 1), true);  // run_roles returned at 0 steps
