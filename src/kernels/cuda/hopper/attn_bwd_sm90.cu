@@ -230,7 +230,7 @@ FP_DEV void convert_finished_blocks(const BwdSm90Params& prm, SharedStorage& s, 
     if (rq.h < 0) return;
     // Everything from the parameters per block (dense: accum_row0 is b * round_up_tile(sq)).
     const BwdParams* q = opaque_params(prm.bwd);
-    const int b = (int)blockIdx.z + q->batch_offset;
+    const int b = grid_batch(*q);
     wait_dq_turn(dq_block_counter(q, b, rq.h, rq.m0), 0);  // the acquire: one load (the count is complete)
     const Operand& dq = q->p.grad_q;
     void* g_dq = static_cast<Elem::Storage*>(dq.ptr) + b * dq.batch_stride + rq.h * dq.head_stride +
