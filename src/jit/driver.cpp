@@ -53,6 +53,8 @@ struct Driver {
   decltype(&::cuEventElapsedTime) event_elapsed = nullptr;
   decltype(&::cuEventDestroy) event_destroy = nullptr;
   decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
+  // Optional (the Hopper kernels' TMA descriptors, backends/cuda/sm90/tma_map.cpp).
+  decltype(&::cuTensorMapEncodeTiled) tensor_map_encode_tiled = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   decltype(&::cuMemcpyDtoHAsync) memcpy_dtoh_async = nullptr;
   // Optional (device fault records, flashport::check_device).
@@ -128,6 +130,7 @@ Driver load_driver() {
   optional_sym(d.event_elapsed, "cuEventElapsedTime");
   optional_sym(d.event_destroy, "cuEventDestroy");
   optional_sym(d.stream_is_capturing, "cuStreamIsCapturing");
+  optional_sym(d.tensor_map_encode_tiled, "cuTensorMapEncodeTiled");
   optional_sym(d.stream_synchronize, "cuStreamSynchronize");
   optional_sym(d.memcpy_dtoh_async, "cuMemcpyDtoHAsync");
   optional_sym(d.host_alloc, "cuMemHostAlloc");
@@ -464,6 +467,10 @@ std::string device_name(int device) {
 
 int driver_version() {
   return driver_state().cuda_version;
+}
+
+void* tensor_map_encoder() {
+  return reinterpret_cast<void*>(driver_state().tensor_map_encode_tiled);
 }
 
 float time_ms(int device, void* stream, const std::function<void()>& launch, int warmup, int reps) {

@@ -109,6 +109,8 @@ int device_sm_count(int device);
 std::string device_name(int device);
 /// CUDA version the driver supports (cuDriverGetVersion, e.g. 13000); 0 without libcuda.
 int driver_version();
+/// The driver's cuTensorMapEncodeTiled (the Hopper kernels' TMA descriptors), or null without one.
+void* tensor_map_encoder();
 /// Milliseconds per call of `launch` (which enqueues work on `stream`) on GPU `device`: `warmup`
 /// untimed calls, then the mean of `reps` calls between two events. Synchronises on the end event,
 /// so only autotuning calls it. Throws flashport::Error when libcuda lacks the event functions.

@@ -56,12 +56,16 @@ inline bool have_gpu() {
   if (!::flashport::test::gpu::have_gpu()) GTEST_SKIP() << "no CUDA GPU / CUDA backend"
 
 /// An sm_90 device with the CUDA backend (the Hopper kernels), or cpu_mode() (host "device" tensors, the
-/// support checks still run and the CPU reference stands in for the kernels: a dry run of the harness).
-/// Never in the emulator, which runs the portable kernels only.
+/// support checks still run and the CPU reference stands in for the kernels: a dry run of the harness), or
+/// the emulator as an sm_90 (FLASHPORT_EMU_ARCH unset or 90; it emulates the Hopper kernels too).
 inline bool have_sm90() {
   static const bool ok = [] {
     if (cpu_mode()) return true;
-    if (kEmulated || !have_gpu()) return false;
+    if (kEmulated) {
+      const char* arch = std::getenv("FLASHPORT_EMU_ARCH");
+      return arch == nullptr || std::string(arch) == "90";
+    }
+    if (!have_gpu()) return false;
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
     return prop.major == 9 && prop.minor == 0;

@@ -40,17 +40,27 @@ while read -r flags; do
   jobs+=("$kernel_flags $flags -c $emu/emu_attn_bwd_f32.cpp -o $out/attn_bwd_f32_$i.o")
   i=$((i + 1))
 done < <("$out/list_variants" "$arch" attn_bwd_f32)
+# The Hopper kernels: one object per variant the Hopper forward and backward list, each compiled from
+# emu_hopper.cpp with the header list_variants wrote (its defines, entry point and registry key).
+rm -rf "$out/hopper" && mkdir -p "$out/hopper"
+while read -r header; do
+  jobs+=("$kernel_flags -Wno-maybe-uninitialized -Wno-psabi -include $header -c $emu/emu_hopper.cpp \
+    -o $out/$(basename "$header" .h).o")
+done < <("$out/list_variants" "$arch" hopper "$out/hopper")
 for k in split_combine kvcache merge bwd_aux fp8_scale fp8_v_transpose; do
   jobs+=("$kernel_flags -c $emu/emu_$k.cpp -o $out/$k.o")
 done
-# The backward's D / dQ-convert kernels in bf16 too (their 16-byte path), entry points renamed to link.
-jobs+=("$kernel_flags -DFP_DTYPE=bf16 -Dattn_bwd_dot_do_o=attn_bwd_dot_do_o_bf16 \
-  -Dattn_bwd_dq_convert=attn_bwd_dq_convert_bf16 -c $emu/emu_bwd_aux.cpp -o $out/bwd_aux_bf16.o")
-for f in emu_runtime emu_registry; do
+# The backward's D / dQ-convert kernels in bf16 and f16 too (their 16-byte path; the Hopper backward's),
+# entry points renamed to link.
+for t in bf16 f16; do
+  jobs+=("$kernel_flags -DFP_DTYPE=$t -Dattn_bwd_dot_do_o=attn_bwd_dot_do_o_$t \
+    -Dattn_bwd_dq_convert=attn_bwd_dq_convert_$t -c $emu/emu_bwd_aux.cpp -o $out/bwd_aux_$t.o")
+done
+for f in emu_runtime emu_registry emu_sm90; do
   jobs+=("$common -I$emu -I$cuda_inc -c $emu/$f.cpp -o $out/$f.o")
 done
 for t in "$root"/tests/gpu/test_*.cpp; do
-  case $(basename "$t") in test_fwd_*|test_merge_*|test_bwd_f32*|test_bwd_fp8*|test_bwd_aux*) ;; *) continue ;; esac  # the kernels emulated here
+  case $(basename "$t") in test_fwd_*|test_merge_*|test_bwd_f32*|test_bwd_fp8*|test_bwd_aux*|test_hopper_*) ;; *) continue ;; esac  # the kernels emulated here
   jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I$root/src/kernels -I$cuda_inc -c $t -o $out/$(basename "$t" .cpp).o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} sh -c "$cxx {}"

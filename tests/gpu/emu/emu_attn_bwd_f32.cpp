@@ -4,8 +4,8 @@
 #include "emu_kernels.hpp"
 
 namespace {
-void trampoline(const void* p) {
-  attn_bwd_f32(*static_cast<const flashport::cuda::BwdParams*>(p));
+void trampoline(void* const* args) {
+  attn_bwd_f32(*static_cast<const flashport::cuda::BwdParams*>(args[0]));
 }
 const flashport::emu::Registrar reg("attn_bwd_f32|FP_HEADDIM=" FP_EMU_STR(FP_HEADDIM), trampoline);
 }  // namespace

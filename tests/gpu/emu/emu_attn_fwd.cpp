@@ -30,8 +30,8 @@
 #endif
 
 namespace {
-void trampoline(const void* p) {
-  attn_fwd(*static_cast<const flashport::cuda::FwdParams*>(p));
+void trampoline(void* const* args) {
+  attn_fwd(*static_cast<const flashport::cuda::FwdParams*>(args[0]));
 }
 const flashport::emu::Registrar reg(
     "attn_fwd|FP_DTYPE=" FP_EMU_STR(FP_DTYPE) ",FP_HEADDIM=" FP_EMU_STR(FP_HEADDIM) ",FP_BLOCK_N=" FP_EMU_STR(

@@ -9,11 +9,11 @@
 #include "emu_kernels.hpp"
 
 namespace {
-void dot_trampoline(const void* p) {
-  attn_bwd_dot_do_o(*static_cast<const flashport::cuda::BwdParams*>(p));
+void dot_trampoline(void* const* args) {
+  attn_bwd_dot_do_o(*static_cast<const flashport::cuda::BwdParams*>(args[0]));
 }
-void convert_trampoline(const void* p) {
-  attn_bwd_dq_convert(*static_cast<const flashport::cuda::BwdParams*>(p));
+void convert_trampoline(void* const* args) {
+  attn_bwd_dq_convert(*static_cast<const flashport::cuda::BwdParams*>(args[0]));
 }
 const flashport::emu::Registrar dot_reg("attn_bwd_dot_do_o|FP_DTYPE=" FP_EMU_STR(FP_DTYPE), dot_trampoline);
 const flashport::emu::Registrar convert_reg("attn_bwd_dq_convert|FP_DTYPE=" FP_EMU_STR(FP_DTYPE),

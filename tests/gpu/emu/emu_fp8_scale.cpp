@@ -3,8 +3,8 @@
 #include "emu_kernels.hpp"
 
 namespace {
-void trampoline(const void* p) {
-  ::fp8_scale(*static_cast<const flashport::cuda::Fp8ScaleParams*>(p));
+void trampoline(void* const* args) {
+  ::fp8_scale(*static_cast<const flashport::cuda::Fp8ScaleParams*>(args[0]));
 }
 const flashport::emu::Registrar reg("fp8_scale|", trampoline);
 }  // namespace

@@ -3,8 +3,8 @@
 #include "emu_kernels.hpp"
 
 namespace {
-void trampoline(const void* p) {
-  ::flashport_fp8_v_transpose(*static_cast<const flashport::cuda::hopper::Fp8VtParams*>(p));
+void trampoline(void* const* args) {
+  ::flashport_fp8_v_transpose(*static_cast<const flashport::cuda::hopper::Fp8VtParams*>(args[0]));
 }
 const flashport::emu::Registrar reg("flashport_fp8_v_transpose|", trampoline);
 }  // namespace

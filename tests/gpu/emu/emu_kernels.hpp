@@ -9,10 +9,11 @@
 
 namespace flashport::emu {
 
-using KernelFn = void (*)(const void* params);
+/// Calls the kernel with its parameters (the launch's argument array: a pointer per parameter).
+using KernelFn = void (*)(void* const* args);
 struct KernelLaunch {
   KernelFn fn;
-  const void* params;
+  void* const* args;
 };
 
 /// "entry|K=V,K=V" in KernelSpec define order.

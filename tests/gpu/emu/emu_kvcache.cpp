@@ -3,11 +3,11 @@
 #include "emu_kernels.hpp"
 
 namespace {
-void append(const void* p) {
-  kv_append(*static_cast<const flashport::cuda::KvAppendParams*>(p));
+void append(void* const* args) {
+  kv_append(*static_cast<const flashport::cuda::KvAppendParams*>(args[0]));
 }
-void rotate(const void* p) {
-  rotate_q(*static_cast<const flashport::cuda::KvAppendParams*>(p));
+void rotate(void* const* args) {
+  rotate_q(*static_cast<const flashport::cuda::KvAppendParams*>(args[0]));
 }
 const flashport::emu::Registrar reg_append("kv_append|", append);
 const flashport::emu::Registrar reg_rotate("rotate_q|", rotate);

@@ -3,8 +3,8 @@
 #include "emu_kernels.hpp"
 
 namespace {
-void trampoline(const void* p) {
-  ::merge_states(*static_cast<const flashport::MergeParams*>(p));
+void trampoline(void* const* args) {
+  ::merge_states(*static_cast<const flashport::MergeParams*>(args[0]));
 }
 const flashport::emu::Registrar reg("merge_states|", trampoline);
 }  // namespace

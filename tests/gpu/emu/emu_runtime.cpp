@@ -1,7 +1,8 @@
 // A CPU emulator for the CUDA kernels: every GPU thread of a block is a cooperative fiber
 // (ucontext), barriers and warp collectives (shuffles, ldmatrix, mma.sync) follow the PTX ISA, and
-// the jit:: driver API is replaced so the real CUDA backend launches the emulated kernels. Slow
-// (seconds per small case); it exists to find layout, pipeline and bounds bugs without a GPU.
+// the jit:: driver API is replaced so the real CUDA backend launches the emulated kernels (emu_sm90.cpp:
+// the Hopper side). Slow (seconds per small case); it exists to find layout, pipeline and bounds bugs
+// without a GPU.
 #include <ucontext.h>
 
 #include <algorithm>
@@ -50,6 +51,7 @@ struct Fiber {
   std::unique_ptr<char[]> stack;
   Dim3 tid;
   bool done = false;
+  std::string waits_for;                      // the barrier it last waited at (deadlock reports)
   std::vector<std::vector<Copy>> groups{{}};  // committed groups, then the open one (last)
 };
 
@@ -73,8 +75,14 @@ struct WarpState {
   alignas(16) unsigned char slots[32][64];
 };
 
+/// A named barrier (bar.sync / bar.arrive with a thread count): completes when `count` threads arrived.
+struct NamedBarrier {
+  unsigned arrived = 0, gen = 0;
+};
+
 struct BlockState {
   std::vector<Fiber> fibers;
+  std::array<NamedBarrier, 16> named;
   ucontext_t main;
   int current = -1;
   Barrier bar;  // __syncthreads; bar.live: the CTA's threads still running
@@ -127,6 +135,9 @@ unsigned char* dynamic_shared() {
 
 namespace {
 void wait_at(Barrier& bar) {
+  me().waits_for = &bar == &g_block->bar    ? "__syncthreads"
+                   : &bar == &g_cluster.bar ? "cluster barrier"
+                                            : "__syncwarp";
   const unsigned gen = bar.gen;
   if (bar.arrive()) {
     ++g_block->releases;
@@ -163,6 +174,41 @@ float ld_cluster_f32(unsigned cluster_addr) {
 
 void sync_warp() {
   wait_at(g_block->warps[me().tid.x / 32].bar);
+}
+
+void spin(const char* what, unsigned addr) {
+  me().waits_for = std::string(what) + " " + std::to_string(addr);
+  yield();
+}
+void progress() {
+  ++g_block->releases;
+}
+
+void named_bar(unsigned id, unsigned count, bool wait) {
+  if (id >= 16 || count == 0 || count % 32 != 0 || count > g_block_dim.x)
+    die("bar.sync / bar.arrive " + std::to_string(id) + " with " + std::to_string(count) + " threads");
+  NamedBarrier& b = g_block->named[id];
+  const unsigned gen = b.gen;
+  ++g_block->releases;
+  if (++b.arrived == count) {
+    b.arrived = 0, ++b.gen;
+    return;
+  }
+  if (wait)
+    while (b.gen == gen) spin("named barrier", id);
+}
+
+unsigned char* shared_at(unsigned addr, unsigned bytes) {
+  const unsigned rank = addr >> 24, offset = addr & 0xffffffu;
+  unsigned char* base = g_shared;
+  if (rank != 0) {
+    if (rank - 1 >= cluster_size()) die("shared::cluster address of rank " + std::to_string(rank - 1));
+    base = (*g_cluster.blocks)[rank - 1].shared;
+  }
+  if (offset % std::min(bytes, 16u) != 0 || offset + bytes > g_shared_limit)
+    die("shared access of " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
+        " unaligned or beyond the dynamic smem (" + std::to_string(g_shared_limit) + " bytes)");
+  return base + offset;
 }
 
 namespace {
@@ -203,6 +249,15 @@ long long shfl_i64(long long v, int src) {
   long long out = 0;
   collective(v, [&](const unsigned char(*s)[64]) { out = slot<long long>(s, src); });
   return out;
+}
+
+void warp_gather(const void* in, size_t bytes, void* out) {
+  if (bytes > 64) die("warp_gather of more than 64 bytes per lane");
+  unsigned char buf[64] = {};
+  std::memcpy(buf, in, bytes);
+  collective(buf, [&](const unsigned char(*s)[64]) {
+    for (int l = 0; l < 32; ++l) std::memcpy(static_cast<unsigned char*>(out) + l * bytes, s[l], bytes);
+  });
 }
 
 void mma_16816(bool bf16, float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
@@ -293,7 +348,7 @@ namespace {
 
 void fiber_entry(unsigned lo, unsigned hi) {
   auto* launch = reinterpret_cast<const KernelLaunch*>((uintptr_t)lo | (uintptr_t)hi << 32);
-  launch->fn(launch->params);
+  launch->fn(launch->args);
   Fiber& f = me();
   // Outstanding lazy copies land when the thread exits (the hardware finishes them too).
   for (auto& g : f.groups)
@@ -307,13 +362,13 @@ void fiber_entry(unsigned lo, unsigned hi) {
 }
 
 /// Runs the CTAs first.x .. first.x + size - 1 (a cluster of `size` along x; 1: a lone CTA) together,
-/// their threads interleaved in a random order each round.
+/// their warps interleaved in a random order each round.
 void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsigned size) {
   std::vector<BlockState> blocks(size);
   if (size > 1 && g_shared_cluster.size() < size) g_shared_cluster.resize(size);
   g_cluster = {&blocks, {(int)(threads * size), 0, 0}};
   const uintptr_t ptr = reinterpret_cast<uintptr_t>(&launch);
-  std::vector<std::pair<unsigned, unsigned>> order;  // (CTA, thread)
+  std::vector<std::pair<unsigned, unsigned>> order, warp_order;  // (CTA, thread), (CTA, warp)
   for (unsigned k = 0; k < size; ++k) {
     BlockState& b = blocks[k];
     b.index = {first.x + k, first.y, first.z};
@@ -338,7 +393,7 @@ void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsig
       f.ctx.uc_stack.ss_size = kStackBytes;
       f.ctx.uc_link = &b.main;
       makecontext(&f.ctx, (void (*)())fiber_entry, 2, (unsigned)(ptr & 0xffffffffu), (unsigned)(ptr >> 32));
-      order.emplace_back(k, t);
+      if (t % 32 == 0) warp_order.emplace_back(k, t / 32);
     }
   }
   const auto live = [&] {
@@ -353,7 +408,13 @@ void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsig
   };
   int idle_rounds = 0;
   while (live() > 0) {
-    std::shuffle(order.begin(), order.end(), g_sched_rng);  // varied interleavings expose races
+    // Warps in a varied order each round (interleavings that expose races), the lanes of a warp one after
+    // another: a warp runs in step on the GPU, and a lane left far behind its warp-mates could otherwise
+    // find a barrier they passed completed again and wait for a phase they will never start.
+    std::shuffle(warp_order.begin(), warp_order.end(), g_sched_rng);
+    order.clear();
+    for (const auto& [k, w] : warp_order)
+      for (unsigned t = 32 * w; t < std::min(threads, 32 * w + 32); ++t) order.emplace_back(k, t);
     const long long before = releases();
     for (const auto& [k, t] : order) {
       BlockState& b = blocks[k];
@@ -363,7 +424,15 @@ void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsig
       swapcontext(&b.main, &b.fibers[t].ctx);
     }
     idle_rounds = releases() == before ? idle_rounds + 1 : 0;
-    if (idle_rounds > 3) die("deadlock: threads wait at barriers that can never complete");
+    if (idle_rounds > 3) {
+      std::map<std::string, std::string> waiting;  // barrier -> the threads waiting there
+      for (const auto& [k, t] : order)
+        if (!blocks[k].fibers[t].done)
+          waiting[blocks[k].fibers[t].waits_for] += " " + std::to_string(k) + ":" + std::to_string(t);
+      for (const auto& [what, threads] : waiting)
+        std::fprintf(stderr, "emu: waiting at %s:%s\n", what.c_str(), threads.substr(0, 400).c_str());
+      die("deadlock: threads wait at barriers that can never complete");
+    }
   }
   g_block = nullptr, g_shared = g_shared_single;
   g_cluster = {};
@@ -402,7 +471,9 @@ void launch_grid(const KernelLaunch& launch, Dim3 grid, unsigned threads, size_t
 namespace flashport::jit {
 
 namespace {
-// Only the portable kernels are emulated: keep the dispatcher off the Hopper (TMA/wgmma) path.
+// The forward-side suites test the portable kernels: the dispatcher stays off the Hopper forward (the Hopper
+// suites call hopper::forward directly; the backward's dispatch is left automatic, so they reach the Hopper
+// backward through backward()).
 const bool g_portable_forward = [] { return setenv("FLASHPORT_CUDA_FORWARD", "portable", 0) == 0; }();
 
 int emu_arch() {
@@ -515,7 +586,7 @@ void launch(const Kernel& kernel, unsigned grid_x, unsigned grid_y, unsigned gri
   if (verbose)
     std::fprintf(stderr, "emu launch %s grid (%u,%u,%u) block %u smem %d\n", kernel.key.c_str(), grid_x,
                  grid_y, grid_z, block_x, dynamic_smem);
-  const emu::KernelLaunch launch{reinterpret_cast<emu::KernelFn>(kernel.function), args[0]};
+  const emu::KernelLaunch launch{reinterpret_cast<emu::KernelFn>(kernel.function), args};
   emu::launch_grid(launch, {grid_x, grid_y, grid_z}, block_x, (size_t)dynamic_smem, cluster_x);
 }
 

@@ -3,8 +3,8 @@
 #include "emu_kernels.hpp"
 
 namespace {
-void trampoline(const void* p) {
-  split_combine(*static_cast<const flashport::cuda::FwdParams*>(p));
+void trampoline(void* const* args) {
+  split_combine(*static_cast<const flashport::cuda::FwdParams*>(args[0]));
 }
 const flashport::emu::Registrar reg("split_combine|", trampoline);
 }  // namespace

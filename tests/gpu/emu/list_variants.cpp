@@ -1,16 +1,52 @@
-// Prints the portable variants of the dispatcher of one entry point for one arch as compiler flags, one
-// line each (build.sh compiles an emulated kernel per line): `list_variants ARCH [ENTRY]`, ENTRY attn_fwd
-// (default: the 2-byte and fp8 forwards), attn_fwd_f32 or attn_bwd_f32.
+// Prints the variants of the dispatcher of one entry point for one arch as compiler flags, one line each
+// (build.sh compiles an emulated kernel per line): `list_variants ARCH [ENTRY]`, ENTRY attn_fwd (default: the
+// 2-byte and fp8 forwards), attn_fwd_f32 or attn_bwd_f32. `list_variants ARCH hopper DIR` writes one header
+// per Hopper (sm_90a) kernel variant into DIR instead (its defines, the entry point and the flashport::cuda
+// namespace renamed so the variants link together, the registry key and the kernel source: emu_hopper.cpp)
+// and prints their paths.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "backends/cuda/sm80/backward.hpp"
 #include "backends/cuda/sm80/forward.hpp"
+#include "backends/cuda/sm90/hopper_bwd.hpp"
+#include "backends/cuda/sm90/hopper_fwd.hpp"
+
+namespace {
+
+int write_hopper_headers(int arch, const std::string& dir) {
+  int n = 0;
+  for (auto* variants : {&flashport::cuda::hopper::variants, &flashport::cuda::hopper_bwd::variants}) {
+    for (const auto& spec : variants(arch)) {
+      const std::string path = dir + "/hopper_" + std::to_string(n++) + ".h";
+      std::ofstream h(path);
+      std::string key = spec.entry + "|";
+      for (size_t i = 0; i < spec.defines.size(); ++i) {
+        const auto& [k, v] = spec.defines[i];
+        h << "#define " << k << " " << v << "\n";
+        key += (i ? "," : "") + k + "=" + v;
+      }
+      h << "#define " << spec.entry << " " << spec.entry << "_" << n << "\n";
+      // The kernel-side namespace too: its inline functions and types differ per variant (tile shapes,
+      // dtype), and the linker would otherwise keep one definition of each for all variants.
+      h << "#define cuda cuda_" << n << "\n";
+      h << "#define FP_EMU_ENTRY " << spec.entry << "\n";
+      h << "#define FP_EMU_KEY \"" << key << "\"\n";
+      h << "#define FP_EMU_SOURCE \"" << spec.source << "\"\n";
+      std::printf("%s\n", path.c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const int arch = argc > 1 ? std::atoi(argv[1]) : 90;
   const std::string entry = argc > 2 ? argv[2] : "attn_fwd";
+  if (entry == "hopper") return write_hopper_headers(arch, argc > 3 ? argv[3] : ".");
   const bool bwd = entry.rfind("attn_bwd", 0) == 0;
   for (const auto& spec :
        bwd ? flashport::cuda::backward_main_variants(arch) : flashport::cuda::forward_variants(arch)) {

@@ -1,12 +1,11 @@
 // TMA tensor-map plans and encoding shared by the Hopper forward and backward launchers.
 #include "backends/cuda/sm90/tma_map.hpp"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "flashport/error.hpp"
+#include "jit/jit.hpp"
 
 namespace flashport::cuda::hopper {
 namespace {
@@ -18,11 +17,7 @@ using EncodeTiled = decltype(&::cuTensorMapEncodeTiled);
 
 /// cuTensorMapEncodeTiled from the driver (the library never links libcuda).
 EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = []() -> EncodeTiled {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return nullptr;
-    return reinterpret_cast<EncodeTiled>(dlsym(lib, "cuTensorMapEncodeTiled"));
-  }();
+  const auto fn = reinterpret_cast<EncodeTiled>(jit::tensor_map_encoder());
   if (!fn)
     throw Error("", "cuTensorMapEncodeTiled is not available (libcuda.so.1 missing or older than CUDA 12)");
   return fn;

@@ -190,9 +190,9 @@ FP_DEV void bulk_drain_dq_converting(const BwdSm90Params& prm, SharedStorage& s,
   // its own, else one that may still be incomplete).
   auto arrive = [&](int h, int m0, bool last) {
     if (last)
-      bulk_wait_complete<0>();
+      sm90::bulk_wait_complete<0>();
     else
-      bulk_wait_complete<1>();
+      sm90::bulk_wait_complete<1>();
     sm90::fence_proxy_async_global();  // the completed bulk writes before the generic release below
     const BwdParams* q = opaque_params(prm.bwd);
     if (arrive_dq_block(dq_block_counter(q, w.b, h, m0)) + 1 == dq_block_arrivals(q, m0)) post(h, m0);

@@ -115,22 +115,6 @@ constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
 static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
 
-/// threadIdx.x read by a volatile asm: persistent CTAs would otherwise compute the epilogue's
-/// thread-dependent addresses once, before the loop over query blocks, and keep them (spilled)
-/// across the whole main loop.
-FP_DEV int thread_index() {
-  u32 tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  return (int)tid;
-}
-
-/// blockIdx.x read by a volatile asm, so a value derived from it is computed where it is read.
-FP_DEV int block_index_x() {
-  u32 x;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
-  return (int)x;
-}
-
 FP_DEV u32 bar_addr(const u64& bar) {
   return smem_addr(&bar);
 }
@@ -310,7 +294,7 @@ FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, int n, int t, in
                   : kGatherNone;
       };
       // t's place from a volatile %tid.x read: hoisted out of the tile loop, it spilled (d 64, 192 rows).
-      const int at = gather_index(thread_index());
+      const int at = gather_index(sm90::tid_x_volatile());
       GatherTile<kBlockN>& g = *s.gather_slot(n);
       g.k[at] = units(p.k);
       g.v[at] = units(p.v);
@@ -324,7 +308,7 @@ FP_DEV void gather_rows(SharedStorage& s, const AttnProblem& p, int n, int t, in
 /// here) are zero-filled. The thread's records come four at a time in one 16-byte load, so four rows'
 /// copies wait on one shared load.
 FP_DEV void gather_tile(u32 dst, u32 full, const Operand& op, int hk, const u32* units) {
-  const int t = thread_index(), unit = t % kGatherUnits, row0 = t / kGatherUnits;
+  const int t = sm90::tid_x_volatile(), unit = t % kGatherUnits, row0 = t / kGatherUnits;
   const u8* base = static_cast<const u8*>(op.ptr) + (i64)hk * op.head_stride * kElemBytes + unit * 16;
   dst += row0 * kRowBytes + ((unit ^ (row0 & 7)) << 4);  // row0 + i * kGatherRows: the same swizzle
   const uint4* records = reinterpret_cast<const uint4*>(units + gather_index(row0));
@@ -423,9 +407,7 @@ FP_DEV void release(const u64& bar, int lane) {
 // ---------------------------------------------------------------------------------------------
 // Epilogue.
 
-FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
-}
+using sm90::st_shared_u32;
 
 /// Normalises O, writes the LSE, stages this warpgroup's 64 rows of O in its own rows of s.q (its
 /// QK^T wgmmas have all completed; the other consumer never reads them), or of s.o with kSeparateO
@@ -524,7 +506,7 @@ FP_DEV void store_empty(const AttnProblem& p, const Block& blk, int thread, int 
 
 FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, int c, Ring& ring, u32& q_count,
                     bool gathered) {
-  const int tid = thread_index() - 128 * (c + 1);
+  const int tid = sm90::tid_x_volatile() - 128 * (c + 1);
   const int lane = tid & 31;
   // FP8: q's and k's descales of this (sequence, kv head) scale every score (SPEC "FP8").
   const float to_log2 = kFp8 ? scores_to_log2(p) * descale(p, 0, blk.b, blk.hk) * descale(p, 1, blk.b, blk.hk)
@@ -661,9 +643,7 @@ namespace flashport::cuda::hopper {
 /// A shared int read at every use (ld.volatile): the persistent schedule's sizes are then not
 /// kept in registers across the main loop (they would be spilled at d >= 192).
 FP_DEV int ld_volatile_shared(const int& x) {
-  int v;
-  asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(v) : "r"(smem_addr(&x)));
-  return v;
+  return sm90::ld_volatile_shared_s32(smem_addr(&x));
 }
 
 /// Query block `t` of a persistent schedule. Causal (keys up to the diagonal, no left window):
@@ -732,7 +712,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
     return;
   }
 #endif
-  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem_raw = dynamic_smem<unsigned char>();
   const u32 misalign = smem_addr(smem_raw) & 1023u;
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw + ((1024u - misalign) & 1023u));
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
@@ -783,14 +763,14 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
 #if !FP_PERSISTENT
     // The block again, after the register reallocation: kept from before it, its fields would be
     // allocated under the pre-split budget and spilled at BLOCK_M 192 (128 registers there).
-    make_block(p, blk, (int)gridDim.x - 1 - block_index_x(), (int)blockIdx.y, (int)blockIdx.z);
+    make_block(p, blk, (int)gridDim.x - 1 - sm90::ctaid_x_volatile(), (int)blockIdx.y, (int)blockIdx.z);
     consume(p, s, blk, warpgroup - 1, ring, q_count, paged_gather(prm));
 #else
     for (int r = 0; r < rounds(s); ++r) {
       const int t = round_tile(s, r);
       if (t < 0 || !tile_block(p, s, t, blk)) continue;
       if (blk.n_max <= blk.n_min) {
-        store_empty(p, blk, thread_index() - 128, 128 * kConsumers);
+        store_empty(p, blk, sm90::tid_x_volatile() - 128, 128 * kConsumers);
         continue;
       }
       consume(p, s, blk, warpgroup - 1, ring, q_count, false);  // paged: one CTA per block

@@ -231,8 +231,7 @@ template <class S, int kProducerRegs, int kConsumerRegs>
 FP_DEV void run_roles(const BwdSm90Params& prm, const TmaDesc& tma_q, const TmaDesc& tma_k,
                       const TmaDesc& tma_v, const TmaDesc& tma_do) {
   if (!block_has_keys(prm.bwd)) return;
-  extern __shared__ unsigned char smem_raw[];
-  S& s = aligned_storage<S>(smem_raw);
+  S& s = aligned_storage<S>(dynamic_smem<unsigned char>());
   const int warpgroup = __shfl_sync(kFullMask, (int)threadIdx.x / 128, 0);
   if (threadIdx.x == 0) {
     init_ring_barriers(s);
@@ -262,38 +261,13 @@ FP_DEV void run_roles(const BwdSm90Params& prm, const TmaDesc& tma_q, const TmaD
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Shared and global memory access in inline PTX.
-
-/// Two floats at an 8-byte aligned shared address.
-FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
-  Float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(s_addr) : "memory");
-  return v;
-}
-
-/// Four floats at a 16-byte aligned shared address.
-FP_DEV void ld_shared_f32x4(u32 s_addr, float (&v)[4]) {
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-               : "r"(s_addr)
-               : "memory");
-}
-
-/// Four floats to a 16-byte aligned shared address.
-FP_DEV void st_shared_f32x4(u32 s_addr, float a, float b, float c, float d) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s_addr), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
-
-/// Adds v to g[0..1] when `pred` (predicated inside the asm: no branch around it).
-FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::
-          "l"(g),
-      "f"(v.x), "f"(v.y), "r"((int)pred)
-      : "memory");
-}
+// Shared and global accesses in inline PTX (sm90.cuh).
+using sm90::ld_shared_f32x2;
+using sm90::ld_shared_f32x4;
+using sm90::red_add_f32x2_if;
+using sm90::st_shared_f32x2;
+using sm90::st_shared_f32x4;
+using sm90::st_shared_u32;
 
 // ---------------------------------------------------------------------------------------------
 // Deterministic mode (BwdParams::dq_tile_count): every dQ tile takes its key blocks' additions in a fixed
@@ -346,23 +320,14 @@ FP_DEV int dq_turn(const AttnProblem& p, const Work& w, int m0) {
 
 /// Spins until `counter` reaches `turn` (acquire: the earlier blocks' additions are then visible).
 FP_DEV void wait_dq_turn(const int* counter, int turn) {
-  int seen;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-  } while (seen < turn);
+  while (sm90::ld_acquire_gpu_s32(counter) < turn) {
+  }
 }
 
 /// Passes the turn on (release: after this thread's, and by cumulativity its barrier partners',
 /// additions).
 FP_DEV void pass_dq_turn(int* counter) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
-}
-
-FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
-}
-FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(s_addr), "f"(x), "f"(y) : "memory");
+  sm90::red_release_gpu_inc(counter);
 }
 
 // ---------------------------------------------------------------------------------------------

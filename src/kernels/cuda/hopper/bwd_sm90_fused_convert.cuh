@@ -22,18 +22,9 @@
 
 namespace flashport::cuda::hopper_bwd {
 
-/// Waits until at most kPending of this thread's bulk groups are incomplete (their global writes not yet
-/// performed); bulk_wait_all is kPending 0.
-template <int kPending>
-FP_DEV void bulk_wait_complete() {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
 /// Adds one arrival to `counter` with release semantics at GPU scope; returns the count before it.
 FP_DEV int arrive_dq_block(int* counter) {
-  int before;
-  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
-  return before;
+  return sm90::atom_release_gpu_inc(counter);
 }
 
 /// The parameters through an opaque pointer: what is computed from it stays where it is used instead of
@@ -102,8 +93,7 @@ FP_DEV void convert_dq_block(const float* g_tiles, void* g_dq, int rows, i64 row
         const U32x4 v = ld_global_16(a + 2048 * k + 4 * half);
         const u32 lo = E::pack(u32_as_float(v.x) * scale, u32_as_float(v.y) * scale);
         const u32 hi = E::pack(u32_as_float(v.z) * scale, u32_as_float(v.w) * scale);
-        asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(d + 32 * k + 4 * half), "r"(lo), "r"(hi)
-                     : "memory");
+        sm90::st_global_u32x2(d + 32 * k + 4 * half, lo, hi);
       }
     }
   }

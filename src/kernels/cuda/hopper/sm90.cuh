@@ -143,6 +143,12 @@ template <int kPending>
 FP_DEV void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
 }
+/// Waits until at most kPending of this thread's bulk groups are incomplete (their global writes not yet
+/// performed).
+template <int kPending>
+FP_DEV void bulk_wait_complete() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
 /// Waits until every bulk group of this thread has completed (its global writes performed).
 FP_DEV void bulk_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -222,6 +228,83 @@ FP_DEV void named_bar_sync(u32 id, u32 count) {
 }
 FP_DEV void named_bar_arrive(u32 id, u32 count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain shared and global accesses in PTX (shared addresses from smem_addr), where the kernels need an
+// access the compiler may neither merge, split nor move, or an ordering the C++ form does not give.
+
+FP_DEV void st_shared_u32(u32 s_addr, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(s_addr), "r"(v) : "memory");
+}
+FP_DEV void st_shared_f32x2(u32 s_addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(s_addr), "f"(x), "f"(y) : "memory");
+}
+/// Four floats to a 16-byte aligned shared address.
+FP_DEV void st_shared_f32x4(u32 s_addr, float a, float b, float c, float d) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(s_addr), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+/// Two floats at an 8-byte aligned shared address.
+FP_DEV Float2 ld_shared_f32x2(u32 s_addr) {
+  Float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(s_addr) : "memory");
+  return v;
+}
+/// Four floats at a 16-byte aligned shared address.
+FP_DEV void ld_shared_f32x4(u32 s_addr, float (&v)[4]) {
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "r"(s_addr)
+               : "memory");
+}
+/// A shared int read at every use (ld.volatile), never kept in a register across the caller's loop.
+FP_DEV int ld_volatile_shared_s32(u32 s_addr) {
+  int v;
+  asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(v) : "r"(s_addr));
+  return v;
+}
+
+/// Adds v to g[0..1] when `pred` (predicated inside the asm: no branch around it).
+FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::
+          "l"(g),
+      "f"(v.x), "f"(v.y), "r"((int)pred)
+      : "memory");
+}
+/// Two registers to an 8-byte aligned global address.
+FP_DEV void st_global_u32x2(void* g, u32 lo, u32 hi) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(g), "r"(lo), "r"(hi) : "memory");
+}
+/// A global int read with acquire semantics at GPU scope.
+FP_DEV int ld_acquire_gpu_s32(const int* g) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(g) : "memory");
+  return v;
+}
+/// Adds 1 to a global int with release semantics at GPU scope.
+FP_DEV void red_release_gpu_inc(int* g) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(g) : "memory");
+}
+/// The same, returning the value before the addition.
+FP_DEV int atom_release_gpu_inc(int* g) {
+  int before;
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(g) : "memory");
+  return before;
+}
+
+/// threadIdx.x / blockIdx.x read by a volatile asm, so a value derived from them is computed where it is
+/// read (not once, ahead of a loop, and kept live across it).
+FP_DEV int tid_x_volatile() {
+  u32 tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return (int)tid;
+}
+FP_DEV int ctaid_x_volatile() {
+  u32 x;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+  return (int)x;
 }
 
 // ---------------------------------------------------------------------------------------------

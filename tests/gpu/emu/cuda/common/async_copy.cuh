@@ -30,6 +30,9 @@ inline u32 smem_addr(const void* p) {
 inline void cp_async_16(u32 s_dst, const void* g_src, bool pred) {
   emu::cp_async(emu::dynamic_shared() + s_dst, g_src, pred);
 }
+inline void cp_async_16_or_zero(u32 s_dst, const void* g_src, bool zero) {
+  emu::cp_async(emu::dynamic_shared() + s_dst, g_src, !zero);
+}
 inline void cp_async_commit() {
   emu::cp_async_commit();
 }

@@ -51,6 +51,17 @@ struct bf16 {
   static float to_float(u16 h) { return num::bf16_to_f32(h); }
 };
 
+struct e4m3 {
+  static constexpr int kElemType = 4;
+  using Storage = u8;
+  /// cvt.rn.satfinite.e4m3x2.f32 twice: a in bits 0-7 .. d in bits 24-31.
+  static u32 pack4(float a, float b, float c, float d) {
+    const num::Fp8Format f = num::kE4M3;
+    return (u32)num::f32_to_fp8(a, f) | (u32)num::f32_to_fp8(b, f) << 8 | (u32)num::f32_to_fp8(c, f) << 16 |
+           (u32)num::f32_to_fp8(d, f) << 24;
+  }
+};
+
 struct f32 {
   static constexpr int kElemType = 1;
   using Storage = float;
