@@ -51,12 +51,6 @@ int main(int argc, char** argv) {
   for (const auto& spec :
        bwd ? flashport::cuda::backward_main_variants(arch) : flashport::cuda::forward_variants(arch)) {
     if (spec.entry != entry) continue;
-    // The decode variant's bulk row copies (FP_BULK, FLASHPORT_DECODE 8 and 9: cp.async.bulk onto
-    // mbarriers, inline sm_90 PTX) have no emulation; the defaults never take them. Its cluster merge
-    // (FP_CLUSTER) has: emu/cuda/hopper/sm90.cuh.
-    bool bulk = false;
-    for (const auto& [k, v] : spec.defines) bulk = bulk || (k == "FP_BULK" && v != "0");
-    if (bulk) continue;
     std::string tag, flags;
     for (const auto& [k, v] : spec.defines) {
       flags += " -D" + k + "=" + v;
