@@ -94,10 +94,8 @@ FP_DEV void tma_load_4d(u32 dst, const hopper::TmaDesc& desc, u32 bar, int c0, i
 /// outer coordinates in the tensor-map dimensions the host chose (backends/cuda/tma_map.hpp).
 FP_DEV void tma_load_chunk(u32 dst, const hopper::TmaDesc& desc, const hopper::TmaDims& dims, u32 bar,
                            int column, int head, int row, int batch) {
-  const int c1 = dims.head == 1 ? head : dims.row == 1 ? row : batch;
-  const int c2 = dims.head == 2 ? head : dims.row == 2 ? row : batch;
-  const int c3 = dims.head == 3 ? head : dims.row == 3 ? row : batch;
-  tma_load_4d(dst, desc, bar, column, c1, c2, c3);
+  const hopper::TmaOuter c = hopper::outer_coords(dims, head, row, batch);
+  tma_load_4d(dst, desc, bar, column, c.c1, c.c2, c.c3);
 }
 
 /// Fetches the tensor map into the TMA unit's descriptor cache ahead of the first load.

@@ -36,4 +36,20 @@ struct TmaDims {
   int head, row, batch;
 };
 
+/// Tensor-map coordinates 1..3 of a (head, row, batch) position under `dims`.
+struct TmaOuter {
+  int c1, c2, c3;
+};
+FP_HD constexpr TmaOuter outer_coords(const TmaDims& dims, int head, int row, int batch) {
+  return {dims.head == 1  ? head
+          : dims.row == 1 ? row
+                          : batch,
+          dims.head == 2  ? head
+          : dims.row == 2 ? row
+                          : batch,
+          dims.head == 3  ? head
+          : dims.row == 3 ? row
+                          : batch};
+}
+
 }  // namespace flashport::cuda::hopper
