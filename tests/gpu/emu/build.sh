@@ -40,13 +40,13 @@ while read -r flags; do
   jobs+=("$kernel_flags $flags -c $emu/emu_attn_bwd_f32.cpp -o $out/attn_bwd_f32_$i.o")
   i=$((i + 1))
 done < <("$out/list_variants" "$arch" attn_bwd_f32)
-# The Hopper kernels: one object per variant the Hopper forward and backward list, each compiled from
-# emu_hopper.cpp with the header list_variants wrote (its defines, entry point and registry key).
-rm -rf "$out/hopper" && mkdir -p "$out/hopper"
+# The Hopper kernels and the portable 16-bit backward: one object per variant their dispatchers list, each
+# compiled from emu_variant.cpp with the header list_variants wrote (its defines, entry point and key).
+rm -rf "$out/variants" && mkdir -p "$out/variants"
 while read -r header; do
-  jobs+=("$kernel_flags -Wno-maybe-uninitialized -Wno-psabi -include $header -c $emu/emu_hopper.cpp \
+  jobs+=("$kernel_flags -Wno-maybe-uninitialized -Wno-psabi -include $header -c $emu/emu_variant.cpp \
     -o $out/$(basename "$header" .h).o")
-done < <("$out/list_variants" "$arch" hopper "$out/hopper")
+done < <("$out/list_variants" "$arch" headers "$out/variants")
 for k in split_combine kvcache merge bwd_aux fp8_scale fp8_v_transpose; do
   jobs+=("$kernel_flags -c $emu/emu_$k.cpp -o $out/$k.o")
 done
@@ -60,7 +60,7 @@ for f in emu_runtime emu_registry emu_sm90; do
   jobs+=("$common -I$emu -I$cuda_inc -c $emu/$f.cpp -o $out/$f.o")
 done
 for t in "$root"/tests/gpu/test_*.cpp; do
-  case $(basename "$t") in test_fwd_*|test_merge_*|test_bwd_f32*|test_bwd_fp8*|test_bwd_aux*|test_hopper_*) ;; *) continue ;; esac  # the kernels emulated here
+  case $(basename "$t") in test_fwd_*|test_merge_*|test_bwd_*|test_hopper_*) ;; *) continue ;; esac  # the kernels emulated here
   jobs+=("$common -DFLASHPORT_GPU_EMU=1 -I$root/tests -I$root/src/kernels -I$cuda_inc -c $t -o $out/$(basename "$t" .cpp).o")
 done
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} sh -c "$cxx {}"

@@ -1,9 +1,9 @@
 // Prints the variants of the dispatcher of one entry point for one arch as compiler flags, one line each
 // (build.sh compiles an emulated kernel per line): `list_variants ARCH [ENTRY]`, ENTRY attn_fwd (default: the
-// 2-byte and fp8 forwards), attn_fwd_f32 or attn_bwd_f32. `list_variants ARCH hopper DIR` writes one header
-// per Hopper (sm_90a) kernel variant into DIR instead (its defines, the entry point and the flashport::cuda
-// namespace renamed so the variants link together, the registry key and the kernel source: emu_hopper.cpp)
-// and prints their paths.
+// 2-byte and fp8 forwards), attn_fwd_f32 or attn_bwd_f32. `list_variants ARCH headers DIR` writes one header
+// per variant of the Hopper (sm_90a) kernels and of the portable 16-bit backward into DIR instead (its
+// defines, the entry point and the flashport::cuda namespace renamed so the variants link together, the
+// registry key and the kernel source: emu_variant.cpp) and prints their paths.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,11 +16,13 @@
 
 namespace {
 
-int write_hopper_headers(int arch, const std::string& dir) {
+int write_headers(int arch, const std::string& dir) {
   int n = 0;
-  for (auto* variants : {&flashport::cuda::hopper::variants, &flashport::cuda::hopper_bwd::variants}) {
+  for (auto* variants : {&flashport::cuda::hopper::variants, &flashport::cuda::hopper_bwd::variants,
+                         &flashport::cuda::backward_main_variants}) {
     for (const auto& spec : variants(arch)) {
-      const std::string path = dir + "/hopper_" + std::to_string(n++) + ".h";
+      if (spec.entry == "attn_bwd_f32") continue;  // emu_attn_bwd_f32.cpp
+      const std::string path = dir + "/variant_" + std::to_string(n++) + ".h";
       std::ofstream h(path);
       std::string key = spec.entry + "|";
       for (size_t i = 0; i < spec.defines.size(); ++i) {
@@ -46,7 +48,7 @@ int write_hopper_headers(int arch, const std::string& dir) {
 int main(int argc, char** argv) {
   const int arch = argc > 1 ? std::atoi(argv[1]) : 90;
   const std::string entry = argc > 2 ? argv[2] : "attn_fwd";
-  if (entry == "hopper") return write_hopper_headers(arch, argc > 3 ? argv[3] : ".");
+  if (entry == "headers") return write_headers(arch, argc > 3 ? argv[3] : ".");
   const bool bwd = entry.rfind("attn_bwd", 0) == 0;
   for (const auto& spec :
        bwd ? flashport::cuda::backward_main_variants(arch) : flashport::cuda::forward_variants(arch)) {

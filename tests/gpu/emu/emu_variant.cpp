@@ -1,6 +1,7 @@
-// One emulated Hopper (sm_90a) kernel variant: build.sh compiles this file once per header that
-// `list_variants ARCH hopper DIR` wrote (force-included: the variant's defines, FP_EMU_SOURCE, FP_EMU_ENTRY
-// renamed per variant, FP_EMU_KEY) and registers the entry point under the spec's registry key.
+// One emulated kernel variant (the Hopper kernels', the portable 16-bit backward's): build.sh compiles this
+// file once per header that `list_variants ARCH headers DIR` wrote (force-included: the variant's defines,
+// FP_EMU_SOURCE, FP_EMU_ENTRY renamed per variant, flashport::cuda renamed, FP_EMU_KEY) and registers the
+// entry point under the spec's registry key.
 #include <cstddef>
 #include <utility>
 
