@@ -22,6 +22,7 @@
 #include "core/numeric.h"
 #include "emu_cuda.hpp"
 #include "emu_kernels.hpp"
+#include "emu_sm90.hpp"
 #include "flashport/error.hpp"
 #include "jit/jit.hpp"
 
@@ -29,13 +30,13 @@ namespace flashport::emu {
 
 Dim3 g_block_index, g_grid_dim, g_block_dim;
 
-namespace {
-
 [[noreturn]] void die(const std::string& msg) {
   std::fprintf(stderr, "emu: %s (block %u,%u,%u)\n", msg.c_str(), g_block_index.x, g_block_index.y,
                g_block_index.z);
   std::abort();
 }
+
+namespace {
 
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kSharedBytes = 232448;  // sm_90's per-block maximum (227 KB)
@@ -51,7 +52,8 @@ struct Fiber {
   std::unique_ptr<char[]> stack;
   Dim3 tid;
   bool done = false;
-  std::string waits_for;                      // the barrier it last waited at (deadlock reports)
+  const char* waits_for = "";  // the barrier it last waited at, and its address (deadlock reports)
+  unsigned waits_at = 0;
   std::vector<std::vector<Copy>> groups{{}};  // committed groups, then the open one (last)
 };
 
@@ -163,12 +165,8 @@ unsigned cluster_size() {
 }
 
 float ld_cluster_f32(unsigned cluster_addr) {
-  const unsigned rank = (cluster_addr >> 24) - 1, offset = cluster_addr & 0xffffffu;
-  if (rank >= cluster_size() || offset % 4 != 0 || offset + 4 > g_shared_limit)
-    die("ld.shared::cluster of rank " + std::to_string(rank) + " offset " + std::to_string(offset) +
-        " outside the cluster's shared memory");
   float v;
-  std::memcpy(&v, (*g_cluster.blocks)[rank].shared + offset, 4);
+  std::memcpy(&v, shared_at(cluster_addr, 4), 4);
   return v;
 }
 
@@ -177,7 +175,7 @@ void sync_warp() {
 }
 
 void spin(const char* what, unsigned addr) {
-  me().waits_for = std::string(what) + " " + std::to_string(addr);
+  me().waits_for = what, me().waits_at = addr;
   yield();
 }
 void progress() {
@@ -427,8 +425,9 @@ void run_cluster(const KernelLaunch& launch, unsigned threads, Dim3 first, unsig
     if (idle_rounds > 3) {
       std::map<std::string, std::string> waiting;  // barrier -> the threads waiting there
       for (const auto& [k, t] : order)
-        if (!blocks[k].fibers[t].done)
-          waiting[blocks[k].fibers[t].waits_for] += " " + std::to_string(k) + ":" + std::to_string(t);
+        if (const Fiber& f = blocks[k].fibers[t]; !f.done)
+          waiting[std::string(f.waits_for) + " " + std::to_string(f.waits_at)] +=
+              " " + std::to_string(k) + ":" + std::to_string(t);
       for (const auto& [what, threads] : waiting)
         std::fprintf(stderr, "emu: waiting at %s:%s\n", what.c_str(), threads.substr(0, 400).c_str());
       die("deadlock: threads wait at barriers that can never complete");

@@ -18,15 +18,10 @@
 namespace flashport::emu {
 
 // emu_runtime.cpp
+[[noreturn]] void die(const std::string& msg);
 void warp_gather(const void* in, size_t bytes, void* out);
 
 namespace {
-
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "emu (sm90): %s (block %u,%u,%u thread %u)\n", msg.c_str(), g_block_index.x,
-               g_block_index.y, g_block_index.z, thread_index().x);
-  std::abort();
-}
 
 // ---------------------------------------------------------------------------------------------
 // mbarriers: the 8 bytes hold {expected arrivals, pending arrivals, phase number, initialised} and the
@@ -38,6 +33,7 @@ struct MBar {
   int32_t tx;
 };
 constexpr uint32_t kCountMask = 0xfffu, kUninit = 1u << 30;
+constexpr const char* kParityWait[2] = {"mbarrier (parity 0)", "mbarrier (parity 1)"};
 uint32_t phase_of(const MBar& m) {
   return (m.bits >> 24) & 63u;
 }
@@ -172,7 +168,7 @@ void mbar_arrive(unsigned bar, unsigned count, unsigned tx_bytes) {
 
 bool mbar_try_wait(unsigned bar, unsigned parity) {
   if ((phase_of(load_bar(bar)) & 1u) != (parity & 1u)) return true;
-  spin(("mbarrier (parity " + std::to_string(parity & 1u) + ")").c_str(), bar);
+  spin(kParityWait[parity & 1u], bar);
   return false;
 }
 
@@ -181,8 +177,7 @@ void mbar_wait(unsigned bar, unsigned parity) {
   // run in step on the GPU) may have passed and let the barrier complete again before this thread polls.
   const uint32_t waiting = phase_of(load_bar(bar));
   if ((waiting & 1u) != (parity & 1u)) return;
-  while (phase_of(load_bar(bar)) == waiting)
-    spin(("mbarrier (parity " + std::to_string(parity & 1u) + ")").c_str(), bar);
+  while (phase_of(load_bar(bar)) == waiting) spin(kParityWait[parity & 1u], bar);
 }
 
 void tma_load_4d(unsigned dst, const void* desc, unsigned bar, int c0, int c1, int c2, int c3) {
@@ -286,6 +281,10 @@ void wgmma(MmaType type, int n, float* d, unsigned long long desc_a, bool a_mn, 
     }
 }
 
+void inline_ptx(const char* text) {
+  if (std::strncmp(text, "\"\"", 2) != 0) die(std::string("inline PTX without an emulation: ") + text);
+}
+
 }  // namespace flashport::emu
 
 namespace flashport::jit {
@@ -293,9 +292,3 @@ void* tensor_map_encoder() {
   return reinterpret_cast<void*>(&emu::encode_tiled);
 }
 }  // namespace flashport::jit
-
-namespace flashport::emu {
-void inline_ptx(const char* text) {
-  if (std::strncmp(text, "\"\"", 2) != 0) die(std::string("inline PTX without an emulation: ") + text);
-}
-}  // namespace flashport::emu

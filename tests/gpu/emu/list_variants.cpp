@@ -22,7 +22,8 @@ int write_headers(int arch, const std::string& dir) {
                          &flashport::cuda::backward_main_variants}) {
     for (const auto& spec : variants(arch)) {
       if (spec.entry == "attn_bwd_f32") continue;  // emu_attn_bwd_f32.cpp
-      const std::string path = dir + "/variant_" + std::to_string(n++) + ".h";
+      const int i = n++;
+      const std::string path = dir + "/variant_" + std::to_string(i) + ".h";
       std::ofstream h(path);
       std::string key = spec.entry + "|";
       for (size_t i = 0; i < spec.defines.size(); ++i) {
@@ -30,10 +31,10 @@ int write_headers(int arch, const std::string& dir) {
         h << "#define " << k << " " << v << "\n";
         key += (i ? "," : "") + k + "=" + v;
       }
-      h << "#define " << spec.entry << " " << spec.entry << "_" << n << "\n";
+      h << "#define " << spec.entry << " " << spec.entry << "_" << i << "\n";
       // The kernel-side namespace too: its inline functions and types differ per variant (tile shapes,
       // dtype), and the linker would otherwise keep one definition of each for all variants.
-      h << "#define cuda cuda_" << n << "\n";
+      h << "#define cuda cuda_" << i << "\n";
       h << "#define FP_EMU_ENTRY " << spec.entry << "\n";
       h << "#define FP_EMU_KEY \"" << key << "\"\n";
       h << "#define FP_EMU_SOURCE \"" << spec.source << "\"\n";
