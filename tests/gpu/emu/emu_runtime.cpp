@@ -77,9 +77,13 @@ struct WarpState {
   alignas(16) unsigned char slots[32][64];
 };
 
-/// A named barrier (bar.sync / bar.arrive with a thread count): completes when `count` threads arrived.
+/// A named barrier (bar.sync / bar.arrive with a thread count). As on the GPU it counts warps: a thread
+/// waits until every non-exited thread of its warp has arrived, which marks 32 arrivals; the barrier
+/// completes at `count`. So one thread whose warp-mates exited arrives for its warp, and a warp-mate that
+/// is live but never arrives holds the warp (a deadlock report).
 struct NamedBarrier {
   unsigned arrived = 0, gen = 0;
+  std::array<unsigned, 32> lanes{}, warp_gen{};  // per warp: lanes arrived, warp arrivals marked
 };
 
 struct BlockState {
@@ -186,11 +190,18 @@ void named_bar(unsigned id, unsigned count, bool wait) {
   if (id >= 16 || count == 0 || count % 32 != 0 || count > g_block_dim.x)
     die("bar.sync / bar.arrive " + std::to_string(id) + " with " + std::to_string(count) + " threads");
   NamedBarrier& b = g_block->named[id];
-  const unsigned gen = b.gen;
+  const unsigned warp = me().tid.x / 32, gen = b.gen, warp_gen = b.warp_gen[warp];
+  ++b.lanes[warp];
   ++g_block->releases;
-  if (++b.arrived == count) {
-    b.arrived = 0, ++b.gen;
-    return;
+  // The warp's arrival, marked by whichever lane finds all its non-exited warp-mates here.
+  while (b.warp_gen[warp] == warp_gen) {
+    if (b.lanes[warp] >= (unsigned)g_block->warps[warp].bar.live) {
+      b.lanes[warp] = 0, ++b.warp_gen[warp];
+      if ((b.arrived += 32) == count) b.arrived = 0, ++b.gen;
+      ++g_block->releases;
+      break;
+    }
+    spin("named barrier (warp-mates)", id);
   }
   if (wait)
     while (b.gen == gen) spin("named barrier", id);

@@ -82,9 +82,7 @@ struct alignas(1024) SharedStorage {
   u64 bar_dq_full[kDqBuffers];   // 256 consumer threads stored the step's dQ
   u64 bar_dq_empty[kDqBuffers];  // the 64 dQ threads (bulk: the bulk copy) read it
 #if FP_BWD_FUSED_CONVERT  // within the last 1 KB's padding: smem_bytes is the same (static_assert below)
-  u64 bar_convert_full;   // the drain posted `convert`
-  u64 bar_convert_empty;  // the converter warp read it
-  ConvertRequest convert;
+  ConvertRequest convert;  // the drain's request to the converter warp (kBarConvertFull / kBarConvertEmpty)
 #endif
 };
 static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, kTile),
@@ -94,6 +92,12 @@ static_assert(smem_bytes(kHeadDim, kTile) <= kSmemLimit, "over 227 KB");
 constexpr u32 kBarDs = 1;       // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqThreads = 64;  // warps 2 and 3 of the producer warpgroup add dQ to global memory
 constexpr u32 kBarDqDrain = 2;  // named barrier of the 64 drain threads (deterministic mode)
+// The fused convert's mailbox (SharedStorage::convert): warp 2 (the drain thread; its other lanes have
+// exited, so it arrives for its warp) and warp 3 (the converter), 64 threads each. Named barriers rather
+// than mbarriers: both order the request, but compute-sanitizer's racecheck follows only these (it
+// reported every mbarrier-ordered handoff of the request as a hazard).
+constexpr u32 kBarConvertFull = 3;   // the drain posted a request
+constexpr u32 kBarConvertEmpty = 4;  // the converter warp read it
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24. With 128
 // queries per step (bulk dQ: one producer thread drains) 128 x 24 + 256 x 240: the consumers spilled
 // 40 bytes under 232.
@@ -181,9 +185,9 @@ FP_DEV void bulk_drain_dq_converting(const BwdSm90Params& prm, SharedStorage& s,
   u32 posted = 0;  // requests posted to the converter
   // One request to the converter once it has taken the previous one.
   auto post = [&](int h, int m0) {
-    if (posted > 0) sm90::mbar_wait(bar_addr(s.bar_convert_empty), (posted - 1) & 1u);
+    if (posted > 0) sm90::warp_bar_sync(kBarConvertEmpty, 64);
     s.convert = ConvertRequest{h, m0};
-    sm90::mbar_arrive(bar_addr(s.bar_convert_full));  // release: the request before the converter's wait
+    sm90::warp_bar_arrive(kBarConvertFull, 64);  // the request before the converter's reads
     ++posted;
   };
   // The arrival of the step at (h, m0) once its additions are performed (`last`: no bulk group after
@@ -222,12 +226,11 @@ FP_DEV void bulk_drain_dq_converting(const BwdSm90Params& prm, SharedStorage& s,
 /// (convert_dq_block), until the empty request. Each lane's acquire load of the block's counter orders
 /// its reads of the tiles after every key block's additions (bwd_sm90_fused_convert.cuh).
 FP_DEV void convert_finished_blocks(const BwdSm90Params& prm, SharedStorage& s, int lane) {
-  for (u32 n = 0;; ++n) {
-    sm90::mbar_wait(bar_addr(s.bar_convert_full), n & 1u);
+  for (;;) {
+    sm90::named_bar_sync(kBarConvertFull, 64);
     const ConvertRequest rq = s.convert;
-    __syncwarp();  // every lane has read the request before the drain may overwrite it
-    if (lane == 0) sm90::mbar_arrive(bar_addr(s.bar_convert_empty));
-    if (rq.h < 0) return;
+    if (rq.h < 0) return;  // the last request: the drain waits for no more reads
+    sm90::named_bar_arrive(kBarConvertEmpty, 64);  // every lane's read before the drain's next write
     // Everything from the parameters per block (dense: accum_row0 is b * round_up_tile(sq)).
     const BwdParams* q = opaque_params(prm.bwd);
     const int b = grid_batch(*q);
@@ -576,10 +579,6 @@ FP_DEV void init_more_barriers(SharedStorage& s) {
     sm90::mbar_init(bar_addr(s.bar_dq_full[b]), 256);
     sm90::mbar_init(bar_addr(s.bar_dq_empty[b]), kDqBulk ? 1 : kDqThreads);
   }
-#if FP_BWD_FUSED_CONVERT
-  sm90::mbar_init(bar_addr(s.bar_convert_full), 1);
-  sm90::mbar_init(bar_addr(s.bar_convert_empty), 1);
-#endif
 }
 
 /// One CTA per cluster: nothing to meet.

@@ -227,6 +227,14 @@ FP_DEV void named_bar_sync(u32 id, u32 count) {
 FP_DEV void named_bar_arrive(u32 id, u32 count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
+// The same without .aligned, for a thread whose warp-mates do not execute it (they exited): the barrier
+// counts a warp once all its non-exited threads arrived, so one thread can arrive for its warp.
+FP_DEV void warp_bar_sync(u32 id, u32 count) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+FP_DEV void warp_bar_arrive(u32 id, u32 count) {
+  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
 
 // ---------------------------------------------------------------------------------------------
 // Plain shared and global accesses in PTX (shared addresses from smem_addr), where the kernels need an

@@ -150,6 +150,12 @@ inline void named_bar_sync(u32 id, u32 count) {
 inline void named_bar_arrive(u32 id, u32 count) {
   emu::named_bar(id, count, false);
 }
+inline void warp_bar_sync(u32 id, u32 count) {
+  emu::named_bar(id, count, true);
+}
+inline void warp_bar_arrive(u32 id, u32 count) {
+  emu::named_bar(id, count, false);
+}
 
 template <int kRegs>
 inline void setmaxnreg_inc() {}
