@@ -81,7 +81,7 @@ struct alignas(1024) SharedStorage {
   u64 bar_empty[kStages];        // 256 consumer threads done with the stage
   u64 bar_dq_full[kDqBuffers];   // 256 consumer threads stored the step's dQ
   u64 bar_dq_empty[kDqBuffers];  // the 64 dQ threads (bulk: the bulk copy) read it
-#if FP_BWD_FUSED_CONVERT  // within the last 1 KB's padding: smem_bytes is the same (static_assert below)
+#if FP_BWD_FUSED_CONVERT   // within the last 1 KB's padding: smem_bytes is the same (static_assert below)
   ConvertRequest convert;  // the drain's request to the converter warp (kBarConvertFull / kBarConvertEmpty)
 #endif
 };
@@ -229,7 +229,7 @@ FP_DEV void convert_finished_blocks(const BwdSm90Params& prm, SharedStorage& s, 
   for (;;) {
     sm90::named_bar_sync(kBarConvertFull, 64);
     const ConvertRequest rq = s.convert;
-    if (rq.h < 0) return;  // the last request: the drain waits for no more reads
+    if (rq.h < 0) return;                          // the last request: the drain waits for no more reads
     sm90::named_bar_arrive(kBarConvertEmpty, 64);  // every lane's read before the drain's next write
     // Everything from the parameters per block (dense: accum_row0 is b * round_up_tile(sq)).
     const BwdParams* q = opaque_params(prm.bwd);

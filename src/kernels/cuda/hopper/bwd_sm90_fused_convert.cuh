@@ -10,8 +10,8 @@
 // orders them before the thread's later generic-proxy operations, of which the first is the counter's
 // `atom.release.gpu` (the same sequence as deterministic mode's pass_dq_turn before its release). The drain
 // whose arrival completes the count hands the block to warp 3 through shared memory and a named barrier
-// (CTA scope: it carries the block's coordinates, not the data's ordering). Each lane of warp 3 then reads the
-// counter with `ld.acquire.gpu`: that load reads the last value of the counter's chain of atomic adds, so
+// (CTA scope: it carries the block's coordinates, not the data's ordering). Each lane of warp 3 then reads
+// the counter with `ld.acquire.gpu`: that load reads the last value of the counter's chain of atomic adds, so
 // every arrival's release (this CTA's and the other key blocks') precedes it in observation order and
 // synchronises with it, and the lane's later loads of the tiles see every key block's additions (the
 // acquire also keeps them from being served by stale L1 lines). No lane reads the tiles before its own
