@@ -274,16 +274,17 @@ TEST(HopperBwd, SmallFusedConvertScope) {
   EXPECT_TRUE(fits([=](AttnProblem& x) { x.alibi = reinterpret_cast<const float*>(index); }));
   // d 64: the 64-query tile only (its producers' 40 registers), under FLASHPORT_HOPPER_BWD_BLOCK_M=64.
   EXPECT_EQ(fits([](AttnProblem& x) { x.d = x.dv = 64; }), block_m_64);
-  // Rows without keys (causal with sq > sk, left windows, varlen, seqused_k), or no rows or keys at all:
-  // the separate convert, which writes every row.
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.window_right = 0, x.sq = 301; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.window_left = 37, x.window_right = 5; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.window_left = 1000; }));
-  EXPECT_FALSE(fits([=](AttnProblem& x) {
+  // Rows without keys (causal with sq > sk, left windows, varlen, seqused_k): the D kernel writes their
+  // zeros (BwdParams::zero_dq_rows), the kernel every block some key block sees.
+  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 0, x.sq = 301; }));
+  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_left = 37, x.window_right = 5; }));
+  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_left = 1000; }));
+  EXPECT_TRUE(fits([=](AttnProblem& x) {
     x.cu_seqlens_q = x.cu_seqlens_k = index;
     x.total_q = 150, x.total_k = 400;
   }));
-  EXPECT_FALSE(fits([=](AttnProblem& x) { x.seqused_k = index; }));
+  EXPECT_TRUE(fits([=](AttnProblem& x) { x.seqused_k = index; }));
+  // No rows or keys at all: nothing for the main kernel to do.
   EXPECT_FALSE(fits([](AttnProblem& x) { x.sq = 0; }));
   EXPECT_FALSE(fits([](AttnProblem& x) { x.sk = 0; }));
   // Deterministic mode (its counters are turns), the variants that spilled (softcap, dropout, d 64's
@@ -599,10 +600,34 @@ TEST(HopperBwd, SmallFusedConvert) {
     EXPECT_TRUE(fused_convert_serves(c, in)) << "the fused convert should serve " << c.describe();
     expect_backward_accurate(c);
   }
-  // Not served (the convert launch runs): causal with sq > sk, whose first rows see no key.
-  const Case c = with(dense(DType::bf16, 1, 203, 113, 2, 1, 128), kCausal);
-  EXPECT_FALSE(fused_convert_serves(c, make_inputs(c)));
-  expect_hopper_backward(c);
+  // Rows that see no key (their blocks never converted: the D kernel's zeros) beside converted ones:
+  // causal with sq > sk, windows, varlen with empty entries, seqused_k.
+  std::vector<Case> sparse = {
+      with(dense(DType::bf16, 1, 203, 113, 2, 1, 128), kCausal),  // rows 0..89 see no key
+      with(dense(DType::f16, 2, 300, 200, 4, 2, 128), kWindow),
+      with(dense(DType::bf16, 1, 260, 270, 2, 1, 64), kWindowLeftOnly),
+      with(dense(DType::f16, 1, 400, 150, 2, 2, 64), kCausal),  // whole 64-row blocks unseen
+  };
+  for (const Features& f : {kPlain, kCausal, kWindow}) {
+    // Entry 1 has no queries, entry 2 no keys, entries 5 and 6 neither.
+    Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f), {37, 0, 200, 129, 1, 0, 0},
+                    {50, 10, 0, 300, 1, 0, 0});
+    sparse.push_back(v);
+    v.dtype = DType::f16, v.d = v.dv = 64;
+    v.used_k = {20, 10, 0, 250, 0, 0, 0};
+    sparse.push_back(v);
+  }
+  Case used = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
+  used.used_k = {260, 0, 131};
+  sparse.push_back(with(used, kCausal));
+  for (const Case& c : sparse) {
+    SCOPED_TRACE(c.describe());
+    const FwdInputs in = make_inputs(c);
+    if (!expect_goes_to_hopper(c, in)) continue;
+    if (c.d == 64 && !block_m_64) continue;
+    EXPECT_TRUE(fused_convert_serves(c, in)) << "the fused convert should serve " << c.describe();
+    expect_backward_accurate(c);
+  }
 }
 
 // The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper

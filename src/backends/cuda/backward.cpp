@@ -148,6 +148,7 @@ void launch_backward(const AttnProblem& p) {
   prm.dq_accum = reinterpret_cast<float*>(scratch + dsum_bytes);
   prm.dq_tile_count = count_bytes ? reinterpret_cast<int*>(scratch + dsum_bytes + accum_bytes) : nullptr;
   prm.zero_words = (long long)((accum_bytes + count_bytes) / 16);
+  prm.zero_dq_rows = family.launch.writes_dq(prm) ? 1 : 0;  // the fused convert skips unseen blocks
   const unsigned aux_x = (unsigned)((p.sq + kBwdAuxRows - 1) / kBwdAuxRows);
   // The dot kernel zeroes the accumulator and counters (BwdParams::zero_words): one launch fewer than a
   // memset before it (H200, GPT-2 at 8 x 1024: the memsets took about 6 us of each layer's backward).

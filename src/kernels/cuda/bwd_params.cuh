@@ -45,6 +45,10 @@ struct BwdParams {
   // in grid order, x fastest, so with 1 each batch entry starts all its heads' key block 0 (under a
   // causal mask the longest) first and ends on short blocks, the grid's tail among them.
   int keys_outer;
+  // 1 where the main kernel writes dq itself (the Hopper fused convert): it converts only query blocks
+  // some key block sees, so dot_do_o writes the dq rows that see no key as zeros (16-byte path only: the
+  // host sets this with vec).
+  int zero_dq_rows;
 };
 
 /// Grid of the two aux kernels (attn_bwd_aux.cu: D before the main kernel, the dQ convert after it):

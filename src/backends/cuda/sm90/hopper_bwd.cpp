@@ -183,13 +183,10 @@ long long dq_tile_counts(const BwdParams& prm) {
 
 bool fused_convert_fits(const BwdParams& prm) {
   const AttnProblem& p = prm.p;
-  const bool dense = p.cu_seqlens_q == nullptr && p.seqused_k == nullptr;
-  // Row 0 sees key 0, so every row sees a key and every query block gets a key block's arrival: no left
-  // window, and a right bound (causal: 0) at or past sq - sk.
-  const bool every_row_sees_keys = p.window_left < 0 && (p.window_right < 0 || p.sq - p.sk <= p.window_right);
-  return fused_convert_tile((int)p.d, tile_of(p), score_stage(p), p.deterministic) && dense &&
-         every_row_sees_keys && p.sq > 0 && p.sk > 0 && prm.vec != 0 && prm.num_slices == 1 &&
-         prm.accum_tiled == 64;
+  // Any mask and layout: blocks no key block sees are never converted, and their rows (which see no key)
+  // are the D kernel's zeros (BwdParams::zero_dq_rows, on its 16-byte path: vec).
+  return fused_convert_tile((int)p.d, tile_of(p), score_stage(p), p.deterministic) && p.sq > 0 && p.sk > 0 &&
+         prm.vec != 0 && prm.num_slices == 1 && prm.accum_tiled == 64;
 }
 
 bool fused_convert(const BwdParams& prm) {

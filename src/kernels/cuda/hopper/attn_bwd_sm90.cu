@@ -199,13 +199,16 @@ FP_DEV void bulk_drain_dq_converting(const BwdSm90Params& prm, SharedStorage& s,
       sm90::bulk_wait_complete<1>();
     sm90::fence_proxy_async_global();  // the completed bulk writes before the generic release below
     const BwdParams* q = opaque_params(prm.bwd);
-    if (arrive_dq_block(dq_block_counter(q, w.b, h, m0)) + 1 == dq_block_arrivals(q, m0)) post(h, m0);
+    if (arrive_dq_block(q->dq_tile_count + dq_tile_row(q->p, w.seq, w.b, h, m0) / 64) + 1 ==
+        dq_block_arrivals(q->p, w.seq, m0))
+      post(h, m0);
   };
   for (int t = 0; t < w.steps; ++t) {
     const int buf = t % kDqBuffers;
     const int h = step_head(w, t), m0 = step_m0(w, t);
     sm90::mbar_wait(bar_addr(s.bar_dq_full[buf]), (u32)(t / kDqBuffers) & 1u);
-    float* g_tile = dq_block_tiles(opaque_params(prm.bwd), w.b, h, m0);
+    const BwdParams* q = opaque_params(prm.bwd);
+    float* g_tile = q->dq_accum + dq_tile_row(q->p, w.seq, w.b, h, m0) * kHeadDim;
     const u32 s_tile = smem_addr(&s.dq[buf][0][0][0][0]);
     if (kAblate & 1) {
     } else if (kDqSplitKeys) {  // 64 queries per step only (static_assert above)
@@ -231,14 +234,16 @@ FP_DEV void convert_finished_blocks(const BwdSm90Params& prm, SharedStorage& s, 
     const ConvertRequest rq = s.convert;
     if (rq.h < 0) return;                          // the last request: the drain waits for no more reads
     sm90::named_bar_arrive(kBarConvertEmpty, 64);  // every lane's read before the drain's next write
-    // Everything from the parameters per block (dense: accum_row0 is b * round_up_tile(sq)).
+    // Everything from the parameters per block.
     const BwdParams* q = opaque_params(prm.bwd);
     const int b = grid_batch(*q);
-    wait_dq_turn(dq_block_counter(q, b, rq.h, rq.m0), 0);  // the acquire: one load (the count is complete)
+    const bwd::Seq seq = bwd::sequence(q->p, b);
+    const i64 row = dq_tile_row(q->p, seq, b, rq.h, rq.m0);
+    wait_dq_turn(q->dq_tile_count + row / 64, 0);  // the acquire: one load (the count is complete)
     const Operand& dq = q->p.grad_q;
-    void* g_dq = static_cast<Elem::Storage*>(dq.ptr) + b * dq.batch_stride + rq.h * dq.head_stride +
-                 rq.m0 * dq.row_stride;
-    convert_dq_block<Elem>(dq_block_tiles(q, b, rq.h, rq.m0), g_dq, min_int((int)q->p.sq - rq.m0, kBlockM),
+    void* g_dq = static_cast<Elem::Storage*>(dq.ptr) +
+                 bwd::row_offset(dq, q->p.cu_seqlens_q != nullptr, b, seq.q_start, rq.m0, rq.h);
+    convert_dq_block<Elem>(q->dq_accum + row * kHeadDim, g_dq, min_int(seq.len_q - rq.m0, kBlockM),
                            dq.row_stride, q->p.scale, lane);
   }
 }

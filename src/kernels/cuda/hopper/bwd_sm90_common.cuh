@@ -282,11 +282,15 @@ using sm90::st_shared_u32;
 /// Window sizes at or past this are unbounded: the host bounds sequence lengths by 2^30, so |j - i| < 2^30.
 constexpr int kFarWindow = 1 << 30;
 
+/// Row of query m0 of (sequence seq of batch entry b, query head h) in the tiled dQ accumulator's
+/// numbering (a multiple of 64 for m0 % 64 == 0): its tile at dq_accum + row * d, its counter at row / 64.
+FP_DEV i64 dq_tile_row(const AttnProblem& p, const bwd::Seq& seq, int b, int h, int m0) {
+  return (i64)h * accum_rows_tiled(p) + bwd::accum_row0(p, seq, b, true) + m0;
+}
+
 /// The turn counter of dQ tile (query head h, query block m0) of this CTA's sequence.
 FP_DEV int* dq_tile_counter(const BwdParams& prm, const Work& w, int h, int m0) {
-  const AttnProblem& p = prm.p;
-  const i64 row = (i64)h * accum_rows_tiled(p) + bwd::accum_row0(p, w.seq, w.b, true) + m0;
-  return prm.dq_tile_count + row / 64;
+  return prm.dq_tile_count + dq_tile_row(prm.p, w.seq, w.b, h, m0) / 64;
 }
 
 /// This CTA's turn at query block m0: how many key blocks add to that block before this one. The key

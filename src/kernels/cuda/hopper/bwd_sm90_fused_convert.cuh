@@ -1,9 +1,10 @@
 // The narrow Hopper backward's fused dQ convert (FP_BWD_FUSED_CONVERT, attn_bwd_sm90.cu): per query
 // block, a counter of the key blocks whose bulk reduce-adds into its fp32 accumulator tiles are performed,
 // and the conversion of a finished block to dq in the input dtype by producer warp 3, the same values as
-// attn_bwd_dq_convert (attn_bwd_aux.cu) writes. The host (hopper_bwd::fused_convert_fits) takes this path
-// only where every query block is seen by some key block: dense, no left window, row 0 seeing key 0, not
-// deterministic, 16-byte aligned dq rows.
+// attn_bwd_dq_convert (attn_bwd_aux.cu) writes. A query block no key block sees gets no arrival and is
+// never converted: its rows see no key, and the D kernel wrote them as zeros before (BwdParams::
+// zero_dq_rows). Dense or varlen, any window; not deterministic; 16-byte aligned dq rows
+// (hopper_bwd::fused_convert_fits).
 //
 // Memory ordering. The reduce-adds are async-proxy writes issued by one thread (thread 64, the drain). Its
 // `cp.async.bulk.wait_group` (not .read) returns once they are complete; `fence.proxy.async.global` then
@@ -35,31 +36,14 @@ FP_DEV const BwdParams* opaque_params(const BwdParams& prm) {
   return q;
 }
 
-/// The arrival counter of query block m0 of (batch entry b, query head h): dq_tile_counter of its first
-/// 64-row tile, written for the dense problems the fused convert takes (accum_rows_tiled = batch *
-/// ceil(sq / 64) * 64, accum_row0 = b * ceil(sq / 64) * 64).
-FP_DEV int* dq_block_counter(const BwdParams* q, int b, int h, int m0) {
-  const int tiles_per_seq = (int)((q->p.sq + 63) / 64);
-  return q->dq_tile_count + ((i64)h * q->p.batch + b) * tiles_per_seq + m0 / 64;
-}
-
-/// The first fp32 accumulator tile of query block m0 of (b, h) (dense: accum_row0 = b * round_up_tile(sq)).
-FP_DEV float* dq_block_tiles(const BwdParams* q, int b, int h, int m0) {
-  return q->dq_accum + ((i64)h * q->rows_total + b * round_up_tile(q->p.sq) + m0) * kHeadDim;
-}
-
-/// How many key blocks add into query block m0 (kBlockM = 64 queries, one accumulator tile): key blocks
-/// 0 .. last, with last as dq_turn computes it (dense: len_q = sq, len_k = sk). Key block 0 is first
-/// because the host admits no left window and row 0 sees key 0.
-FP_DEV int dq_block_arrivals(const BwdParams* q, int m0) {
-  const int len_q = (int)q->p.sq, len_k = (int)q->p.sk;
-  int last = (len_k + kBlockN - 1) / kBlockN - 1;
-  if (q->p.window_right >= 0) {
-    const i64 right = q->p.window_right < kFarWindow ? q->p.window_right : kFarWindow;
-    const int last_q = min_int(m0 + kBlockM, len_q) - 1;
-    last = min_int(last, (int)(((i64)last_q + right + (len_k - len_q)) / kBlockN));
-  }
-  return last + 1;
+/// How many key blocks add into query block m0 (kBlockM = 64 queries, one accumulator tile) of sequence
+/// seq: those holding a key of the block's tile_keys (exact: a key block holds one iff some row of the
+/// block sees one of its keys, which is when make_work's seeing_query_blocks gives it the block). Only
+/// asked for blocks some key block sees (hi > lo).
+FP_DEV int dq_block_arrivals(const AttnProblem& p, const bwd::Seq& seq, int m0) {
+  const sem::KeyRange kr = sem::tile_keys(m0, min_int(m0 + kBlockM, seq.len_q), seq.len_q, seq.len_k,
+                                          p.window_left, p.window_right);
+  return (int)((kr.hi - 1) / kBlockN - kr.lo / kBlockN) + 1;
 }
 
 /// A finished query block (query head h, first row m0), posted by the drain thread to the converter warp
