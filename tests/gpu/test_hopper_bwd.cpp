@@ -583,7 +583,7 @@ TEST(HopperBwd, SmallFusedConvert) {
     GTEST_SKIP()
         << "run with FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1 (and FLASHPORT_HOPPER_BWD_BLOCK_M=64 for d 64)";
   const bool block_m_64 = core::tuning().hopper_bwd_block_m.get() == 64;
-  const Case cases[] = {
+  std::vector<Case> cases = {
       dense(DType::bf16, 2, 113, 203, 8, 2, 128),                   // GQA 4:1, batch 2
       with(dense(DType::f16, 1, 150, 300, 2, 1, 128), kCausal),     // causal, sq < sk
       with(dense(DType::bf16, 2, 1100, 1100, 8, 2, 128), kCausal),  // several key blocks, GQA
@@ -591,18 +591,8 @@ TEST(HopperBwd, SmallFusedConvert) {
       dense(DType::bf16, 2, 257, 300, 2, 1, 64),                    // d 64 (64-query tile)
       with(dense(DType::f16, 1, 1100, 1100, 8, 2, 64), kCausal),    // d 64 causal, GQA 4:1
       with(dense(DType::bf16, 2, 65, 130, 4, 1, 128), kCausal),     // one row into the last block
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.describe());
-    const FwdInputs in = make_inputs(c);
-    if (!expect_goes_to_hopper(c, in)) continue;
-    if (c.d == 64 && !block_m_64) continue;
-    EXPECT_TRUE(fused_convert_serves(c, in)) << "the fused convert should serve " << c.describe();
-    expect_backward_accurate(c);
-  }
-  // Rows that see no key (their blocks never converted: the D kernel's zeros) beside converted ones:
-  // causal with sq > sk, windows, varlen with empty entries, seqused_k.
-  std::vector<Case> sparse = {
+      // Rows that see no key (their blocks never converted: the D kernel's zeros) beside converted ones:
+      // causal with sq > sk, windows, varlen with empty entries (below), seqused_k.
       with(dense(DType::bf16, 1, 203, 113, 2, 1, 128), kCausal),  // rows 0..89 see no key
       with(dense(DType::f16, 2, 300, 200, 4, 2, 128), kWindow),
       with(dense(DType::bf16, 1, 260, 270, 2, 1, 64), kWindowLeftOnly),
@@ -612,15 +602,15 @@ TEST(HopperBwd, SmallFusedConvert) {
     // Entry 1 has no queries, entry 2 no keys, entries 5 and 6 neither.
     Case v = varlen(with(dense(DType::bf16, 1, 1, 1, 4, 2, 128), f), {37, 0, 200, 129, 1, 0, 0},
                     {50, 10, 0, 300, 1, 0, 0});
-    sparse.push_back(v);
+    cases.push_back(v);
     v.dtype = DType::f16, v.d = v.dv = 64;
     v.used_k = {20, 10, 0, 250, 0, 0, 0};
-    sparse.push_back(v);
+    cases.push_back(v);
   }
   Case used = dense(DType::bf16, 3, 150, 260, 2, 1, 128);
   used.used_k = {260, 0, 131};
-  sparse.push_back(with(used, kCausal));
-  for (const Case& c : sparse) {
+  cases.push_back(with(used, kCausal));
+  for (const Case& c : cases) {
     SCOPED_TRACE(c.describe());
     const FwdInputs in = make_inputs(c);
     if (!expect_goes_to_hopper(c, in)) continue;
