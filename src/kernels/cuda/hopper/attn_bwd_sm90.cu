@@ -93,9 +93,8 @@ constexpr u32 kBarDs = 1;       // named barrier: both consumers' dS^T stored (2
 constexpr int kDqThreads = 64;  // warps 2 and 3 of the producer warpgroup add dQ to global memory
 constexpr u32 kBarDqDrain = 2;  // named barrier of the 64 drain threads (deterministic mode)
 // The fused convert's mailbox (SharedStorage::convert): warp 2 (the drain thread; its other lanes have
-// exited, so it arrives for its warp) and warp 3 (the converter), 64 threads each. Named barriers rather
-// than mbarriers: both order the request, but compute-sanitizer's racecheck follows only these (it
-// reported every mbarrier-ordered handoff of the request as a hazard).
+// exited, so it arrives for its warp) and warp 3 (the converter), 64 threads each. racecheck reports the
+// slot's hand-off as a hazard through these as it did through an mbarrier pair (BWD_NOTES part 14).
 constexpr u32 kBarConvertFull = 3;   // the drain posted a request
 constexpr u32 kBarConvertEmpty = 4;  // the converter warp read it
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24. With 128
