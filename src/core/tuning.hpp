@@ -92,10 +92,6 @@ struct Tuning {
   // outside kv heads on grids of a few waves whose batch entries' rows fit L2 (a batch entry's longest
   // CTAs start first, its short ones last), 2 wherever it can, 0 never (each head's key blocks in turn)
   Knob<int> hopper_bwd_keys_outer{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", 1};
-  // 1: the narrow Hopper backward's bulk-dQ kernels convert each finished dQ tile to the input dtype
-  // themselves (FP_BWD_FUSED_CONVERT, attn_bwd_sm90.cu), so the separate dQ-convert launch is skipped for
-  // the calls they serve (hopper_bwd::fused_convert_fits); 0 (unset): the convert kernel after the main one
-  Knob<bool> hopper_bwd_fused_convert{"FLASHPORT_HOPPER_BWD_FUSED_CONVERT"};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};

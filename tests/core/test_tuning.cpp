@@ -52,7 +52,6 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
                                     {"FLASHPORT_HOPPER_BWD_PAIR", ""},
                                     {"FLASHPORT_HOPPER_BWD_PIPE", ""},
                                     {"FLASHPORT_HOPPER_BWD_KEYS_OUTER", ""},
-                                    {"FLASHPORT_HOPPER_BWD_FUSED_CONVERT", ""},
                                     {"FLASHPORT_DECODE", ""},
                                     {"FLASHPORT_DECODE_CLUSTER", ""},
                                     {"FLASHPORT_JIT_VERBOSE", ""},
@@ -71,14 +70,13 @@ TEST(Tuning, DefaultsWhenUnsetOrEmpty) {
     EXPECT_EQ(t.bwd_pipe.get(), -1);
     EXPECT_EQ(t.bwd_stages.get(), 0);
     EXPECT_FALSE(t.bwd_general.get());
-    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);             // bulk reduce-adds
-    EXPECT_FALSE(t.hopper_bwd_pair.get());           // d 256: one CTA per key block (pairs measured slower)
-    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);          // unset: the tile table's loop and stages
-    EXPECT_FALSE(t.hopper_bwd_fused_convert.get());  // unset: the separate dQ-convert launch
-    EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);        // unset: the tile table's queries per step
-    EXPECT_EQ(t.hopper_bwd_order.get(), 0);          // unset: each step's GEMM groups waited for whole
-    EXPECT_EQ(t.hopper_bwd_keys_outer.get(), 1);     // unset: masked calls on short grids, key blocks outside
-    EXPECT_TRUE(t.decode_cluster.get());             // unset: split decode grids of 2..8 merge in a cluster
+    EXPECT_EQ(t.hopper_bwd_dq.get(), 1);          // bulk reduce-adds
+    EXPECT_FALSE(t.hopper_bwd_pair.get());        // d 256: one CTA per key block (pairs measured slower)
+    EXPECT_EQ(t.hopper_bwd_pipe.get(), -1);       // unset: the tile table's loop and stages
+    EXPECT_EQ(t.hopper_bwd_block_m.get(), 0);     // unset: the tile table's queries per step
+    EXPECT_EQ(t.hopper_bwd_order.get(), 0);       // unset: each step's GEMM groups waited for whole
+    EXPECT_EQ(t.hopper_bwd_keys_outer.get(), 1);  // unset: masked calls on short grids, key blocks outside
+    EXPECT_TRUE(t.decode_cluster.get());          // unset: split decode grids of 2..8 merge in a cluster
     EXPECT_EQ(t.decode_variant.get(), 1);
     EXPECT_FALSE(t.jit_verbose.get());
     EXPECT_TRUE(t.keep_scratch.get());
@@ -121,18 +119,16 @@ TEST(Tuning, SwitchesOnByDefault) {
 }
 
 TEST(Tuning, Switches) {
-  for (const char* name :
-       {"FLASHPORT_AUTOTUNE", "FLASHPORT_BWD_GENERAL", "FLASHPORT_JIT_VERBOSE", "FLASHPORT_HOPPER_FP8",
-        "FLASHPORT_HOPPER_BWD_PAIR", "FLASHPORT_HOPPER_BWD_FUSED_CONVERT"}) {
+  for (const char* name : {"FLASHPORT_AUTOTUNE", "FLASHPORT_BWD_GENERAL", "FLASHPORT_JIT_VERBOSE",
+                           "FLASHPORT_HOPPER_FP8", "FLASHPORT_HOPPER_BWD_PAIR"}) {
     const auto knob = [&](const Env& env) {
       const Tuning t = parse(env);
       const std::string n = name;
-      return n == "FLASHPORT_AUTOTUNE"                   ? t.autotune
-             : n == "FLASHPORT_BWD_GENERAL"              ? t.bwd_general
-             : n == "FLASHPORT_HOPPER_FP8"               ? t.hopper_fp8
-             : n == "FLASHPORT_HOPPER_BWD_PAIR"          ? t.hopper_bwd_pair
-             : n == "FLASHPORT_HOPPER_BWD_FUSED_CONVERT" ? t.hopper_bwd_fused_convert
-                                                         : t.jit_verbose;
+      return n == "FLASHPORT_AUTOTUNE"          ? t.autotune
+             : n == "FLASHPORT_BWD_GENERAL"     ? t.bwd_general
+             : n == "FLASHPORT_HOPPER_FP8"      ? t.hopper_fp8
+             : n == "FLASHPORT_HOPPER_BWD_PAIR" ? t.hopper_bwd_pair
+                                                : t.jit_verbose;
     };
     EXPECT_TRUE(knob({{name, "1"}}).get());
     EXPECT_FALSE(knob({{name, "0"}}).get());

@@ -55,24 +55,6 @@ std::string hopper_declines(const Case& c, const FwdInputs& in) {
   return with_problem(c, in, [](const AttnProblem& p) { return hopper_bwd::unsupported(p, 90); });
 }
 
-/// The BwdParams fields hopper_bwd::fused_convert_fits reads, as backward.cpp sets them for a Hopper call
-/// whose operand rows are all 16-byte aligned (`vec`).
-cuda::BwdParams fused_convert_params(const AttnProblem& p, bool vec = true) {
-  cuda::BwdParams prm{};
-  prm.p = p;
-  prm.accum_tiled = hopper_bwd::tiled_accumulator(p);
-  prm.num_slices = 1;
-  prm.vec = vec ? 1 : 0;
-  return prm;
-}
-
-/// Whether the main kernel converts dQ itself for `c` (FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1 and
-/// hopper_bwd::fused_convert_fits; the cases' operands are dense, so all rows are aligned).
-bool fused_convert_serves(const Case& c, const FwdInputs& in) {
-  return with_problem(
-      c, in, [](const AttnProblem& p) { return hopper_bwd::fused_convert(fused_convert_params(p)); });
-}
-
 /// Fails (and returns false) unless the Hopper backward takes `c` with the layouts of `in`.
 bool expect_goes_to_hopper(const Case& c, const FwdInputs& in) {
   const std::string why = hopper_declines(c, in);
@@ -232,10 +214,8 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // {f16, bf16} x (d {64, 128, 256} x dQ modes {0, 1}, d 96, d 192) x score stage {plain, ALiBi,
   // softcap}, plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128
   // queries), plus dropout's {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192), plus
-  // FLASHPORT_HOPPER_BWD_ORDER=1's copies of the narrow serial-loop variants (30: test_arch_limits.cpp),
-  // plus FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1's {f16, bf16} x {plain, ALiBi} x (d 128 in both orders, d 64's
-  // 64-query tile)
-  EXPECT_EQ(specs.size(), 66u + 30u + 12u);
+  // FLASHPORT_HOPPER_BWD_ORDER=1's copies of the narrow serial-loop variants (30: test_arch_limits.cpp)
+  EXPECT_EQ(specs.size(), 66u + 30u);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
     for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
@@ -245,61 +225,6 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // is_main_kernel singles out the backward kernel (the no-spill check must not catch the forward).
   for (const auto& spec : cuda::hopper::variants(90))
     EXPECT_FALSE(hopper_bwd::is_main_kernel(spec)) << spec.key();
-}
-
-// Which calls the fused dQ convert (FLASHPORT_HOPPER_BWD_FUSED_CONVERT) may serve: only those where every
-// dq row is written by the main kernel, on the variants that compiled without spills. No GPU needed.
-TEST(HopperBwd, SmallFusedConvertScope) {
-  AttnProblem p{};
-  p.batch = 2, p.hq = 8, p.hk = 2, p.d = 128, p.dv = 128, p.sq = 100, p.sk = 300;
-  p.in_type = p.out_type = kBF16;
-  p.scale = 0.1f;
-  p.window_left = p.window_right = -1;
-  const int* index = reinterpret_cast<const int*>(uintptr_t{1} << 20);  // never read
-  auto fits = [&](auto change, bool vec = true) {
-    AttnProblem x = p;
-    change(x);
-    return hopper_bwd::fused_convert_fits(fused_convert_params(x, vec));
-  };
-  if (core::tuning().hopper_bwd_dq.get() != 1) {  // FLASHPORT_HOPPER_BWD_DQ=0: no bulk dQ to fuse with
-    EXPECT_FALSE(fits([](AttnProblem&) {}));
-    GTEST_SKIP() << "FLASHPORT_HOPPER_BWD_DQ=0";
-  }
-  const bool block_m_64 = core::tuning().hopper_bwd_block_m.get() == 64;
-  EXPECT_TRUE(fits([](AttnProblem&) {}));
-  EXPECT_TRUE(fits([](AttnProblem& x) { x.in_type = x.out_type = kF16; }));
-  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 0; }));  // causal, sq <= sk
-  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 0, x.sq = x.sk; }));
-  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 250, x.sq = 500; }));  // row 0 still sees key 0
-  EXPECT_TRUE(fits([=](AttnProblem& x) { x.alibi = reinterpret_cast<const float*>(index); }));
-  // d 64: the 64-query tile only (its producers' 40 registers), under FLASHPORT_HOPPER_BWD_BLOCK_M=64.
-  EXPECT_EQ(fits([](AttnProblem& x) { x.d = x.dv = 64; }), block_m_64);
-  // Rows without keys (causal with sq > sk, left windows, varlen, seqused_k): the D kernel writes their
-  // zeros (BwdParams::zero_dq_rows), the kernel every block some key block sees.
-  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_right = 0, x.sq = 301; }));
-  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_left = 37, x.window_right = 5; }));
-  EXPECT_TRUE(fits([](AttnProblem& x) { x.window_left = 1000; }));
-  EXPECT_TRUE(fits([=](AttnProblem& x) {
-    x.cu_seqlens_q = x.cu_seqlens_k = index;
-    x.total_q = 150, x.total_k = 400;
-  }));
-  EXPECT_TRUE(fits([=](AttnProblem& x) { x.seqused_k = index; }));
-  // No rows or keys at all: nothing for the main kernel to do.
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.sq = 0; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.sk = 0; }));
-  // Deterministic mode (its counters are turns), the variants that spilled (softcap, dropout, d 64's
-  // 128-query tile), d 96 (row-major accumulator), the wide kernel, rows not 16-byte aligned.
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.deterministic = true; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.softcap = 5.0f; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.dropout_p = 0.1f, x.dropout_threshold = 1u << 28; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.d = x.dv = 96; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.d = x.dv = 192; }));
-  EXPECT_FALSE(fits([](AttnProblem& x) { x.d = x.dv = 256; }));
-  EXPECT_FALSE(fits([](AttnProblem&) {}, false));
-  // Off unless the knob is set; dq_tile_counts then sizes the arrival counters as deterministic mode's.
-  const cuda::BwdParams prm = fused_convert_params(p);
-  EXPECT_EQ(hopper_bwd::fused_convert(prm), core::tuning().hopper_bwd_fused_convert.get());
-  EXPECT_EQ(hopper_bwd::dq_tile_counts(prm), hopper_bwd::fused_convert(prm) ? 8 * 2 * 2 : 0);
 }
 
 TEST(HopperBwd, SmallHeadDims) {
@@ -570,29 +495,23 @@ TEST(HopperBwd, SmallDeterministic) {
     if (expect_goes_to_hopper(c, make_inputs(c))) expect_deterministic(c, 3);
 }
 
-// The fused dQ convert: the main kernel's drain counts each query block's key blocks and warp 3 converts
-// a finished block to dq, instead of the convert launch. Runs only under
-// FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1 (knobs are read once per process; d 64 also needs
-// FLASHPORT_HOPPER_BWD_BLOCK_M=64, its fused tile): d 128 and 64, causal (sq < sk and sq == sk) and not,
-// GQA 4:1, ALiBi, sequence lengths that are not multiples of 64 (the last block's rows past the end must
-// stay unwritten: the gradient buffers' poison is checked), batch 2, several key blocks per query block.
-// Each case must be one the fused convert serves, and match the oracle like any other.
-TEST(HopperBwd, SmallFusedConvert) {
+// Query blocks that no key block sees beside ones that several do (their dq rows are the convert kernel's
+// zeros, from an accumulator no key block added to), at d 128 and 64: causal (sq < sk, sq == sk, sq > sk)
+// and not, GQA 4:1, ALiBi, windows, sequence lengths that are not multiples of 64 (the last block's rows
+// past the end must stay unwritten: the gradient buffers' poison is checked), varlen with empty entries,
+// seqused_k. (Written for the fused dQ convert, since removed: BWD_NOTES part 14.)
+TEST(HopperBwd, SmallBlocksWithoutKeys) {
   FP_SKIP_WITHOUT_SM90();
-  if (!core::tuning().hopper_bwd_fused_convert.get())
-    GTEST_SKIP()
-        << "run with FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1 (and FLASHPORT_HOPPER_BWD_BLOCK_M=64 for d 64)";
-  const bool block_m_64 = core::tuning().hopper_bwd_block_m.get() == 64;
   std::vector<Case> cases = {
       dense(DType::bf16, 2, 113, 203, 8, 2, 128),                   // GQA 4:1, batch 2
       with(dense(DType::f16, 1, 150, 300, 2, 1, 128), kCausal),     // causal, sq < sk
       with(dense(DType::bf16, 2, 1100, 1100, 8, 2, 128), kCausal),  // several key blocks, GQA
       with(dense(DType::f16, 1, 257, 300, 4, 2, 128), kAlibi),      // ALiBi
-      dense(DType::bf16, 2, 257, 300, 2, 1, 64),                    // d 64 (64-query tile)
+      dense(DType::bf16, 2, 257, 300, 2, 1, 64),                    // d 64
       with(dense(DType::f16, 1, 1100, 1100, 8, 2, 64), kCausal),    // d 64 causal, GQA 4:1
       with(dense(DType::bf16, 2, 65, 130, 4, 1, 128), kCausal),     // one row into the last block
-      // Rows that see no key (their blocks never converted: the D kernel's zeros) beside converted ones:
-      // causal with sq > sk, windows, varlen with empty entries (below), seqused_k.
+      // Rows that see no key beside rows that do: causal with sq > sk, windows, varlen with empty
+      // entries (below), seqused_k.
       with(dense(DType::bf16, 1, 203, 113, 2, 1, 128), kCausal),  // rows 0..89 see no key
       with(dense(DType::f16, 2, 300, 200, 4, 2, 128), kWindow),
       with(dense(DType::bf16, 1, 260, 270, 2, 1, 64), kWindowLeftOnly),
@@ -614,8 +533,6 @@ TEST(HopperBwd, SmallFusedConvert) {
     SCOPED_TRACE(c.describe());
     const FwdInputs in = make_inputs(c);
     if (!expect_goes_to_hopper(c, in)) continue;
-    if (c.d == 64 && !block_m_64) continue;
-    EXPECT_TRUE(fused_convert_serves(c, in)) << "the fused convert should serve " << c.describe();
     expect_backward_accurate(c);
   }
 }

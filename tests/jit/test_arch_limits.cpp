@@ -132,7 +132,7 @@ std::string define(const jit::KernelSpec& spec, const std::string& name) {
 /// where they run, else (vector-reduction dQ, deterministic mode) 64 on the pipelined loop on three
 /// stages (softcap: the serial loop on them); the other head dims 64 queries, serial on two.
 TEST(ArchLimits, HopperBwdTileWhereItFits) {
-  int pipelined = 0, wide_steps = 0, dropout = 0, ordered = 0, fused = 0;
+  int pipelined = 0, wide_steps = 0, dropout = 0, ordered = 0;
   for (const jit::KernelSpec& spec : hopper_bwd::variants(90)) {
     const bool d64 = define(spec, "FP_HEADDIM") == "64";
     // softcap (2) and dropout (3): the serial loop
@@ -157,29 +157,15 @@ TEST(ArchLimits, HopperBwdTileWhereItFits) {
       EXPECT_EQ(define(spec, "FP_BWD_PIPE"), "0") << spec.key();
       EXPECT_LE(std::stoi(define(spec, "FP_HEADDIM")), 128) << spec.key();
     }
-    // FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1: bulk dQ on 64 queries per step, plain and ALiBi
-    if (define(spec, "FP_BWD_FUSED_CONVERT") != "(unset)") {
-      ++fused;
-      EXPECT_EQ(define(spec, "FP_BWD_FUSED_CONVERT"), "1") << spec.key();
-      EXPECT_EQ(define(spec, "FP_DQ_MODE"), "1") << spec.key();
-      EXPECT_FALSE(m128) << spec.key();
-      EXPECT_LE(std::stoi(define(spec, "FP_BWD_GENERAL")), 1) << spec.key();
-      EXPECT_LE(std::stoi(define(spec, "FP_HEADDIM")), 128) << spec.key();
-      EXPECT_NE(define(spec, "FP_HEADDIM"), "96") << spec.key();
-    }
   }
-  // {f16, bf16} x {dQ mode 0, deterministic bulk dQ, fused convert} x score stage {plain, ALiBi}
-  EXPECT_EQ(pipelined, 12);
+  EXPECT_EQ(pipelined, 8);    // {f16, bf16} x {dQ mode 0, deterministic bulk dQ} x score stage {plain, ALiBi}
   EXPECT_EQ(wide_steps, 10);  // {f16, bf16} x score stage {plain, ALiBi, softcap}, all but softcap x order 1
   EXPECT_EQ(dropout, 18);     // {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192), d 64
                               // and 128's also in order 1
   // {f16, bf16} x (d 64: 128 queries x {plain, ALiBi}, 64 queries serial x {softcap, dropout} x
   // dQ modes {0, 1}; d 96 x {plain, ALiBi}; d 128 x {plain, ALiBi, softcap} x dQ modes {0, 1},
   // and dropout on bulk dQ)
-  // ... and the fused convert's d 128 x {plain, ALiBi}
-  EXPECT_EQ(ordered, 2 * (2 + 4 + 2 + 7 + 2));
-  // {f16, bf16} x {plain, ALiBi} x (d 128 in both orders, d 64's 64-query tile)
-  EXPECT_EQ(fused, 12);
+  EXPECT_EQ(ordered, 2 * (2 + 4 + 2 + 7));
   // The table's d 64 tile is the 128-query one; deterministic mode and dQ mode 0 take 64 queries.
   EXPECT_EQ(hopper_bwd::tile_for(64).block_m, 128);
   EXPECT_EQ(hopper_bwd::tile_64_queries(64).block_m, 64);
@@ -193,8 +179,7 @@ TEST(ArchLimits, HopperBwdAblationsCompile) {
   int compiled = 0;
   for (jit::KernelSpec spec : hopper_bwd::variants(90)) {
     if (define(spec, "FP_HEADDIM") != "64" || define(spec, "FP_BWD_GENERAL") != "0" ||
-        define(spec, "FP_DQ_MODE") != "1" || define(spec, "FP_DTYPE") != "bf16" ||
-        define(spec, "FP_BWD_FUSED_CONVERT") != "(unset)")
+        define(spec, "FP_DQ_MODE") != "1" || define(spec, "FP_DTYPE") != "bf16")
       continue;
     spec.defines.push_back({"FP_BWD_ABLATE", "15"});
     const jit::CompileResult r = jit::compile(spec);

@@ -136,8 +136,7 @@ void launch_backward(const AttnProblem& p) {
   const long long slice_floats = p.hq * prm.rows_total * prm.accum_ld;
 
   // Scratch: D (hq * rows_total floats), then the dQ accumulator, 256-byte aligned, then the dQ tiles'
-  // turn counters (deterministic mode of a single-slice kernel) or the fused convert's arrival counters,
-  // zeroed with the accumulator.
+  // turn counters (deterministic mode of a single-slice kernel), zeroed with the accumulator.
   const size_t dsum_bytes = align_256((size_t)(p.hq * prm.rows_total) * sizeof(float));
   const size_t accum_bytes = (size_t)(prm.num_slices * slice_floats) * sizeof(float);  // accum_ld % 32 == 0
   // Rounded up to whole 16-byte words: the dot kernel zeroes both in 16-byte stores.
@@ -148,7 +147,6 @@ void launch_backward(const AttnProblem& p) {
   prm.dq_accum = reinterpret_cast<float*>(scratch + dsum_bytes);
   prm.dq_tile_count = count_bytes ? reinterpret_cast<int*>(scratch + dsum_bytes + accum_bytes) : nullptr;
   prm.zero_words = (long long)((accum_bytes + count_bytes) / 16);
-  prm.zero_dq_rows = family.launch.writes_dq(prm) ? 1 : 0;  // the fused convert skips unseen blocks
   const unsigned aux_x = (unsigned)((p.sq + kBwdAuxRows - 1) / kBwdAuxRows);
   // The dot kernel zeroes the accumulator and counters (BwdParams::zero_words): one launch fewer than a
   // memset before it (H200, GPT-2 at 8 x 1024: the memsets took about 6 us of each layer's backward).
@@ -159,8 +157,7 @@ void launch_backward(const AttnProblem& p) {
     launch_batch_chunks(dot, prm, aux_x, (unsigned)p.hq, (unsigned)kBwdAuxThreads, 0, arch);
   }
   family.launch.main(prm, arch);
-  // The fused convert (FLASHPORT_HOPPER_BWD_FUSED_CONVERT) wrote dq from the main kernel.
-  if (aux_x > 0 && !family.launch.writes_dq(prm)) {
+  if (aux_x > 0) {
     const jit::Kernel& convert = cached_kernel(backward_convert_spec, device, 0, arch, p.in_type);
     launch_batch_chunks(convert, prm, aux_x, (unsigned)p.hq, (unsigned)kBwdAuxThreads, 0, arch);
   }

@@ -35,7 +35,7 @@ constexpr BackwardFamily kBackward[] = {
      hopper_bwd::variants,
      hopper_bwd::is_main_kernel,
      {hopper_bwd::tiled_accumulator, [](const BwdParams&, int) { return 1; }, hopper_bwd::launch_main,
-      hopper_bwd::dq_tile_counts, hopper_bwd::fused_convert}},
+      hopper_bwd::dq_tile_counts}},
     {"portable",
      0,
      takes_every_call,
@@ -43,7 +43,7 @@ constexpr BackwardFamily kBackward[] = {
      backward_main_variants,
      is_main_backward_kernel,
      {[](const AttnProblem&) { return 0; }, backward_slices, launch_backward_main,
-      [](const BwdParams&) { return 0LL; }, [](const BwdParams&) { return false; }}},
+      [](const BwdParams&) { return 0LL; }}},
 };
 
 /// Prints why `family` declined, the first time this reason comes up in the process.

@@ -38,7 +38,6 @@ struct BackwardMain {
   int (*slices)(const BwdParams& prm, int arch);      // BwdParams::num_slices it needs
   void (*main)(BwdParams& prm, int arch);             // D in prm.dsum, dq_accum zeroed: writes dk, dv, dQ
   long long (*dq_tile_counts)(const BwdParams& prm);  // BwdParams::dq_tile_count's length (0: none)
-  bool (*writes_dq)(const BwdParams& prm);            // main writes dq itself: no dQ-convert launch
 };
 using BackwardFamily = KernelFamily<BackwardMain>;
 

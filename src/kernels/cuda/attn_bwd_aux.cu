@@ -72,16 +72,9 @@ FP_DEV float dot8(const U32x4& a, const U32x4& b) {
   return s;
 }
 
-/// Whether query row i of sequence seq sees some key.
-FP_DEV bool row_sees_keys(const AttnProblem& p, const Seq& seq, int i) {
-  const sem::KeyRange kr = sem::visible_keys(i, seq.len_q, seq.len_k, p.window_left, p.window_right);
-  return kr.hi > kr.lo;
-}
-
 /// D_i = sum_c dO[i, c] * O[i, c] in fp32 into prm.dsum (LSE layout). Grid (ceil(p.sq / 16), hq,
 /// batch), 128 threads; one warp per row, lanes over 8-channel chunks; rows past the sequence skipped
-/// (the main kernel never reads them). With BwdParams::zero_dq_rows also dq = 0 in the rows that see no
-/// key. A template so the 16-byte path is dropped for fp32.
+/// (the main kernel never reads them). A template so the 16-byte path is dropped for fp32.
 template <class E>
 FP_DEV void dot_do_o(const BwdParams& prm) {
   using S = typename E::Storage;
@@ -106,10 +99,6 @@ FP_DEV void dot_do_o(const BwdParams& prm) {
         }
         acc = vl.group_sum(acc);
         if (i < seq.len_q && vl.chunk0() == 0) prm.dsum[d_row0 + i] = acc;
-        if (prm.zero_dq_rows && i < seq.len_q && !row_sees_keys(p, seq, i)) {
-          S* dq = static_cast<S*>(p.grad_q.ptr) + row_offset(p.grad_q, varlen, b, seq.q_start, i, h);
-          for (int c = vl.chunk0(); c < p.d; c += vl.lanes * 8) st_global_16(dq + c, U32x4{0, 0, 0, 0});
-        }
       }
       return;
     }

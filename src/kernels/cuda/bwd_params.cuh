@@ -6,8 +6,7 @@
 
 namespace flashport::cuda {
 
-/// Arguments of the three backward kernels (dot_do_o, main, dq_convert; the Hopper fused convert folds the
-/// last into the main kernel: hopper_bwd::fused_convert).
+/// Arguments of the three backward kernels (dot_do_o, main, dq_convert).
 ///
 /// Scratch, fp32, allocated stream-ordered by the host:
 /// - `dsum`: D_i = rowsum(dO_i * O_i), laid out like the LSE (lse_offset).
@@ -34,9 +33,7 @@ struct BwdParams {
   // Deterministic mode of a single-slice kernel (the Hopper ones), else null: per 64-query dQ tile of
   // the tiled row numbering (row (h * accum_rows_tiled + bwd::accum_row0(tiled) + m0) / 64), how many
   // key blocks have added theirs. Zeroed with dq_accum; each key block waits for its turn (the count
-  // of key blocks before it that see the tile), so the additions happen in key-block order. The fused
-  // convert of the narrow Hopper kernel (FP_BWD_FUSED_CONVERT, never deterministic) counts arrivals in
-  // it instead: the key block whose addition completes a query block's count writes that block's dq.
+  // of key blocks before it that see the tile), so the additions happen in key-block order.
   int* dq_tile_count;
   // 16-byte words from dq_accum on (the accumulator, then the tile counters) that dot_do_o zeroes, each
   // of its CTAs an equal share: the main kernel's memset, without its own launch.
@@ -45,10 +42,6 @@ struct BwdParams {
   // in grid order, x fastest, so with 1 each batch entry starts all its heads' key block 0 (under a
   // causal mask the longest) first and ends on short blocks, the grid's tail among them.
   int keys_outer;
-  // 1 where the main kernel writes dq itself (the Hopper fused convert): it converts only query blocks
-  // some key block sees, so dot_do_o writes the dq rows that see no key as zeros (16-byte path only: the
-  // host sets this with vec).
-  int zero_dq_rows;
 };
 
 /// Grid of the two aux kernels (attn_bwd_aux.cu: D before the main kernel, the dQ convert after it):

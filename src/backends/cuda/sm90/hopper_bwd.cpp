@@ -69,11 +69,10 @@ Tile tile_of(const AttnProblem& p) {
 
 /// make_spec's opt-in defines, bit flags of its `extras`: each adds its define only when set, so that the
 /// default specs (and their SASS) stay those of before the option existed.
-constexpr int kExtraOrder = 1;         // FP_BWD_ORDER 1 (FLASHPORT_HOPPER_BWD_ORDER, order_of)
-constexpr int kExtraFusedConvert = 2;  // FP_BWD_FUSED_CONVERT 1 (FLASHPORT_HOPPER_BWD_FUSED_CONVERT)
+constexpr int kExtraOrder = 1;  // FP_BWD_ORDER 1 (FLASHPORT_HOPPER_BWD_ORDER, order_of)
 
 /// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi), 3
-/// dropout (alone). `extras`: kExtraOrder, kExtraFusedConvert.
+/// dropout (alone). `extras`: kExtraOrder.
 jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe, int block_m,
                           int extras) {
   const bool wide = wide_kernel(d);
@@ -88,18 +87,7 @@ jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int st
                         {"FP_BWD_PIPE", std::to_string(pipe)}},
                        90};
   if (extras & kExtraOrder) spec.defines.push_back({"FP_BWD_ORDER", "1"});
-  if (extras & kExtraFusedConvert) spec.defines.push_back({"FP_BWD_FUSED_CONVERT", "1"});
   return spec;
-}
-
-/// Whether tile `t` at head dim d with score stage `general` has a fused-convert kernel
-/// (FP_BWD_FUSED_CONVERT): the narrow kernel's bulk dQ (d 64 and 128; d 96's row-major accumulator and the
-/// wide kernel keep the convert launch) outside deterministic mode, on 64 queries per step without softcap or
-/// dropout, where the producers have 40 registers: under 24 (128 queries per step, d 64's table tile;
-/// dropout) and with softcap, ptxas spilled 4-240 bytes (the consumers' too). At d 64 that is the 64-query
-/// tile (FLASHPORT_HOPPER_BWD_BLOCK_M=64).
-bool fused_convert_tile(int d, const Tile& t, int general, bool deterministic) {
-  return !wide_kernel(d) && t.dq_mode == 1 && !deterministic && t.block_m == 64 && general <= 1;
 }
 
 /// The serial loop's GEMM order (FLASHPORT_HOPPER_BWD_ORDER, make_spec's kExtraOrder bit) where tile `t`
@@ -178,19 +166,7 @@ bool takes_dropout(int d) {
 }
 
 long long dq_tile_counts(const BwdParams& prm) {
-  return prm.p.deterministic || fused_convert(prm) ? prm.p.hq * accum_rows_tiled(prm.p) / 64 : 0;
-}
-
-bool fused_convert_fits(const BwdParams& prm) {
-  const AttnProblem& p = prm.p;
-  // Any mask and layout: blocks no key block sees are never converted, and their rows (which see no key)
-  // are the D kernel's zeros (BwdParams::zero_dq_rows, on its 16-byte path: vec).
-  return fused_convert_tile((int)p.d, tile_of(p), score_stage(p), p.deterministic) && p.sq > 0 && p.sk > 0 &&
-         prm.vec != 0 && prm.num_slices == 1 && prm.accum_tiled == 64;
-}
-
-bool fused_convert(const BwdParams& prm) {
-  return core::tuning().hopper_bwd_fused_convert.get() && fused_convert_fits(prm);
+  return prm.p.deterministic ? prm.p.hq * accum_rows_tiled(prm.p) / 64 : 0;
 }
 
 int tiled_accumulator(const AttnProblem& p) {
@@ -248,11 +224,7 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const bool fused = fused_convert(prm);
-  if (fused && prm.dq_tile_count == nullptr)
-    throw Error("q", "internal: the Hopper backward's fused dQ convert got no arrival counters");
-  const int extras =
-      order_of(d, tile, general, core::tuning().hopper_bwd_order.get()) | (fused ? kExtraFusedConvert : 0);
+  const int extras = order_of(d, tile, general, core::tuning().hopper_bwd_order.get());
   const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general,
                                             tile.stages, tile.pipe, tile.block_m, extras);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
@@ -286,15 +258,6 @@ std::vector<jit::KernelSpec> variants(int arch) {
             for (int order_knob : {0, 1})  // FLASHPORT_HOPPER_BWD_ORDER's values
               add(make_spec(elem_type, d, t.dq_mode, general, t.stages, t.pipe, t.block_m,
                             order_of(d, t, general, order_knob)));
-          }
-          // FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1's kernels where it runs: d 128, and d 64 on the 64-query
-          // tile (FLASHPORT_HOPPER_BWD_BLOCK_M=64), plain and ALiBi.
-          for (int block_m_knob : {0, 64}) {
-            const Tile t = launch_tile(d, general, dq_knob, -1, block_m_knob);
-            if (!fused_convert_tile(d, t, general, false)) continue;
-            for (int order_knob : {0, 1})
-              add(make_spec(elem_type, d, t.dq_mode, general, t.stages, t.pipe, t.block_m,
-                            order_of(d, t, general, order_knob) | kExtraFusedConvert));
           }
         }
   return specs;

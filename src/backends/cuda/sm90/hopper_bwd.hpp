@@ -29,26 +29,13 @@ bool takes_dropout(int d);
 int tiled_accumulator(const AttnProblem& p);
 
 /// Deterministic mode: BwdParams::dq_tile_count's length, one turn counter per 64-query dQ tile of
-/// every query head (the tiled row numbering, whatever the accumulator's layout); the same length of
-/// arrival counters where fused_convert(prm); 0 otherwise.
+/// every query head (the tiled row numbering, whatever the accumulator's layout); 0 otherwise.
 long long dq_tile_counts(const BwdParams& prm);
-
-/// Whether the main kernel can convert dQ itself for prm (whatever FLASHPORT_HOPPER_BWD_FUSED_CONVERT
-/// says): the narrow kernel's bulk-dQ tiles (d 64 and 128, tiled accumulator, one slice), not
-/// deterministic, and every query row guaranteed a key, so that every dq row is written: dense (no
-/// varlen, no seqused_k), no left window, a right bound (causal: 0) of at least sq - sk, sq and sk > 0;
-/// and 16-byte aligned rows of every operand (prm.vec: the convert's 16-byte stores).
-bool fused_convert_fits(const BwdParams& prm);
-
-/// fused_convert_fits(prm) under FLASHPORT_HOPPER_BWD_FUSED_CONVERT=1: launch_main then writes dq in the
-/// input dtype from the kernel (FP_BWD_FUSED_CONVERT), with BwdParams::dq_tile_count as its arrival
-/// counters (dq_tile_counts), and backward.cpp skips the convert launch.
-bool fused_convert(const BwdParams& prm);
 
 /// The backward family's launch (family.hpp): runs the main kernel on prm.p.stream for a problem
 /// unsupported(prm.p, arch) took. prm.dsum must hold D, prm.dq_accum must be zeroed (one slice, tiled
-/// as tiled_accumulator says); writes dk, dv and adds the unscaled dQ partials into prm.dq_accum (where
-/// fused_convert(prm), also writes dq). Never synchronises.
+/// as tiled_accumulator says); writes dk, dv and adds the unscaled dQ partials into prm.dq_accum. Never
+/// synchronises.
 void launch_main(BwdParams& prm, int arch);
 
 /// Every Hopper backward kernel (element type x head dim) for `arch`; empty unless arch == 90.

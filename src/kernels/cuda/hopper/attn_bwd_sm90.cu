@@ -6,12 +6,9 @@
 // already in the register layout of the A operand of dV += P^T dO and dK += dS^T Q. dS^T also goes to
 // shared memory for dQ = dS K, whose fp32 tiles the consumers stage in shared memory and one producer
 // thread adds to the accumulator in global memory with bulk reduce-adds (FP_DQ_MODE 1, d 64 and 128;
-// mode 0 and d 96: two producer warps' vector reductions). With FP_BWD_FUSED_CONVERT the drain also counts
-// each query block's key blocks and producer warp 3 converts a finished block to dq
-// (bwd_sm90_fused_convert.cuh).
+// mode 0 and d 96: two producer warps' vector reductions).
 // Shape from -D FP_DTYPE, FP_HEADDIM, FP_BLOCK_M, FP_STAGES (tile_for in bwd_sm90_config.h).
 #include "cuda/hopper/bwd_sm90_common.cuh"
-#include "cuda/hopper/bwd_sm90_fused_convert.cuh"
 
 namespace flashport::cuda::hopper_bwd {
 
@@ -59,7 +56,6 @@ static_assert(!kDqBulk || (kTiledDq && bulk_dq_fits(kHeadDim)),
               "bulk dQ reductions need the tiled accumulator (the staged tile's order)");
 static_assert(!kDqSplitQueries || (kDqBulk && !kPipe && kTiledDq),
               "128 queries per step: bulk dQ into the tiled accumulator, the serial loop");
-static_assert(!kFusedConvert || (kDqBulk && kTiledDq), "the fused convert reads back the bulk-dQ tiles");
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory. Every tile is stored as 64-column chunks of rows x 128 bytes in the 128B-swizzle
@@ -81,9 +77,6 @@ struct alignas(1024) SharedStorage {
   u64 bar_empty[kStages];        // 256 consumer threads done with the stage
   u64 bar_dq_full[kDqBuffers];   // 256 consumer threads stored the step's dQ
   u64 bar_dq_empty[kDqBuffers];  // the 64 dQ threads (bulk: the bulk copy) read it
-#if FP_BWD_FUSED_CONVERT   // within the last 1 KB's padding: smem_bytes is the same (static_assert below)
-  ConvertRequest convert;  // the drain's request to the converter warp (kBarConvertFull / kBarConvertEmpty)
-#endif
 };
 static_assert(sizeof(SharedStorage) + 1024 == smem_bytes(kHeadDim, kTile),
               "host and kernel disagree on the shared-memory size");
@@ -92,11 +85,6 @@ static_assert(smem_bytes(kHeadDim, kTile) <= kSmemLimit, "over 227 KB");
 constexpr u32 kBarDs = 1;       // named barrier: both consumers' dS^T stored (256 threads)
 constexpr int kDqThreads = 64;  // warps 2 and 3 of the producer warpgroup add dQ to global memory
 constexpr u32 kBarDqDrain = 2;  // named barrier of the 64 drain threads (deterministic mode)
-// The fused convert's mailbox (SharedStorage::convert): warp 2 (the drain thread; its other lanes have
-// exited, so it arrives for its warp) and warp 3 (the converter), 64 threads each. racecheck reports the
-// slot's hand-off as a hazard through these as it did through an mbarrier pair (BWD_NOTES part 14).
-constexpr u32 kBarConvertFull = 3;   // the drain posted a request
-constexpr u32 kBarConvertEmpty = 4;  // the converter warp read it
 // 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the dQ warps need more than a TMA-only 24. With 128
 // queries per step (bulk dQ: one producer thread drains) 128 x 24 + 256 x 240: the consumers spilled
 // 40 bytes under 232.
@@ -106,8 +94,6 @@ static_assert(!kDropout || (dropout_fits(kHeadDim, FP_DQ_MODE) && !kDqSplitQueri
 constexpr bool kWideConsumers = kDqSplitQueries || (kDropout && kDqBulk);
 constexpr int kProducerRegs = kWideConsumers ? 24 : 40;
 constexpr int kConsumerRegs = kWideConsumers ? 240 : 232;
-static_assert(!kFusedConvert || (!kWideConsumers && !kSoftcap),
-              "the fused convert where it compiled without spills (hopper_bwd::fused_convert_tile)");
 
 /// Thread 64 (bulk mode), after step t's copy is committed: the previous step's staging buffer is free
 /// once its copy has read it (this step's may still be read); a single buffer once this step's copy has.
@@ -168,85 +154,6 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
   }
   sm90::bulk_wait_all();
 }
-
-#if FP_BWD_FUSED_CONVERT  // SharedStorage::convert exists in these variants only
-/// kFusedConvert, thread 64: bulk_drain_dq's additions (never deterministic), and once a step's are
-/// performed, an arrival on its query block's counter (dq_tile_counter of the block's first 64-row tile);
-/// where the arrival completes the count (dq_block_arrivals), the block goes to the converter warp
-/// (convert_finished_blocks). Step t's arrival waits until step t + 1's copy is issued (one bulk group left
-/// incomplete), so the drain does not stall on each step's write latency; the last step's waits for all.
-/// The conversion runs in warp 3 (idle in bulk mode), beside the drain, which keeps issuing meanwhile;
-/// the drain's loop state and a conversion in one warp spilled 20 bytes even under 40 registers. Only
-/// the 40-register producers take this (hopper_bwd::fused_convert_tile): under 24 (128 queries per
-/// step, dropout) and with softcap ptxas spilled 4-240 bytes, the consumers' included.
-FP_DEV void bulk_drain_dq_converting(const BwdSm90Params& prm, SharedStorage& s, const Work& w) {
-  constexpr u32 kTileBytes = sizeof(s.dq[0]);
-  u32 posted = 0;  // requests posted to the converter
-  // One request to the converter once it has taken the previous one.
-  auto post = [&](int h, int m0) {
-    if (posted > 0) sm90::warp_bar_sync(kBarConvertEmpty, 64);
-    s.convert = ConvertRequest{h, m0};
-    sm90::warp_bar_arrive(kBarConvertFull, 64);  // the request before the converter's reads
-    ++posted;
-  };
-  // The arrival of the step at (h, m0) once its additions are performed (`last`: no bulk group after
-  // its own, else one that may still be incomplete).
-  auto arrive = [&](int h, int m0, bool last) {
-    if (last)
-      sm90::bulk_wait_complete<0>();
-    else
-      sm90::bulk_wait_complete<1>();
-    sm90::fence_proxy_async_global();  // the completed bulk writes before the generic release below
-    const BwdParams* q = opaque_params(prm.bwd);
-    if (arrive_dq_block(q->dq_tile_count + dq_tile_row(q->p, w.seq, w.b, h, m0) / 64) + 1 ==
-        dq_block_arrivals(q->p, w.seq, m0))
-      post(h, m0);
-  };
-  for (int t = 0; t < w.steps; ++t) {
-    const int buf = t % kDqBuffers;
-    const int h = step_head(w, t), m0 = step_m0(w, t);
-    sm90::mbar_wait(bar_addr(s.bar_dq_full[buf]), (u32)(t / kDqBuffers) & 1u);
-    const BwdParams* q = opaque_params(prm.bwd);
-    float* g_tile = q->dq_accum + dq_tile_row(q->p, w.seq, w.b, h, m0) * kHeadDim;
-    const u32 s_tile = smem_addr(&s.dq[buf][0][0][0][0]);
-    if (kAblate & 1) {
-    } else if (kDqSplitKeys) {  // 64 queries per step only (static_assert above)
-      sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes / 2);
-      sm90::bulk_reduce_add_f32(g_tile, s_tile + kTileBytes / 2, kTileBytes / 2);
-    } else {
-      sm90::bulk_reduce_add_f32(g_tile, s_tile, kTileBytes);
-    }
-    sm90::bulk_commit();
-    release_dq_buffer(s, t);
-    if (t > 0) arrive(step_head(w, t - 1), step_m0(w, t - 1), false);
-  }
-  arrive(step_head(w, w.steps - 1), step_m0(w, w.steps - 1), true);  // run_roles returned at 0 steps
-  post(-1, 0);
-}
-
-/// kFusedConvert, warp 3 (lane `lane`): every query block the drain posts, converted to dq
-/// (convert_dq_block), until the empty request. Each lane's acquire load of the block's counter orders
-/// its reads of the tiles after every key block's additions (bwd_sm90_fused_convert.cuh).
-FP_DEV void convert_finished_blocks(const BwdSm90Params& prm, SharedStorage& s, int lane) {
-  for (;;) {
-    sm90::named_bar_sync(kBarConvertFull, 64);
-    const ConvertRequest rq = s.convert;
-    if (rq.h < 0) return;                          // the last request: the drain waits for no more reads
-    sm90::named_bar_arrive(kBarConvertEmpty, 64);  // every lane's read before the drain's next write
-    // Everything from the parameters per block.
-    const BwdParams* q = opaque_params(prm.bwd);
-    const int b = grid_batch(*q);
-    const bwd::Seq seq = bwd::sequence(q->p, b);
-    const i64 row = dq_tile_row(q->p, seq, b, rq.h, rq.m0);
-    wait_dq_turn(q->dq_tile_count + row / 64, 0);  // the acquire: one load (the count is complete)
-    const Operand& dq = q->p.grad_q;
-    void* g_dq = static_cast<Elem::Storage*>(dq.ptr) +
-                 bwd::row_offset(dq, q->p.cu_seqlens_q != nullptr, b, seq.q_start, rq.m0, rq.h);
-    convert_dq_block<Elem>(q->dq_accum + row * kHeadDim, g_dq, min_int(seq.len_q - rq.m0, kBlockM),
-                           dq.row_stride, q->p.scale, lane);
-  }
-}
-#endif
 
 /// Warps 2 and 3 (thread `wt` of 64): every step's dQ tiles from s.dq, added to the fp32 accumulator with
 /// vector reductions. Keeping the reductions off the consumers keeps their proxy fence (before each dS^T
@@ -588,15 +495,10 @@ FP_DEV void init_more_barriers(SharedStorage& s) {
 /// One CTA per cluster: nothing to meet.
 FP_DEV void sync_peers(const BwdSm90Params&, SharedStorage&) {}
 
-/// Producer warps 2 and 3 drain dQ (bulk mode: thread 64 alone; with the fused convert, warp 3 converts).
+/// Producer warps 2 and 3 drain dQ (bulk mode: thread 64 alone).
 FP_DEV void produce_more(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int d) {
   if (kDqBulk) {
-#if FP_BWD_FUSED_CONVERT
-    if (d == 0) bulk_drain_dq_converting(prm, s, w);
-    if (d >= 32) convert_finished_blocks(prm, s, d - 32);
-#else
     if (d == 0) bulk_drain_dq(prm, s, w);
-#endif
   } else {
     drain_dq(prm, s, w, d);
   }

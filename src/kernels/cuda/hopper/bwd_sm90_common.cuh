@@ -44,13 +44,6 @@ static_assert(kStages >= 1, "at least one Q / dO buffer");
 constexpr bool kAlibi = FP_BWD_GENERAL == 1 || FP_BWD_GENERAL == 2;
 constexpr bool kSoftcap = FP_BWD_GENERAL == 2;
 constexpr bool kDropout = FP_BWD_GENERAL == 3;
-// FP_BWD_FUSED_CONVERT 1 (the host's FLASHPORT_HOPPER_BWD_FUSED_CONVERT, narrow kernel with bulk dQ only):
-// the kernel writes dq itself (attn_bwd_sm90.cu, bulk_drain_dq_converting), and BwdParams::dq_tile_count
-// holds per-tile arrival counts instead of deterministic mode's turns (the host never sets both).
-#ifndef FP_BWD_FUSED_CONVERT
-#define FP_BWD_FUSED_CONVERT 0
-#endif
-constexpr bool kFusedConvert = FP_BWD_FUSED_CONVERT != 0;
 
 constexpr int kConsumerThreads = 256;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;      // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
@@ -93,10 +86,9 @@ FP_DEV int grid_batch(const BwdParams& prm) {
 
 /// This CTA's key block. With kTurnsFromLast, deterministic runs (always key blocks innermost) dispatch
 /// the key blocks of a (kv head, sequence) from the last down: a CTA then waits (dq_turn) only on CTAs
-/// dispatched before it. The fused convert's arrival counters (kFusedConvert) need no order.
+/// dispatched before it.
 FP_DEV int key_block(const BwdParams& prm) {
-  return kTurnsFromLast && !kFusedConvert && prm.dq_tile_count ? (int)gridDim.x - 1 - (int)blockIdx.x
-                                                               : grid_key_index(prm);
+  return kTurnsFromLast && prm.dq_tile_count ? (int)gridDim.x - 1 - (int)blockIdx.x : grid_key_index(prm);
 }
 
 /// The query blocks [begin, end) that see a key of [n0, n0 + kBlockN) of sequence `seq` (empty: begin ==

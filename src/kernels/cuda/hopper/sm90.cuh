@@ -227,14 +227,6 @@ FP_DEV void named_bar_sync(u32 id, u32 count) {
 FP_DEV void named_bar_arrive(u32 id, u32 count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
-// The same without .aligned, for a thread whose warp-mates do not execute it (they exited): the barrier
-// counts a warp once all its non-exited threads arrived, so one thread can arrive for its warp.
-FP_DEV void warp_bar_sync(u32 id, u32 count) {
-  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-FP_DEV void warp_bar_arrive(u32 id, u32 count) {
-  asm volatile("barrier.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
 
 // ---------------------------------------------------------------------------------------------
 // Plain shared and global accesses in PTX (shared addresses from smem_addr), where the kernels need an
@@ -279,10 +271,6 @@ FP_DEV void red_add_f32x2_if(bool pred, float* g, Float2 v) {
       "f"(v.x), "f"(v.y), "r"((int)pred)
       : "memory");
 }
-/// Two registers to an 8-byte aligned global address.
-FP_DEV void st_global_u32x2(void* g, u32 lo, u32 hi) {
-  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(g), "r"(lo), "r"(hi) : "memory");
-}
 /// A global int read with acquire semantics at GPU scope.
 FP_DEV int ld_acquire_gpu_s32(const int* g) {
   int v;
@@ -292,12 +280,6 @@ FP_DEV int ld_acquire_gpu_s32(const int* g) {
 /// Adds 1 to a global int with release semantics at GPU scope.
 FP_DEV void red_release_gpu_inc(int* g) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(g) : "memory");
-}
-/// The same, returning the value before the addition.
-FP_DEV int atom_release_gpu_inc(int* g) {
-  int before;
-  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(g) : "memory");
-  return before;
 }
 
 /// threadIdx.x / blockIdx.x read by a volatile asm, so a value derived from them is computed where it is

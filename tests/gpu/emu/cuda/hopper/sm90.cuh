@@ -120,10 +120,6 @@ inline int ld_volatile_shared_s32(u32 s_addr) {
 inline void red_add_f32x2_if(bool pred, float* g, Float2 v) {
   if (pred) g[0] += v.x, g[1] += v.y;
 }
-inline void st_global_u32x2(void* g, u32 lo, u32 hi) {
-  const u32 v[2] = {lo, hi};
-  std::memcpy(g, v, 8);
-}
 /// A poll that finds the turn not yet reached lets the other threads run.
 inline int ld_acquire_gpu_s32(const int* g) {
   emu::spin("global counter", 0);
@@ -132,10 +128,6 @@ inline int ld_acquire_gpu_s32(const int* g) {
 inline void red_release_gpu_inc(int* g) {
   ++*g;
   emu::progress();
-}
-inline int atom_release_gpu_inc(int* g) {
-  emu::progress();
-  return (*g)++;
 }
 inline int tid_x_volatile() {
   return (int)threadIdx.x;
@@ -148,12 +140,6 @@ inline void named_bar_sync(u32 id, u32 count) {
   emu::named_bar(id, count, true);
 }
 inline void named_bar_arrive(u32 id, u32 count) {
-  emu::named_bar(id, count, false);
-}
-inline void warp_bar_sync(u32 id, u32 count) {
-  emu::named_bar(id, count, true);
-}
-inline void warp_bar_arrive(u32 id, u32 count) {
   emu::named_bar(id, count, false);
 }
 
