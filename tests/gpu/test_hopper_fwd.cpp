@@ -11,6 +11,7 @@
 #include "backends/cuda/autotune.hpp"
 #include "backends/cuda/sm80/forward.hpp"
 #include "backends/cuda/sm90/hopper_fwd.hpp"
+#include "common/kvcache_case.hpp"
 #include "core/attn_validate.hpp"
 #include "gpu/gpu_test_util.hpp"
 #include "gpu/hopper_support_problem.hpp"
@@ -83,8 +84,8 @@ TEST(HopperFwd, SmallSupportAndVariants) {
       declines([&](AttnProblem& x) { x.dropout_p = 0.1f, x.alibi = static_cast<const float*>(aligned); }));
   // Paged K/V (k's batches are the pool's pages): any page shorter than the 128-key tile where the cp.async
   // gather loads them (d <= 128, no softcap / ALiBi / dropout), else pages of a multiple of 8 tokens that
-  // divide the key tile or are a multiple of it; cache_leftpad and cache_batch_idx stay on the portable
-  // kernel.
+  // divide the key tile or are a multiple of it. cache_leftpad and cache_batch_idx run here over dense
+  // caches; a left pad over pages stays on the portable kernel.
   const auto paged = [aligned](long long page) {
     return [aligned, page](AttnProblem& x) {
       x.block_table = static_cast<const int*>(aligned), x.block_table_stride = 3, x.page_size = page;
@@ -104,7 +105,10 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   EXPECT_FALSE(declines([&](AttnProblem& x) { paged(16)(x), x.kv_rows = 1LL << 28; }));
   EXPECT_TRUE(
       declines([&](AttnProblem& x) { paged(16)(x), x.leftpad_k = static_cast<const int*>(aligned); }));
-  EXPECT_TRUE(declines([&](AttnProblem& x) { x.kv_batch_idx = static_cast<const int*>(aligned); }));
+  const auto* index = static_cast<const int*>(aligned);
+  EXPECT_FALSE(declines([&](AttnProblem& x) { x.kv_batch_idx = index, x.kv_rows = 5; }));
+  EXPECT_FALSE(declines([&](AttnProblem& x) { x.leftpad_k = index; }));
+  EXPECT_FALSE(declines([&](AttnProblem& x) { x.leftpad_k = x.kv_batch_idx = index, x.kv_rows = 5; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 4; }));  // rows not 16-byte aligned
   EXPECT_TRUE(declines([](AttnProblem& x) { x.o.ptr = static_cast<char*>(x.o.ptr) + 8; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.k.batch_stride = 0; }));  // broadcast batch
@@ -124,8 +128,8 @@ TEST(HopperFwd, SmallSupportAndVariants) {
   // 2 dtypes x (5 head dims + 5 persistent + 3 persistent with O apart + 10 alternatives + the launch
   // rule's d 64 persistent shapes, 128 and 192 rows + 2 transforms x the rule's 9 shapes + dropout's 4
   // + e4m3 at d 64, 128 and 256 writing this dtype, persistent at d 64 and 128, and d 64's 192-row tile
-  // on both grids)
-  EXPECT_EQ(hopper::variants(90).size(), 108u);
+  // on both grids + e4m3 with ALiBi or softcap at d 64 (both tiles), 128 and 256, one CTA per block)
+  EXPECT_EQ(hopper::variants(90).size(), 124u);
   EXPECT_TRUE(hopper::variants(80).empty());
 }
 
@@ -314,6 +318,63 @@ TEST(HopperFwd, SmallPagedKv) {
   Case w = paged(dense(DType::f16, 2, 129, 1, 2, 2, 128), 64, {400, 140});
   w.wl = 100, w.wr = 0;
   expect_hopper_accurate(w);
+}
+
+/// A prefill chunk against a dense kv cache (no append) on the Hopper kernel, called directly on the problem
+/// flash_attn_with_kvcache builds (core::build_kvcache), out and LSE poisoned, against the CPU backend's
+/// forward_kvcache by the accuracy rule.
+void expect_hopper_kvcache_accurate(const KvCase& c) {
+  SCOPED_TRACE(c.describe());
+  const KvInputs h = make_kv_inputs(c);
+  std::vector<DeviceTensor> dev;
+  dev.reserve(8);
+  KvCacheArgs a = kv_args(c, h, [&](const HostTensor& x) {
+    dev.push_back(DeviceTensor::from(x));
+    return dev.back().view();
+  });
+  KvResult r = empty_kv_result(c);
+  const DeviceTensor out = DeviceTensor::poisoned(r.out), lse = DeviceTensor::poisoned(r.lse);
+  a.out = out.view(), a.lse = lse.view();
+  const core::KvCacheProblem kp = core::build_kvcache(a);
+  if (const std::string why = hopper::unsupported(kp.attn, 90); !why.empty()) {
+    ADD_FAILURE() << "the Hopper kernel declines this case: " << why;
+    return;
+  }
+  if (cpu_mode()) {
+    a.impl = Impl::reference;
+    forward_kvcache(a);
+  } else {
+    hopper::forward(kp.attn);
+  }
+  r.out = out.to_host(r.out), r.lse = lse.to_host(r.lse);
+  const KvResult ref = run_kv_cpu(c, h, Impl::reference);
+  const KvResult base = run_kv_cpu(c, h, Impl::baseline);
+  EXPECT_EQ(count_nan(r.out), 0) << "output elements unwritten";
+  EXPECT_EQ(count_nan(r.lse), 0) << "LSE elements unwritten";
+  EXPECT_TRUE(accuracy_rule(r.out, base.out, ref.out)) << "out";
+  EXPECT_TRUE(accuracy_rule(r.lse, base.lse, ref.lse)) << "lse";
+}
+
+// cache_batch_idx (cache rows in reverse, row 0 unused) and cache_leftpad (keys from token pad, at pads
+// that are no multiple of 8 or of the key tile) on a chunk of 150-300 queries: several key tiles, a
+// sequence with no keys (cache length 0, or the pad at its end), causal bottom-right with more queries than
+// keys, a window, GQA 4:1 and 7:1, d 64 / 128 / 256.
+TEST(HopperFwd, SmallKvCacheBatchIndexLeftPad) {
+  FP_SKIP_WITHOUT_SM90();
+  KvCase c;
+  c.b = 3, c.sq = 150, c.s_new = 0, c.hq = 4, c.hk = 1, c.d = 128, c.s_cache = 400;
+  c.cache_lens = {330, 0, 213};
+  c.batch_idx = true;
+  expect_hopper_kvcache_accurate(c);
+  c.leftpad = {37, 0, 70};  // entry 2: 143 keys for 150 queries
+  c.causal = true, c.dtype = DType::f16;
+  expect_hopper_kvcache_accurate(c);
+  c.batch_idx = false, c.leftpad = {129, 0, 213}, c.hq = 7;  // entry 2: the pad at the end, no keys
+  expect_hopper_kvcache_accurate(c);
+  c.d = 64, c.hq = 8, c.hk = 2, c.wl = 40, c.dtype = DType::bf16, c.batch_idx = true;
+  expect_hopper_kvcache_accurate(c);
+  c.d = 256, c.wl = -1, c.sq = 300, c.leftpad = {5, 0, 1}, c.cache_lens = {400, 17, 300};
+  expect_hopper_kvcache_accurate(c);
 }
 
 TEST(HopperFwd, SmallStridedLayouts) {

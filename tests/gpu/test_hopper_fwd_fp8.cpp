@@ -67,9 +67,15 @@ TEST(HopperFwdFp8, SmallSupport) {
   EXPECT_FALSE(declines([](AttnProblem& x) { x.d = x.dv = 64; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.d = x.dv = 96; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dv = 256; }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.softcap = 5.0f; }));
+  EXPECT_FALSE(declines([](AttnProblem& x) { x.softcap = 5.0f; }));
+  EXPECT_FALSE(declines([&](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
+  EXPECT_FALSE(
+      declines([&](AttnProblem& x) { x.softcap = 5.0f, x.alibi = static_cast<const float*>(aligned); }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.dropout_p = 0.1f; }));
-  EXPECT_TRUE(declines([&](AttnProblem& x) { x.alibi = static_cast<const float*>(aligned); }));
+  // cache_leftpad / cache_batch_idx (a kv cache of e4m3): the portable kernel.
+  EXPECT_TRUE(declines([&](AttnProblem& x) { x.leftpad_k = static_cast<const int*>(aligned); }));
+  EXPECT_TRUE(
+      declines([&](AttnProblem& x) { x.kv_batch_idx = static_cast<const int*>(aligned), x.kv_rows = 5; }));
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 8; }));  // rows 8 bytes apart from 16-aligned
   EXPECT_FALSE(declines([](AttnProblem& x) { x.q.row_stride += 16; }));
   // Paged: K by the page table, V through the V^T pass; a paged varlen cache (whose V^T regions follow
@@ -105,6 +111,25 @@ TEST(HopperFwdFp8, SmallShapes) {
     w.wl = 50, w.wr = 10;
     expect_hopper_fp8(w, out);
   }
+}
+
+// Softcap and ALiBi on e4m3 (the transform kernels, one CTA per block): the descales join the scale before
+// the transform, so a descale left out (or applied twice) moves every score through tanh / against the bias.
+// d 64 (both tiles), 128 and 256; causal with sq > sk, GQA, per-batch slopes with a window, both together.
+TEST(HopperFwdFp8, SmallSoftcapAlibi) {
+  FP_SKIP_WITHOUT_SM90();
+  int n = 0;
+  for (int64_t d : {64, 128, 256}) {
+    const DType out = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_hopper_fp8(with(dense(DType::e4m3, 2, 113, 203, 4, 2, d), kSoftcap), out);
+    expect_hopper_fp8(with(dense(DType::e4m3, 1, 203, 113, 7, 1, d), kAlibi), out);  // causal, sq > sk
+    expect_hopper_fp8(with(dense(DType::e4m3, 2, 150, 300, 4, 1, d), kAlibiPerBatch), out);
+    Case both = with(dense(DType::e4m3, 1, 130, 260, 2, 2, d), kSoftcap);
+    both.alibi = 1, both.causal = true;
+    expect_hopper_fp8(both, out);
+  }
+  // d 64 above 1k keys: the 192-row tile (three consumers).
+  expect_hopper_fp8(with(dense(DType::e4m3, 1, 200, 1300, 4, 2, 64), kSoftcap), DType::bf16);
 }
 
 TEST(HopperFwdFp8, ManyBlocksPersistent) {

@@ -184,9 +184,11 @@ bool d256_rule_applies(const AttnProblem& p) {
 /// does not fit: d 192, 256); unset, the launch rule above.
 int persistent_for(const AttnProblem& p) {
   const int d = (int)p.d;
-  if (p.block_table) return 0;  // persistent builds have no paged loads (load_kv_tile)
+  // Persistent builds have no paged loads (load_kv_tile) and read no kv-cache indices (make_block).
+  if (p.block_table || p.leftpad_k || p.kv_batch_idx) return 0;
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
-  const bool dense = !p.cu_seqlens_q && !p.seqused_k;  // paged problems returned above
+  // Paged problems returned above; left pads make key counts differ like seqused_k.
+  const bool dense = !p.cu_seqlens_q && !p.seqused_k && !p.leftpad_k;
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
   const bool causal_blocks = dense && p.window_left < 0 && p.window_right == 0;
   if (d == 256)
@@ -234,7 +236,7 @@ struct KvRows {
 KvRows kv_rows(const AttnProblem& p, const Tile& tile) {
   if (p.block_table) return {p.page_size, p.kv_rows, (int)std::min<long long>(p.page_size, tile.block_n)};
   if (p.cu_seqlens_k) return {p.total_k, 1, tile.block_n};
-  return {p.sk, p.batch, tile.block_n};
+  return {p.sk, p.kv_batch_idx ? p.kv_rows : p.batch, tile.block_n};  // cache_batch_idx: the cache's rows
 }
 
 /// Tensor-map plans of q, k, v for `p` (varlen: one batch of total rows; coordinates start at
@@ -247,8 +249,9 @@ Plans plan_maps(const AttnProblem& p, const Tile& tile, std::string& error) {
   const long long q_rows = varlen_q ? p.total_q : p.sq;
   const bool fp8 = p.in_type == kE4M3;
   const int bytes = fp8 ? 1 : 2;
-  // K/V rows and batches: dense (sk, batch), varlen (total_k, 1), or a paged pool (page_size tokens, kv_rows
-  // pages) whose boxes are a page's rows when pages are shorter than the tile (load_kv_tile).
+  // K/V rows and batches: dense (sk, batch; a kv cache under cache_batch_idx: its kv_rows rows), varlen
+  // (total_k, 1), or a paged pool (page_size tokens, kv_rows pages) whose boxes are a page's rows when pages
+  // are shorter than the tile (load_kv_tile).
   const KvRows kv = kv_rows(p, tile);
   Plans plans;
   plans.q = plan_map("q", p.q, p.d, p.hq, q_rows, varlen_q ? 1 : p.batch, tile.block_m, bytes);
@@ -386,9 +389,10 @@ Shape fp8_shape(const AttnProblem& p) {
 
 /// The FP8 kernel writing ElemType `out_type` at head dim d with a block_m x block_n tile of `stages` K/V
 /// stages and `exp_emu` eighths of the exponentials on the FMA pipe; `persistent` 1: one CTA per SM looping
-/// over query blocks (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's).
+/// over query blocks (FP_PERSISTENT=1; with no O staging, Q is released early as mode 2's); `transform`
+/// 1 ALiBi, 2 softcap (transform_for; never dropout).
 jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, int block_n, int stages,
-                              int exp_emu) {
+                              int exp_emu, int transform) {
   const Tile t{block_m, block_n, stages};
   jit::KernelSpec spec;
   spec.source = kSource;
@@ -403,6 +407,7 @@ jit::KernelSpec make_fp8_spec(int out_type, int d, int persistent, int block_m, 
                   {"FP_STAGES", std::to_string(t.stages)}};
   if (persistent) spec.defines.push_back({"FP_PERSISTENT", "1"});
   if (exp_emu > 0) spec.defines.push_back({"FP_EXP_EMU", std::to_string(exp_emu)});
+  if (transform) spec.defines.push_back({"FP_FWD_TRANSFORM", std::to_string(transform)});
   return spec;
 }
 
@@ -425,11 +430,12 @@ void launch_fp8(const AttnProblem& p, int device) {
   const Tile tile = shape.tile;
   Launch l = launch_base(p, tile, false);
   // The 16-bit kernel's launch rule (persistent_for: dense, no window, d 64 / 128), in mode 1 (fp8 has no
-  // persistent d 256 build: its variants()).
+  // persistent d 256 build, nor a persistent softcap / ALiBi build: its variants()).
   const long long blocks = (p.sq + tile.block_m - 1) / tile.block_m * p.hq * p.batch;
-  const int persistent = blocks < (1LL << 30) && d <= 128 && persistent_for(p) ? 1 : 0;
+  const int transform = transform_for(p);
+  const int persistent = blocks < (1LL << 30) && d <= 128 && !transform && persistent_for(p) ? 1 : 0;
   l.kernel = &cached_kernel(make_fp8_spec, device, l.smem, p.out_type, d, persistent, tile.block_m,
-                            tile.block_n, tile.stages, shape.exp_emu);
+                            tile.block_n, tile.stages, shape.exp_emu, transform);
   place_grid(l, p, tile, persistent != 0, device);
   const long long keys = fp8_vt_keys(p), slabs = p.cu_seqlens_k ? 1 : p.batch;
   const size_t vt_bytes = p.sk > 0 ? (size_t)(slabs * p.hk * p.dv * keys) : 0;
@@ -603,8 +609,7 @@ std::string unsupported(const AttnProblem& p, int arch) {
       return "the Hopper fp8 kernel writes bf16 or fp16 out (fp32 out runs on the portable kernel)";
     if (p.d != p.dv || fp8_tile_for((int)p.d).block_n == 0)
       return "the Hopper fp8 kernel takes d == dv in {64, 128, 256} (others run on the portable kernel)";
-    if (p.softcap > 0.0f || p.alibi != nullptr || p.dropout_p > 0.0f)
-      return "fp8 with softcap, ALiBi or dropout runs on the portable kernel";
+    if (p.dropout_p > 0.0f) return "fp8 with dropout runs on the portable kernel";
   } else {
     if (is_fp8_elem(p.in_type)) return "e5m2 and e4m3fnuz inputs run on the portable kernel's fp8 variant";
     if (p.in_type != kF16 && p.in_type != kBF16) return "the Hopper kernel takes fp16/bf16 inputs";
@@ -615,8 +620,10 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.dropout_p > 0.0f && (p.softcap > 0.0f || p.alibi != nullptr))
     return "dropout with softcap or ALiBi runs on the portable kernel";
   if (p.dropout_p > 0.0f && p.d > 128) return "dropout above head dim 128 runs on the portable kernel";
-  if (p.leftpad_k || p.kv_batch_idx) return "cache_leftpad and cache_batch_idx run on the portable kernel";
+  if (p.in_type == kE4M3 && (p.leftpad_k || p.kv_batch_idx))
+    return "fp8 with cache_leftpad or cache_batch_idx runs on the portable kernel";
   if (p.block_table) {
+    if (p.leftpad_k) return "cache_leftpad over a paged cache runs on the portable kernel";
     if (p.in_type == kE4M3 && p.cu_seqlens_k)
       return "fp8 over a paged varlen cache runs on the portable kernel";
     if (std::string why = unsupported_pages(p); !why.empty()) return why;
@@ -698,9 +705,15 @@ std::vector<jit::KernelSpec> variants(int arch) {
     for (int d : kFp8HeadDims)  // e4m3 in, this dtype out; persistent where the launch rule takes it
       for (int persistent : {0, 1})
         if (!persistent || d <= 128)
-          specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM, 128, 2, 0));
+          specs.push_back(make_fp8_spec(elem_type, d, persistent, kBlockM, 128, 2, 0, 0));
     for (int persistent : {0, 1})  // d 64's long-key tile (fp8_tile)
-      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall, 128, 2, 0));
+      specs.push_back(make_fp8_spec(elem_type, 64, persistent, kBlockMTall, 128, 2, 0, 0));
+    // e4m3 with ALiBi or softcap: one CTA per block, fp8_shape's tiles.
+    for (int transform : {1, 2}) {
+      for (int d : kFp8HeadDims)
+        specs.push_back(make_fp8_spec(elem_type, d, 0, kBlockM, 128, 2, 0, transform));
+      specs.push_back(make_fp8_spec(elem_type, 64, 0, kBlockMTall, 128, 2, 0, transform));
+    }
   }
   return specs;
 }

@@ -508,9 +508,13 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
                     bool gathered) {
   const int tid = sm90::tid_x_volatile() - 128 * (c + 1);
   const int lane = tid & 31;
-  // FP8: q's and k's descales of this (sequence, kv head) scale every score (SPEC "FP8").
-  const float to_log2 = kFp8 ? scores_to_log2(p) * descale(p, 0, blk.b, blk.hk) * descale(p, 1, blk.b, blk.hk)
-                             : scores_to_log2(p);
+  // FP8: q's and k's descales of this (sequence, kv head) scale every score (SPEC "FP8"): through
+  // to_log2, or in transform kernels (whose scores leave prepare_scores in the log2 domain) before the
+  // transform.
+  const float q_descale = kFp8 ? descale(p, 0, blk.b, blk.hk) : 1.0f,
+              k_descale = kFp8 ? descale(p, 1, blk.b, blk.hk) : 1.0f;
+  const float qk_descale = q_descale * k_descale;
+  const float to_log2 = kFp8 && !kAlibi ? scores_to_log2(p) * q_descale * k_descale : scores_to_log2(p);
   const float slope2 = kAlibi ? alibi_slope(p, blk.b, blk.h) * sem::kLog2e : 0.0f;  // ALiBi's, log2 units
   // `gathered`: K/V written by the producer's cp.async (generic proxy), read by wgmma (async proxy): fence
   // after the full waits.
@@ -552,7 +556,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
   sm90::wgmma_wait<0>();
   sm90::pin_registers(r_s);
   release(s.bar_k_empty[stage], lane);
-  prepare_scores(r_s, p, blk, n, slope2);
+  prepare_scores(r_s, p, blk, n, slope2, qk_descale);
   online_softmax(r_s, st, to_log2, alpha);  // O is still 0: nothing to rescale
   if constexpr (kDropout) drop_probs(r_s, p, blk, n);
   convert_p<Elem>(r_s, r_p);
@@ -576,7 +580,7 @@ FP_DEV void consume(const AttnProblem& p, SharedStorage& s, const Block& blk, in
     sm90::wgmma_wait<1>();
     sm90::pin_registers(r_s);
     release(s.bar_k_empty[stage], lane);
-    prepare_scores(r_s, p, blk, n, slope2);
+    prepare_scores(r_s, p, blk, n, slope2, qk_descale);
     const bool rescale = online_softmax(r_s, st, to_log2, alpha);
     if constexpr (kDropout) drop_probs(r_s, p, blk, n);  // while P V runs
     sm90::pin_registers(r_s);
@@ -664,7 +668,7 @@ FP_DEV bool tile_block(const AttnProblem& p, const SharedStorage& s, int t, Bloc
     bh = t / m_blocks;
     mb = m_blocks - 1 - (t - bh * m_blocks);
   }
-  return make_block(p, blk, mb, bh % (int)p.hq, bh / (int)p.hq);
+  return make_block<false>(p, blk, mb, bh % (int)p.hq, bh / (int)p.hq);
 }
 
 /// This CTA's tile in round `r` of the persistent schedule, -1 if none. Sections (causal: causal_tile's;
@@ -705,7 +709,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
   const flashport::AttnProblem& p = prm.p;
   Block blk;
 #if !FP_PERSISTENT
-  if (!make_block(p, blk, (int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z))
+  if (!make_block<true>(p, blk, (int)gridDim.x - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z))
     return;  // query block past this sequence's end
   if (blk.n_max <= blk.n_min) {
     store_empty(p, blk, (int)threadIdx.x, kCtaThreads);
@@ -763,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(flashport::cuda::hopper::kCtaThread
 #if !FP_PERSISTENT
     // The block again, after the register reallocation: kept from before it, its fields would be
     // allocated under the pre-split budget and spilled at BLOCK_M 192 (128 registers there).
-    make_block(p, blk, (int)gridDim.x - 1 - sm90::ctaid_x_volatile(), (int)blockIdx.y, (int)blockIdx.z);
+    make_block<true>(p, blk, (int)gridDim.x - 1 - sm90::ctaid_x_volatile(), (int)blockIdx.y, (int)blockIdx.z);
     consume(p, s, blk, warpgroup - 1, ring, q_count, paged_gather(prm));
 #else
     for (int r = 0; r < rounds(s); ++r) {

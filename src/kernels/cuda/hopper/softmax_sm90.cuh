@@ -93,7 +93,7 @@ constexpr bool kAlibi = kTransform == 1 || kTransform == 2;
 constexpr bool kSoftcap = kTransform == 2;
 constexpr bool kDropout = kTransform == 3;
 static_assert(kTransform >= 0 && kTransform <= 3, "FP_FWD_TRANSFORM is 0, 1, 2 or 3");
-static_assert(!kFp8 || kTransform == 0, "the FP8 kernel has no score transform (the portable one has)");
+static_assert(!kFp8 || !kDropout, "the FP8 kernel has no dropout (the portable one has)");
 
 /// Factor from the scores prepare_scores leaves to the log2 domain of the softmax.
 FP_DEV float scores_to_log2(const AttnProblem& p) {
@@ -108,13 +108,16 @@ struct Block {
   int m0;                              // first query row of the block (within the sequence)
   int sq, sk;                          // this sequence's lengths (< 2^31: the host checks the bounds)
   int n_min, n_max;                    // key tiles [n_min, n_max) intersect some row's visible keys
-  int q_row, q_batch, k_row, k_batch;  // TMA coordinates of query row m0 and of key 0
+  int q_row, q_batch, k_row, k_batch;  // TMA coordinates of query row m0 and of key 0 (dense / varlen)
 };
 
 /// Fills `blk` for query block `mb` of head h of sequence b. False when the block lies past its
 /// sequence's end. Lengths from device memory go through problem.h's guarded_lengths (a sequence whose
 /// indices would address outside q/o/lse or k/v is empty: O and LSE rows are stored directly, so a
 /// negative or past-the-end cu_seqlens_q must never become a row) and the host's bound p.sq.
+/// kCacheIndex: cache_leftpad and cache_batch_idx are read (one CTA per block: the host keeps kv-cache
+/// calls with them off the persistent grid, whose d 256 build spilled 40 bytes with them).
+template <bool kCacheIndex>
 FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
   blk.b = b;
   blk.h = h;
@@ -126,8 +129,13 @@ FP_DEV bool make_block(const AttnProblem& p, Block& blk, int mb, int h, int b) {
   blk.hk = (int)kv_head(p, blk.h);
   blk.q_row = (p.cu_seqlens_q ? p.cu_seqlens_q[blk.b] : 0) + blk.m0;
   blk.q_batch = p.cu_seqlens_q ? 0 : blk.b;
-  blk.k_row = p.cu_seqlens_k ? p.cu_seqlens_k[blk.b] : 0;
-  blk.k_batch = p.cu_seqlens_k ? 0 : blk.b;
+  // Key 0 is token leftpad_k[b] of the sequence's rows (kv cache; a pad guarded_lengths found invalid left
+  // no keys, so none is loaded), in the cache row cache_batch_idx picks (dense caches, as k_offset: an index
+  // outside the rows reads TMA's zero fill, where k_offset's -1 reads zeros). Paged caches address keys
+  // through the block table instead (load_kv_tile; the host keeps left pads off them).
+  const bool pad = kCacheIndex && p.leftpad_k && blk.sk > 0;
+  blk.k_row = (p.cu_seqlens_k ? p.cu_seqlens_k[blk.b] : 0) + (pad ? p.leftpad_k[blk.b] : 0);
+  blk.k_batch = p.cu_seqlens_k ? 0 : kCacheIndex && p.kv_batch_idx ? p.kv_batch_idx[blk.b] : blk.b;
   // Key tiles that hold a key some row of the block sees (empty: n_max <= n_min).
   const int m1 = blk.m0 + kTileM < blk.sq ? blk.m0 + kTileM : blk.sq;
   const sem::KeyRange keys = sem::tile_keys(blk.m0, m1, blk.sq, blk.sk, p.window_left, p.window_right);
@@ -187,15 +195,17 @@ FP_DEV MaskBounds mask_bounds(const AttnProblem& p, const Block& blk) {
 /// (the caller converts with 1): softcap as cap tanh(scale s / cap) with fast_tanh (the Hopper backward
 /// recomputes P with the same instruction, so the LSE it reads matches), ALiBi as -slope |i + sk - sq - j|
 /// with the distance in fp32 from one base per row (exact below 2^24 tokens); `slope2` is the slope times
-/// log2 e, loaded once per block by the caller. Then -inf outside each row's visible keys when the tile is
-/// not entirely visible. Row ranges are recomputed per tile (a few integer operations) rather than held
-/// across the loop.
+/// log2 e, loaded once per block by the caller. FP8: the dots are of the quantised values, so `qk_descale`
+/// (q's descale times k's, SPEC "FP8") joins the scale before the transform. Then -inf outside each row's
+/// visible keys when the tile is not entirely visible. Row ranges are recomputed per tile (a few integer
+/// operations) rather than held across the loop.
 FP_DEV void prepare_scores(float (&r_s)[kBlockN / 2], const AttnProblem& p, const Block& blk, int n,
-                           float slope2) {
+                           float slope2, float qk_descale) {
   const int j0 = n * kBlockN, col0 = 2 * (threadIdx.x & 3);
   if constexpr (kAlibi) {
     float cap2 = kSoftcap ? p.softcap * sem::kLog2e : 0.0f;
     float arg_scale = kSoftcap ? p.scale / p.softcap : p.scale * sem::kLog2e;
+    if constexpr (kFp8) arg_scale *= qk_descale;
     // Computed per tile rather than hoisted out of the key loop and kept live beside O, S and P. Added
     // while chasing spills at d 128 persistent and d 256, which turned out to come from the slope's
     // per-tile load (now the caller's, once per block); not re-measured without it.
