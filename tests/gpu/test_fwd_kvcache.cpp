@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/kvcache_case.hpp"
+#include "gpu/gpu_kvcache_util.hpp"
 #include "gpu/gpu_test_util.hpp"
 
 #ifdef FLASHPORT_GPU_EMU
@@ -17,41 +18,6 @@ long long cluster_launches();  // emu_runtime.cpp
 
 namespace flashport::test::gpu {
 namespace {
-
-KvResult run_kv_gpu(const KvCase& c, const KvInputs& h) {
-  std::vector<std::pair<const HostTensor*, DeviceTensor>> dev;
-  dev.reserve(16);
-  auto to_dev = [&](const HostTensor& x) {
-    dev.emplace_back(&x, DeviceTensor::from(x));
-    return dev.back().second.view();
-  };
-  KvCacheArgs a = kv_args(c, h, to_dev);
-  KvResult r = empty_kv_result(c);
-  const DeviceTensor out = DeviceTensor::poisoned(r.out), lse = DeviceTensor::poisoned(r.lse);
-  a.out = out.view(), a.lse = lse.view();
-  forward_kvcache(a);
-  r.out = out.to_host(r.out), r.lse = lse.to_host(r.lse);
-  for (const auto& [host, d] : dev) {
-    if (host == &h.k_cache) r.k_cache = d.to_host(h.k_cache);
-    if (host == &h.v_cache) r.v_cache = d.to_host(h.v_cache);
-  }
-  return r;
-}
-
-void expect_kvcache_accurate(const KvCase& c) {
-  SCOPED_TRACE(c.describe());
-  const KvInputs h = make_kv_inputs(c);
-  const KvResult gpu = run_kv_gpu(c, h);
-  const KvResult ref = run_kv_cpu(c, h, Impl::reference);
-  const KvResult base = run_kv_cpu(c, h, Impl::baseline);
-  EXPECT_EQ(count_nan(gpu.out), 0) << "output elements unwritten";
-  EXPECT_EQ(count_nan(gpu.lse), 0) << "LSE elements unwritten";
-  // The append (rotary included) is exact arithmetic shared with the CPU: bit-identical caches.
-  EXPECT_EQ(max_abs_diff(gpu.k_cache, ref.k_cache), 0.0) << "k_cache after append";
-  EXPECT_EQ(max_abs_diff(gpu.v_cache, ref.v_cache), 0.0) << "v_cache after append";
-  EXPECT_TRUE(accuracy_rule(gpu.out, base.out, ref.out)) << "out";
-  EXPECT_TRUE(accuracy_rule(gpu.lse, base.lse, ref.lse)) << "lse";
-}
 
 TEST(GpuKvCache, AppendAndAttend) {
   FP_SKIP_WITHOUT_GPU();

@@ -187,8 +187,7 @@ int persistent_for(const AttnProblem& p) {
   // Persistent builds have no paged loads (load_kv_tile) and read no kv-cache indices (make_block).
   if (p.block_table || p.leftpad_k || p.kv_batch_idx) return 0;
   if (const int forced = core::tuning().hopper_persistent.get(); forced >= 0) return forced;
-  // Paged problems returned above; left pads make key counts differ like seqused_k.
-  const bool dense = !p.cu_seqlens_q && !p.seqused_k && !p.leftpad_k;
+  const bool dense = !p.cu_seqlens_q && !p.seqused_k;  // paged and kv-cache index problems returned above
   const bool equal_blocks = dense && p.window_left < 0 && p.window_right < 0;
   const bool causal_blocks = dense && p.window_left < 0 && p.window_right == 0;
   if (d == 256)
