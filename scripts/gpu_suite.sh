@@ -148,6 +148,8 @@ if has portable; then
   rerun gpu_hopper_bwd_pair.log 'HopperBwd.Small*:HopperBwd.ManyBlocks' FLASHPORT_HOPPER_BWD_PAIR=1
   # 64 queries per step at d 64 with bulk dQ (the table takes 128; deterministic mode and dropout 64).
   rerun gpu_hopper_bwd_m64.log 'HopperBwd.Small*' FLASHPORT_HOPPER_BWD_BLOCK_M=64
+  # The row-major dQ accumulator batches of many short sequences take (tiled by default at these sizes).
+  rerun gpu_hopper_bwd_dq_rows.log 'HopperBwd.Small*' FLASHPORT_HOPPER_BWD_DQ_ROWS=1
 fi
 if has decodemodes; then
   # The decode variant's other shapes (DECODE_TEST_MODES, FLASHPORT_DECODE values: several CTAs per SM,

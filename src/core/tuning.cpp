@@ -184,6 +184,7 @@ Tuning parse_tuning(const EnvLookup& env) {
   t.hopper_bwd_block_m = {block_m.name, block_m.value.empty() ? 0 : std::stoi(block_m.value), block_m.error};
   t.hopper_bwd_order = small_int(env, "FLASHPORT_HOPPER_BWD_ORDER", 0, 1, 0);
   t.hopper_bwd_keys_outer = small_int(env, "FLASHPORT_HOPPER_BWD_KEYS_OUTER", 0, 2, 1);
+  t.hopper_bwd_dq_rows = small_int(env, "FLASHPORT_HOPPER_BWD_DQ_ROWS", 0, 1, -1);
   t.hopper_fp8_tile = hopper_tile(env, "FLASHPORT_HOPPER_FP8_TILE");
   t.jit_verbose = flag(env, "FLASHPORT_JIT_VERBOSE");
   t.device_checks = flag(env, "FLASHPORT_DEVICE_CHECKS", true);

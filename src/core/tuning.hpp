@@ -92,6 +92,10 @@ struct Tuning {
   // outside kv heads on grids of a few waves whose batch entries' rows fit L2 (a batch entry's longest
   // CTAs start first, its short ones last), 2 wherever it can, 0 never (each head's key blocks in turn)
   Knob<int> hopper_bwd_keys_outer{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", 1};
+  // The Hopper backward's dQ accumulator at d 64, 128, 192, 256 (hopper_bwd::row_major_dq): -1 (unset)
+  // tiled unless its padding (64 rows per sequence) exceeds the row-major size and 256 MB, then row-major;
+  // 1 row-major always (vector reductions); 0 tiled always
+  Knob<int> hopper_bwd_dq_rows{"FLASHPORT_HOPPER_BWD_DQ_ROWS", -1};
   // 0: decode-like calls keep the row-split kernel; 1 (unset): the decode variant; 2..5: its other shapes
   // (sm80/tiles.hpp, decode_tile)
   Knob<int> decode_variant{"FLASHPORT_DECODE", 1};

@@ -160,6 +160,12 @@ TEST(Tuning, SmallIntegers) {
   for (const char* bad : {"3", "-1", "on"})
     expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_KEYS_OUTER", bad}}).hopper_bwd_keys_outer,
                     "FLASHPORT_HOPPER_BWD_KEYS_OUTER", bad);
+  EXPECT_EQ(parse({}).hopper_bwd_dq_rows.get(), -1);
+  for (int v : {0, 1})
+    EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_DQ_ROWS", std::to_string(v)}}).hopper_bwd_dq_rows.get(), v);
+  for (const char* bad : {"2", "-1", "rows"})
+    expect_rejected(parse({{"FLASHPORT_HOPPER_BWD_DQ_ROWS", bad}}).hopper_bwd_dq_rows,
+                    "FLASHPORT_HOPPER_BWD_DQ_ROWS", bad);
   for (int v : {0, 1})
     EXPECT_EQ(parse({{"FLASHPORT_HOPPER_BWD_ORDER", std::to_string(v)}}).hopper_bwd_order.get(), v);
   for (const char* bad : {"2", "-1", "fa3"})

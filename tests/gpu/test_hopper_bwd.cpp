@@ -185,18 +185,34 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   }));
   EXPECT_TRUE(declines([=](AttnProblem& x) { x.kv_batch_idx = index, x.kv_rows = 2; }));
   EXPECT_TRUE(declines([=](AttnProblem& x) { x.leftpad_k = index; }));
-  // 4096 one-query sequences: the tiled dQ accumulator (64 rows per sequence) would be 64x the row-major
-  // one, 512 MB of padding; the same count of 100-query sequences stays under the bound (the padding
-  // below the row-major size).
-  EXPECT_TRUE(declines([=](AttnProblem& x) {
+  // 4096 one-query sequences: a tiled dQ accumulator (64 rows per sequence) would be 64x the row-major
+  // one, 512 MB of padding, so theirs is row-major (unless FLASHPORT_HOPPER_BWD_DQ_ROWS says otherwise);
+  // the same count of 100-query sequences stays under the bound (the padding below the row-major size).
+  const int rows_knob = core::tuning().hopper_bwd_dq_rows.get();
+  auto short_varlen = [=](AttnProblem& x) {
     x.cu_seqlens_q = x.cu_seqlens_k = index;
     x.batch = 4096, x.total_q = 4096, x.total_k = 4096 * 3;
-  }));
-  EXPECT_TRUE(declines([](AttnProblem& x) { x.batch = 4096, x.sq = 1; }));
-  EXPECT_FALSE(declines([=](AttnProblem& x) {
+  };
+  auto short_dense = [](AttnProblem& x) { x.batch = 4096, x.sq = 1; };
+  auto long_varlen = [=](AttnProblem& x) {
     x.cu_seqlens_q = x.cu_seqlens_k = index;
     x.batch = 4096, x.total_q = 4096 * 100, x.total_k = 4096 * 100;
-  }));
+  };
+  auto tiled = [&](auto change) {
+    AttnProblem x = p;
+    change(x);
+    EXPECT_EQ(hopper_bwd::unsupported(x, 90), "");
+    return hopper_bwd::tiled_accumulator(x) != 0;
+  };
+  EXPECT_EQ(tiled(short_varlen), rows_knob == 0);
+  EXPECT_EQ(tiled(short_dense), rows_knob == 0);
+  EXPECT_EQ(tiled(long_varlen), rows_knob != 1);
+  for (int64_t d : {64, 192, 256})  // 8 heads: at d 64 and 4 heads the padding is 256 MB, not over it
+    EXPECT_EQ(tiled([&](AttnProblem& x) { short_varlen(x), x.d = x.dv = d, x.hq = 8; }), rows_knob == 0) << d;
+  EXPECT_FALSE(tiled([&](AttnProblem& x) { long_varlen(x), x.d = x.dv = 96; }));  // row-major always
+  // Dropout beside a row-major accumulator: at d 64, 192, 256 (their vector-reduction tiles take it).
+  for (int64_t d : {64, 192, 256})
+    EXPECT_FALSE(declines([&](AttnProblem& x) { short_varlen(x), dropout(x), x.d = x.dv = d; })) << d;
   // Rows of the operands the main kernel loads or stores must be 16-byte aligned (dQ goes through the
   // fp32 accumulator and O only into D = rowsum(dO * O), both portable aux kernels: not checked here).
   EXPECT_TRUE(declines([](AttnProblem& x) { x.q.row_stride += 4; }));
@@ -214,8 +230,10 @@ TEST(HopperBwd, SmallSupportAndVariants) {
   // {f16, bf16} x (d {64, 128, 256} x dQ modes {0, 1}, d 96, d 192) x score stage {plain, ALiBi,
   // softcap}, plus deterministic mode's 64-query tile at d 64 with bulk dQ (the table's takes 128
   // queries), plus dropout's {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192), plus
-  // FLASHPORT_HOPPER_BWD_ORDER=1's copies of the narrow serial-loop variants (30: test_arch_limits.cpp)
-  EXPECT_EQ(specs.size(), 66u + 30u);
+  // FLASHPORT_HOPPER_BWD_ORDER=1's copies of the narrow serial-loop variants (30: test_arch_limits.cpp),
+  // plus the row-major dQ accumulator's {f16, bf16} x d {64, 128, 192, 256} x score stage {plain, ALiBi,
+  // softcap, dropout} but dropout at d 128 (30)
+  EXPECT_EQ(specs.size(), 66u + 30u + 30u);
   for (size_t i = 0; i < specs.size(); ++i) {
     EXPECT_TRUE(hopper_bwd::is_main_kernel(specs[i])) << specs[i].key();
     for (size_t j = 0; j < i; ++j) EXPECT_NE(specs[i].key(), specs[j].key());
@@ -535,6 +553,75 @@ TEST(HopperBwd, SmallBlocksWithoutKeys) {
     if (!expect_goes_to_hopper(c, in)) continue;
     expect_backward_accurate(c);
   }
+}
+
+/// Whether the Hopper backward's dQ accumulator for `c` is row-major (hopper_bwd::tiled_accumulator 0).
+bool row_major_dq(const Case& c, const FwdInputs& in) {
+  return with_problem(c, in, [](const AttnProblem& p) { return hopper_bwd::tiled_accumulator(p) == 0; });
+}
+
+/// Batches of short sequences (most under 64 queries, empty ones, one spanning several key blocks): `c`'s
+/// head dim, dtype, heads and features over them, run on the Hopper backward (deterministic: 3 runs
+/// bitwise equal), after checking its dQ accumulator is row-major exactly when `row_major`.
+void expect_short_sequences(const Case& c, bool row_major, bool deterministic = false) {
+  const Case v =
+      varlen(c, {1, 0, 37, 5, 63, 64, 65, 2, 200, 0, 17}, {3, 7, 37, 0, 64, 80, 65, 1, 300, 0, 129});
+  SCOPED_TRACE(v.describe());
+  const FwdInputs in = make_inputs(v);
+  if (!expect_goes_to_hopper(v, in)) return;
+  EXPECT_EQ(row_major_dq(v, in), row_major) << "dQ accumulator layout";
+  if (deterministic)
+    expect_deterministic(v, 3);
+  else
+    expect_backward_accurate(v);
+}
+
+// Short sequences at every head dim whose dQ accumulator is tiled by default (d 64, 128, 192, 256) with
+// causal, windows, GQA 7:1, softcap and ALiBi, dropout and deterministic mode. Small enough to stay tiled
+// unless FLASHPORT_HOPPER_BWD_DQ_ROWS=1 (gpu_suite.sh's rerun of the small cases, ctest
+// emu.hopper_bwd_dq_rows) makes it row-major, as a batch of many short sequences is by default
+// (HopperBwd.ManyShortSequences): row offsets not a multiple of 64, rows past each sequence unwritten.
+TEST(HopperBwd, SmallShortSequences) {
+  FP_SKIP_WITHOUT_SM90();
+  const bool rows = core::tuning().hopper_bwd_dq_rows.get() == 1;
+  const Features dropout_causal{"dropout-causal", true, -1, -1, 0.0, 0, 0.2};
+  const Features softcap_alibi{"softcap-alibi-window", false, 30, 10, 5.0, 2, 0.0};
+  int n = 0;
+  for (int64_t d : {64, 128, 192, 256}) {
+    const DType dt = n++ % 2 ? DType::f16 : DType::bf16;
+    expect_short_sequences(with(dense(dt, 1, 1, 1, 7, 1, d), kCausal), rows);
+    expect_short_sequences(with(dense(dt, 1, 1, 1, 4, 2, d), softcap_alibi), rows);
+    expect_short_sequences(with(dense(dt, 1, 1, 1, 2, 2, d), kWindow), rows, true);
+    if (hopper_takes_dropout(d))
+      expect_short_sequences(with(dense(dt, 1, 1, 1, 4, 1, d), dropout_causal), rows);
+  }
+}
+
+// A batch of 2048 short sequences (0-40 queries, 4096 bytes of dQ per row): a tiled dQ accumulator would
+// pad each to 64 rows (512 MB: over 256 MB and over the row-major size), so it is row-major (unless
+// FLASHPORT_HOPPER_BWD_DQ_ROWS=0), on the Hopper kernels rather than the portable backward as before: d 64
+// and 128 (narrow kernel), 256 (wide), causal with GQA 4:1, and deterministic at d 128.
+TEST(HopperBwd, ManyShortSequences) {
+  FP_SKIP_WITHOUT_SM90();
+  const bool rows = core::tuning().hopper_bwd_dq_rows.get() != 0;
+  std::vector<int64_t> q_lens(2048), k_lens(2048);
+  for (size_t i = 0; i < q_lens.size(); ++i) {
+    q_lens[i] = (int64_t)((i * 7919) % 41);               // 0..40
+    k_lens[i] = q_lens[i] + (int64_t)((i * 104729) % 9);  // sk >= sq: causal rows all see keys
+  }
+  const Case cases[] = {
+      varlen(with(dense(DType::bf16, 1, 1, 1, 16, 4, 64), kCausal), q_lens, k_lens),
+      varlen(with(dense(DType::f16, 1, 1, 1, 8, 2, 128), kCausal), q_lens, k_lens),
+      varlen(dense(DType::bf16, 1, 1, 1, 4, 1, 256), q_lens, k_lens),
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.describe());
+    const FwdInputs in = make_inputs(c);
+    if (!expect_goes_to_hopper(c, in)) continue;
+    EXPECT_EQ(row_major_dq(c, in), rows) << "dQ accumulator layout";
+    expect_backward_accurate(c);
+  }
+  expect_deterministic(cases[1], 3);
 }
 
 // The portable backward on small shapes (so under compute-sanitizer via *Small*) for what the Hopper

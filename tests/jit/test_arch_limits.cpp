@@ -132,7 +132,7 @@ std::string define(const jit::KernelSpec& spec, const std::string& name) {
 /// where they run, else (vector-reduction dQ, deterministic mode) 64 on the pipelined loop on three
 /// stages (softcap: the serial loop on them); the other head dims 64 queries, serial on two.
 TEST(ArchLimits, HopperBwdTileWhereItFits) {
-  int pipelined = 0, wide_steps = 0, dropout = 0, ordered = 0;
+  int pipelined = 0, wide_steps = 0, dropout = 0, ordered = 0, row_major = 0;
   for (const jit::KernelSpec& spec : hopper_bwd::variants(90)) {
     const bool d64 = define(spec, "FP_HEADDIM") == "64";
     // softcap (2) and dropout (3): the serial loop
@@ -150,6 +150,14 @@ TEST(ArchLimits, HopperBwdTileWhereItFits) {
     EXPECT_EQ(define(spec, "FP_STAGES"), d64 && !m128 ? "3" : "2") << spec.key();
     pipelined += define(spec, "FP_BWD_PIPE") == "1";
     wide_steps += m128;
+    // A row-major dQ accumulator (batches of many short sequences): vector reductions, no order knob
+    if (define(spec, "FP_BWD_DQ_ROWS") != "(unset)") {
+      ++row_major;
+      EXPECT_EQ(define(spec, "FP_BWD_DQ_ROWS"), "1") << spec.key();
+      EXPECT_EQ(define(spec, "FP_DQ_MODE"), "0") << spec.key();
+      EXPECT_EQ(define(spec, "FP_BWD_ORDER"), "(unset)") << spec.key();
+      EXPECT_NE(define(spec, "FP_HEADDIM"), "96") << spec.key();
+    }
     // FLASHPORT_HOPPER_BWD_ORDER=1: a second copy of every serial-loop variant of the narrow kernel
     if (define(spec, "FP_BWD_ORDER") != "(unset)") {
       ++ordered;
@@ -158,10 +166,12 @@ TEST(ArchLimits, HopperBwdTileWhereItFits) {
       EXPECT_LE(std::stoi(define(spec, "FP_HEADDIM")), 128) << spec.key();
     }
   }
-  EXPECT_EQ(pipelined, 8);    // {f16, bf16} x {dQ mode 0, deterministic bulk dQ} x score stage {plain, ALiBi}
+  // {f16, bf16} x {dQ mode 0, deterministic bulk dQ, row-major dQ} x score stage {plain, ALiBi}
+  EXPECT_EQ(pipelined, 12);
   EXPECT_EQ(wide_steps, 10);  // {f16, bf16} x score stage {plain, ALiBi, softcap}, all but softcap x order 1
-  EXPECT_EQ(dropout, 18);     // {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192), d 64
-                              // and 128's also in order 1
+  EXPECT_EQ(dropout, 24);     // {f16, bf16} x (d 64 and 256 x dQ modes {0, 1}, d 128 bulk dQ, d 192), d 64
+                              // and 128's also in order 1, d 64, 192, 256 with a row-major dQ
+  EXPECT_EQ(row_major, 30);   // {f16, bf16} x d {64, 128, 192, 256} x 4 score stages, but dropout at d 128
   // {f16, bf16} x (d 64: 128 queries x {plain, ALiBi}, 64 queries serial x {softcap, dropout} x
   // dQ modes {0, 1}; d 96 x {plain, ALiBi}; d 128 x {plain, ALiBi, softcap} x dQ modes {0, 1},
   // and dropout on bulk dQ)

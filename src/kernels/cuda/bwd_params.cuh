@@ -19,7 +19,8 @@ namespace flashport::cuda {
 ///   `accum_tiled` = w > 0 (the Hopper kernels at d 64, 128, 192, 256; one slice): rows are grouped in 64-row
 ///   tiles of accum_ld == d columns stored in their register-fragment order for column blocks of width w
 ///   (bwd::accum_tile_offset), so a warp's vector reduction covers whole 128-byte lines; each sequence's
-///   tiles start at bwd::accum_row0's padded row.
+///   tiles start at bwd::accum_row0's padded row. Row-major (accum_tiled 0): d 96, the portable kernels,
+///   and the Hopper kernels' FP_BWD_DQ_ROWS variants (batches of many short sequences, row_major_dq).
 struct BwdParams {
   AttnProblem p;
   float* dsum;

@@ -38,9 +38,12 @@ static_assert(tile_table_fits(), "a tile of the Hopper backward table breaks the
 
 /// tile_for(d) for score transform `general`, with a dQ mode (FLASHPORT_HOPPER_BWD_DQ), a loop setting
 /// (FLASHPORT_HOPPER_BWD_PIPE, -1: the table's), queries per step (FLASHPORT_HOPPER_BWD_BLOCK_M, 0: the
-/// table's) and determinism. 128 queries per step need bulk dQ, no determinism and no dropout; the loop
-/// knob and block_m 64 ask for tile_64_queries, whose dQ mode and loop the knobs then set.
-Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, bool deterministic = false) {
+/// table's), determinism and a row-major dQ accumulator (vector reductions only). 128 queries per step
+/// need bulk dQ, no determinism and no dropout; the loop knob and block_m 64 ask for tile_64_queries,
+/// whose dQ mode and loop the knobs then set.
+Tile launch_tile(int d, int general, int dq_mode, int pipe, int block_m = 0, bool deterministic = false,
+                 bool row_major_dq = false) {
+  if (row_major_dq) dq_mode = 0;
   Tile t = tile_for(d);
   if (t.block_m == 128 && (dq_mode != 1 || deterministic || pipe >= 0 || block_m == 64 || general == 3))
     t = tile_64_queries(d);
@@ -60,19 +63,35 @@ int score_stage(const AttnProblem& p) {
   return p.dropout_p > 0.0f ? 3 : p.softcap != 0.0f ? 2 : p.alibi != nullptr ? 1 : 0;
 }
 
+/// The tiled dQ accumulator pads every sequence to whole 64-row tiles: up to 63 rows more per sequence
+/// (dense) or 64 (varlen). A batch of many short sequences would multiply its size (10k one-token
+/// sequences: 64x), so past the row-major size or 256 MB of padding, whichever is larger, the accumulator
+/// is row-major (FP_BWD_DQ_ROWS: the same kernels with vector reductions of 8 rows x 32 bytes), unless
+/// FLASHPORT_HOPPER_BWD_DQ_ROWS says otherwise. d 96's is row-major always (tiled_accumulator).
+bool row_major_dq(const AttnProblem& p) {
+  if (p.d % 64 != 0) return false;
+  const int knob = core::tuning().hopper_bwd_dq_rows.get();
+  if (knob >= 0) return knob == 1;
+  const long long rows = accum_rows(p);
+  const long long row_bytes = p.hq * p.d * (long long)sizeof(float);
+  const long long extra = (accum_rows_tiled(p) - rows) * row_bytes;
+  return extra > std::max(rows * row_bytes, 256LL << 20);
+}
+
 /// The tile `p` launches with under this process's knobs (launch_tile).
 Tile tile_of(const AttnProblem& p) {
   return launch_tile((int)p.d, score_stage(p), core::tuning().hopper_bwd_dq.get(),
                      core::tuning().hopper_bwd_pipe.get(), core::tuning().hopper_bwd_block_m.get(),
-                     p.deterministic);
+                     p.deterministic, row_major_dq(p));
 }
 
 /// make_spec's opt-in defines, bit flags of its `extras`: each adds its define only when set, so that the
 /// default specs (and their SASS) stay those of before the option existed.
-constexpr int kExtraOrder = 1;  // FP_BWD_ORDER 1 (FLASHPORT_HOPPER_BWD_ORDER, order_of)
+constexpr int kExtraOrder = 1;   // FP_BWD_ORDER 1 (FLASHPORT_HOPPER_BWD_ORDER, order_of)
+constexpr int kExtraDqRows = 2;  // FP_BWD_DQ_ROWS 1 (row_major_dq)
 
 /// `general`: the score stage's transforms (FP_BWD_GENERAL): 0 none, 1 ALiBi, 2 softcap (and ALiBi), 3
-/// dropout (alone). `extras`: kExtraOrder.
+/// dropout (alone). `extras`: kExtraOrder, kExtraDqRows.
 jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int stages, int pipe, int block_m,
                           int extras) {
   const bool wide = wide_kernel(d);
@@ -87,6 +106,7 @@ jit::KernelSpec make_spec(int elem_type, int d, int dq_mode, int general, int st
                         {"FP_BWD_PIPE", std::to_string(pipe)}},
                        90};
   if (extras & kExtraOrder) spec.defines.push_back({"FP_BWD_ORDER", "1"});
+  if (extras & kExtraDqRows) spec.defines.push_back({"FP_BWD_DQ_ROWS", "1"});
   return spec;
 }
 
@@ -119,17 +139,6 @@ Plans plan_maps(const AttnProblem& p, std::string& error, const Tile& tile) {
   return plans;
 }
 
-/// The tiled dQ accumulator pads every sequence to whole 64-row tiles: up to 63 rows more per sequence
-/// (dense) or 64 (varlen). A batch of many short sequences would multiply its size (10k one-token
-/// sequences: 64x), so past the row-major size or 256 MB of padding, whichever is larger, the portable
-/// kernel (row-major accumulator) runs instead.
-bool tiled_padding_too_large(const AttnProblem& p) {
-  const long long rows = accum_rows(p);
-  const long long row_bytes = p.hq * p.d * (long long)sizeof(float);
-  const long long extra = (accum_rows_tiled(p) - rows) * row_bytes;
-  return extra > std::max(rows * row_bytes, 256LL << 20);
-}
-
 }  // namespace
 
 std::string unsupported(const AttnProblem& p, int arch) {
@@ -142,15 +151,12 @@ std::string unsupported(const AttnProblem& p, int arch) {
   if (p.dropout_p > 0.0f) {
     if (p.softcap != 0.0f || p.alibi != nullptr)
       return "dropout with softcap or ALiBi runs on the portable backward (the Hopper consumers spilled)";
-    if (!takes_dropout((int)p.d))
+    if (!dropout_fits((int)p.d, tile_of(p).dq_mode))
       return "dropout at this head dim and dQ mode runs on the portable backward (hopper_bwd::dropout_fits)";
   }
   if (p.block_table || p.kv_batch_idx || p.leftpad_k)
     return "paged and kv-cache layouts have no backward here";
   if (!(p.scale > 0.0f)) return "the Hopper backward needs a positive softmax scale";
-  if (tiled_accumulator(p) && tiled_padding_too_large(p))
-    return "many sequences shorter than 64 queries: the Hopper backward's tiled dQ accumulator would pad "
-           "each to 64 rows";
   if (p.hk > limits(arch).max_grid_yz) return "more than 65535 kv heads";
   if (p.sq >= (1LL << 30) || p.sk >= (1LL << 30)) return "sequence lengths must be below 2^30";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "varlen needs cu_seqlens_q and _k";
@@ -162,7 +168,8 @@ std::string unsupported(const AttnProblem& p, int arch) {
 }
 
 bool takes_dropout(int d) {
-  return dropout_fits(d, launch_tile(d, 3, core::tuning().hopper_bwd_dq.get(), -1).dq_mode);
+  const bool rows = d % 64 == 0 && core::tuning().hopper_bwd_dq_rows.get() == 1;
+  return dropout_fits(d, launch_tile(d, 3, core::tuning().hopper_bwd_dq.get(), -1, 0, false, rows).dq_mode);
 }
 
 long long dq_tile_counts(const BwdParams& prm) {
@@ -170,12 +177,14 @@ long long dq_tile_counts(const BwdParams& prm) {
 }
 
 int tiled_accumulator(const AttnProblem& p) {
-  return wide_kernel((int)p.d) ? 128 : p.d % 64 == 0 ? 64 : 0;
+  if (p.d % 64 != 0 || row_major_dq(p)) return 0;
+  return wide_kernel((int)p.d) ? 128 : 64;
 }
 
 void launch_main(BwdParams& prm, int arch) {
   const AttnProblem& p = prm.p;
-  if (prm.accum_tiled != tiled_accumulator(p) || (prm.accum_tiled && prm.accum_ld != p.d))
+  if (prm.accum_tiled != tiled_accumulator(p) ||
+      ((prm.accum_tiled || row_major_dq(p)) && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
   const int general = score_stage(p);
@@ -224,7 +233,8 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const int extras = order_of(d, tile, general, core::tuning().hopper_bwd_order.get());
+  const bool rows = row_major_dq(p);
+  const int extras = rows ? kExtraDqRows : order_of(d, tile, general, core::tuning().hopper_bwd_order.get());
   const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general,
                                             tile.stages, tile.pipe, tile.block_m, extras);
   void* args[] = {&kp, &tma_q, &tma_k, &tma_v, &tma_do};
@@ -259,6 +269,11 @@ std::vector<jit::KernelSpec> variants(int arch) {
               add(make_spec(elem_type, d, t.dq_mode, general, t.stages, t.pipe, t.block_m,
                             order_of(d, t, general, order_knob)));
           }
+          // A row-major dQ accumulator (row_major_dq: batches of many short sequences), dQ mode 0; the
+          // order knob does not apply to them.
+          const Tile t = launch_tile(d, general, dq_knob, -1, 0, false, true);
+          if (d % 64 == 0 && (general != 3 || dropout_fits(d, t.dq_mode)))
+            add(make_spec(elem_type, d, t.dq_mode, general, t.stages, t.pipe, t.block_m, kExtraDqRows));
         }
   return specs;
 }

@@ -14,18 +14,19 @@ namespace flashport::cuda::hopper_bwd {
 
 /// Empty when the Hopper backward covers `p` on a GPU of compute capability `arch` (major * 10 +
 /// minor); otherwise why not (the portable sm80+ backward then runs). Covers fp16/bf16, d == dv in
-/// {64, 96, 128, 256}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA, 16-byte
-/// aligned rows, softcap and ALiBi, deterministic mode, dropout where takes_dropout says (without softcap
-/// and ALiBi). Not: paged or kv-cache layouts, nor batches of sequences so short that the tiled dQ
-/// accumulator's per-sequence padding would outgrow it.
+/// {64, 96, 128, 192, 256}, dense or varlen (cu_seqlens, seqused_k), causal / local windows, GQA/MQA,
+/// 16-byte aligned rows, softcap and ALiBi, deterministic mode, dropout where its tile's dQ mode allows
+/// (without softcap and ALiBi; dropout_fits). Not: paged or kv-cache layouts.
 std::string unsupported(const AttnProblem& p, int arch);
 
 /// Whether dropout runs on the Hopper kernels at head dim d with this process's dQ mode
-/// (FLASHPORT_HOPPER_BWD_DQ): d 64, 256, and 128 with bulk dQ (dropout_fits in bwd_sm90_config.h).
+/// (FLASHPORT_HOPPER_BWD_DQ) and a tiled dQ accumulator unless FLASHPORT_HOPPER_BWD_DQ_ROWS=1: d 64,
+/// 192, 256, and 128 with bulk dQ (dropout_fits in bwd_sm90_config.h).
 bool takes_dropout(int d);
 
 /// BwdParams::accum_tiled for the kernel that runs `p`: the column-block width of its tiled dQ accumulator
-/// (64 at d 64 and 128, 128 at d 256), 0 for row-major (d 96).
+/// (64 at d 64 and 128, 128 at d 192 and 256), 0 for row-major: d 96, and batches of many sequences
+/// shorter than 64 queries, whose tiles would pad each to 64 rows (FLASHPORT_HOPPER_BWD_DQ_ROWS).
 int tiled_accumulator(const AttnProblem& p);
 
 /// Deterministic mode: BwdParams::dq_tile_count's length, one turn counter per 64-query dQ tile of

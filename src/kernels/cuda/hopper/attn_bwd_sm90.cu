@@ -20,7 +20,9 @@ constexpr int kDsChunkBytes = kBlockN * kChunkRowBytes;  // 64 queries of dS^T f
 // the same wait): one tile per 64 queries, half the reduce-add traffic of the key split.
 constexpr bool kDqSplitQueries = kBlockM == 128;
 constexpr bool kDqSplitKeys = kPadD == 64 && !kDqSplitQueries;
-constexpr bool kTiledDq = kHeadDim == kPadD;  // the host's hopper_bwd::tiled_accumulator: d 64 and 128
+// The host's hopper_bwd::tiled_accumulator: d 64 and 128 unless kRowMajorDq (d 96 is row-major always).
+constexpr bool kTiledDq = kHeadDim == kPadD && !kRowMajorDq;
+static_assert(!kRowMajorDq || kHeadDim == kPadD, "d 96's accumulator is row-major without FP_BWD_DQ_ROWS");
 constexpr int kDqKeys = kDqSplitKeys ? 64 : kBlockN;  // K of one consumer's dQ GEMM
 static_assert((kBlockM == 64 && (kPadD == 64 || kPadD == 128)) || (kBlockM == 128 && kPadD == 64),
               "tile_for's shapes and block_m 128 at d 64 only");
@@ -170,7 +172,9 @@ FP_DEV void bulk_drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work
 /// turn, and passes it on once every drain thread's reductions are performed.
 FP_DEV void drain_dq(const BwdSm90Params& prm, SharedStorage& s, const Work& w, int wt) {
   const AttnProblem& p = prm.bwd.p;
-  const i64 ld = prm.bwd.accum_ld;
+  // kRowMajorDq: the pitch is d (the host checks), so the four row pointers below are one base plus
+  // immediate offsets (with the run-time pitch d 64's drain spilled 4-8 bytes); d 96 keeps accum_ld.
+  const i64 ld = kRowMajorDq ? kHeadDim : prm.bwd.accum_ld;
   const int lane = wt & 31;
   const int row0 = 16 * (wt >> 5) + (lane >> 2), col0 = 2 * (lane & 3);
   const u32 s_slot0 = smem_addr(&s.dq[0][0][0][0][0]) + 8u * (u32)wt;

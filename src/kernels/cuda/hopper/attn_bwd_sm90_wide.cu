@@ -30,6 +30,7 @@ namespace flashport::cuda::hopper_bwd {
 // producer warps 2-3 with bulk reduce-adds (drain_dq), so the consumers never issue a reduction.
 // Deterministic runs and d 192 take 0 (the host's launch_tile, bulk_dq_fits).
 constexpr bool kDrain = FP_DQ_MODE == 1;
+static_assert(!kDrain || !kRowMajorDq, "the drain's bulk reduce-adds add tiles in the tiled order");
 
 constexpr int kQHalf = kBlockM / 2;                  // queries of one consumer's S^T / dP^T (wgmma N)
 constexpr int kColsHalf = kPadD / 2;                 // columns of one consumer's dV / dK / dQ (wgmma N)
@@ -80,22 +81,28 @@ constexpr int kConsumerRegs = kDrain ? 232 : 240;
 /// 128-byte lines. Row-major rows would make it 8 rows x 32 bytes, and L2 takes a reduction per line
 /// touched: the H200 ran this kernel at 289 TFLOPS (d 256, 16k) with row-major and 361 with contiguous
 /// addresses. Rows past the sequence are skipped (their dQ is 0), and so are d 192's zero columns (the
-/// accumulator's tiles are 64 x d: consumer 1's block holds its first 64 columns only).
+/// accumulator's tiles are 64 x d: consumer 1's block holds its first 64 columns only). kRowMajorDq: pair e
+/// goes to row 16 warp + lane / 4 + 8h, column 128c + 8j + 2 (lane % 4) of a row-major accumulator.
 FP_DEV void add_dq(const BwdSm90Params& prm, const Work& w, const float (&r_dq)[kColsHalf / 2], int h_q,
                    int m0, int c, int tid) {
   const AttnProblem& p = prm.bwd.p;
   const int lane = tid & 31, warp = tid >> 5;
+  const int row = 16 * warp + (lane >> 2);
+  constexpr i64 ld = kHeadDim;  // row-major too (the host checks accum_ld == d)
   float* tile = prm.bwd.dq_accum +
-                ((i64)h_q * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, true) + m0) * kHeadDim;
-  float* g = tile + 2 * (c * (kColsHalf / 4) * 128 + tid);  // pair q = 2j + h at + 2 * 128 * q
-  const int rows_left = w.seq.len_q - m0 - 16 * warp - (lane >> 2);
+                ((i64)h_q * prm.bwd.rows_total + bwd::accum_row0(p, w.seq, w.b, !kRowMajorDq) + m0) * ld;
+  // Tiled: pair q = 2j + h at + 2 * 128 * q; row-major: pair (j, h) at + 8 ld h + 8 j.
+  float* g = kRowMajorDq ? tile + row * ld + kColsHalf * c + 2 * (lane & 3)
+                         : tile + 2 * (c * (kColsHalf / 4) * 128 + tid);
+  const int rows_left = w.seq.len_q - m0 - row;
 #pragma unroll
   for (int j = 0; j < kColsHalf / 8; ++j) {
     const bool cols_in = kHeadDim == kPadD || kColsHalf * c + 8 * j < kHeadDim;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int e = 4 * j + 2 * h;
-      red_add_f32x2_if(cols_in && 8 * h < rows_left, g + 256 * (2 * j + h), Float2{r_dq[e], r_dq[e + 1]});
+      float* at = kRowMajorDq ? g + 8 * h * ld + 8 * j : g + 256 * (2 * j + h);
+      red_add_f32x2_if(cols_in && 8 * h < rows_left, at, Float2{r_dq[e], r_dq[e + 1]});
     }
   }
 }

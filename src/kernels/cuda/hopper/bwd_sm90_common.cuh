@@ -44,6 +44,14 @@ static_assert(kStages >= 1, "at least one Q / dO buffer");
 constexpr bool kAlibi = FP_BWD_GENERAL == 1 || FP_BWD_GENERAL == 2;
 constexpr bool kSoftcap = FP_BWD_GENERAL == 2;
 constexpr bool kDropout = FP_BWD_GENERAL == 3;
+#ifndef FP_BWD_DQ_ROWS
+#define FP_BWD_DQ_ROWS 0
+#endif
+// 1: the dQ accumulator is row-major (BwdParams::accum_tiled 0) at a head dim whose default is tiled
+// (the host's hopper_bwd::tiled_accumulator: a batch of many sequences shorter than 64 queries, whose
+// tiles would pad each to 64 rows). Its reductions cover 8 rows x 32 bytes per warp instruction, not 256
+// contiguous bytes, and no bulk reduce-add can add them (dQ mode 0).
+constexpr bool kRowMajorDq = FP_BWD_DQ_ROWS != 0;
 
 constexpr int kConsumerThreads = 256;  // arrivals that release a stage
 constexpr u32 kFullArrivals = 33;      // the TMA thread's arrive.expect_tx + the LSE/D warp's 32 lanes
