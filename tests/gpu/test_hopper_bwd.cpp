@@ -565,7 +565,7 @@ bool row_major_dq(const Case& c, const FwdInputs& in) {
 /// bitwise equal), after checking its dQ accumulator is row-major exactly when `row_major`.
 void expect_short_sequences(const Case& c, bool row_major, bool deterministic = false) {
   const Case v =
-      varlen(c, {1, 0, 37, 5, 63, 64, 65, 2, 200, 0, 17}, {3, 7, 37, 0, 64, 80, 65, 1, 300, 0, 129});
+      varlen(c, {1, 0, 37, 5, 63, 64, 65, 2, 130, 0, 17}, {3, 7, 37, 0, 64, 80, 65, 1, 150, 0, 129});
   SCOPED_TRACE(v.describe());
   const FwdInputs in = make_inputs(v);
   if (!expect_goes_to_hopper(v, in)) return;
