@@ -5,32 +5,17 @@
   kernel);
 - e4m3 attention with softcap and with ALiBi against plain e4m3 (the fp8 transform builds).
 
-Wall time per call from CUDA events around --iters calls (median of --reps), TFLOPS by SPEC.md's FLOP
-model (4 * sq * sk_visible * d per head). One markdown table on stdout.
+Wall time per call from CUDA events around --iters calls (median of --reps; ab_kernels.time_call),
+TFLOPS by SPEC.md's FLOP model (4 * sq * sk_visible * d per head). One markdown table on stdout.
 
     python3 scripts/probe_new_paths.py --iters 20 --reps 5
 """
 import argparse
-import statistics
 
 import torch
 
 import flashport
-
-
-def timed(fn, iters, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters * 1e3)
-    return statistics.median(times)
+from ab_kernels import time_call  # scripts/ is on sys.path when this runs as a script
 
 
 def kvcache_cells(args):
@@ -52,8 +37,8 @@ def kvcache_cells(args):
     ]
     for name, extra in cells:
         lens = seqlens + pad if "cache_leftpad" in extra else seqlens
-        us = timed(lambda: flashport.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True, **extra),
-                   args.iters, args.reps)
+        us = time_call(lambda: flashport.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True,
+                                                                 **extra), args.reps, args.iters)
         yield name, us, flops / us / 1e6
 
 
@@ -66,8 +51,8 @@ def fp8_cells(args):
     flops = 4.0 * b * h * d * s * s
     for name, extra in [("e4m3 plain", {}), ("e4m3 softcap 30", {"softcap": 30.0}),
                         ("e4m3 ALiBi", {"alibi_slopes": slopes})]:
-        us = timed(lambda: flashport.flash_attn_fp8_func(q, k, v, descale_q=ones, descale_k=ones, descale_v=ones,
-                                                         **extra), args.iters, args.reps)
+        us = time_call(lambda: flashport.flash_attn_fp8_func(q, k, v, descale_q=ones, descale_k=ones,
+                                                             descale_v=ones, **extra), args.reps, args.iters)
         yield name, us, flops / us / 1e6
 
 
