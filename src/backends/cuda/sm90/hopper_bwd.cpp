@@ -183,8 +183,8 @@ int tiled_accumulator(const AttnProblem& p) {
 
 void launch_main(BwdParams& prm, int arch) {
   const AttnProblem& p = prm.p;
-  if (prm.accum_tiled != tiled_accumulator(p) ||
-      ((prm.accum_tiled || row_major_dq(p)) && prm.accum_ld != p.d))
+  const bool rows = row_major_dq(p);  // for the layout check and the spec (tile_of asks the same)
+  if (prm.accum_tiled != tiled_accumulator(p) || ((prm.accum_tiled || rows) && prm.accum_ld != p.d))
     throw Error("q", "internal: the Hopper backward got a dQ accumulator of the wrong layout");
   const int d = (int)p.d;
   const int general = score_stage(p);
@@ -233,7 +233,6 @@ void launch_main(BwdParams& prm, int arch) {
   TmaDesc tma_do = hopper::encode("dout", plans.dout, p.in_type, p.dout.ptr, q_rows);
 
   const int device = p.device;
-  const bool rows = row_major_dq(p);
   const int extras = rows ? kExtraDqRows : order_of(d, tile, general, core::tuning().hopper_bwd_order.get());
   const jit::Kernel& kernel = cached_kernel(make_spec, device, smem, p.in_type, d, tile.dq_mode, general,
                                             tile.stages, tile.pipe, tile.block_m, extras);
